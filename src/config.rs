@@ -1,0 +1,440 @@
+//! Configuration: a TOML file plus `FERRY_<SECTION>__<KEY>` environment
+//! overrides, read in two layers.
+//!
+//! [`RawConfig`] mirrors the file (every field documented, every field
+//! defaulted, unknown keys refused); [`Config::load`] turns it into checked,
+//! typed values once. Past this module nobody parses a string or checks a
+//! range again. Every error names the key it is about.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::GatewayId;
+
+/// A configuration error, always about one key.
+#[derive(Debug, thiserror::Error)]
+#[error("config key `{key}`: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(key: &str, reason: impl Into<String>) -> Self {
+        ConfigError { key: key.to_string(), reason: reason.into() }
+    }
+}
+
+/// The file as written. See conf/ferry.toml for every key's meaning.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub gateway: RawGateway,
+    pub south: RawSouth,
+    pub north: RawNorth,
+    pub retry: RawRetry,
+    pub store: RawStore,
+    pub log: RawLog,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawGateway {
+    /// This box's id, part of every north topic.
+    pub id: String,
+    /// Directory of the SQLite store.
+    pub data_dir: PathBuf,
+}
+
+impl Default for RawGateway {
+    fn default() -> Self {
+        RawGateway { id: String::new(), data_dir: PathBuf::from("./data") }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSouth {
+    /// Listen address of the embedded device broker.
+    pub listen: String,
+    /// Largest accepted uplink envelope, bytes.
+    pub max_payload_bytes: usize,
+    /// Device topic prefix.
+    pub topic_prefix: String,
+    /// Most devices connected at once.
+    pub max_connections: usize,
+}
+
+impl Default for RawSouth {
+    fn default() -> Self {
+        RawSouth {
+            listen: "0.0.0.0:1883".into(),
+            max_payload_bytes: 65536,
+            topic_prefix: "devices".into(),
+            max_connections: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawNorth {
+    /// Upstream broker host.
+    pub host: String,
+    /// Upstream broker port.
+    pub port: u16,
+    /// Client id upstream; empty means `ferry-{gateway.id}`.
+    pub client_id: String,
+    /// Upstream username; empty means anonymous.
+    pub username: String,
+    /// Upstream password.
+    pub password: String,
+    /// MQTT keep-alive, seconds.
+    pub keep_alive_s: u64,
+    /// Wait for the backend's ack before an attempt counts as failed.
+    pub ack_timeout_ms: u64,
+    /// Most unacked messages per device.
+    pub max_inflight: usize,
+    /// North topic prefix; the full prefix is `{topic_prefix}/{gateway.id}`.
+    pub topic_prefix: String,
+}
+
+impl Default for RawNorth {
+    fn default() -> Self {
+        RawNorth {
+            host: "127.0.0.1".into(),
+            port: 1884,
+            client_id: String::new(),
+            username: String::new(),
+            password: String::new(),
+            keep_alive_s: 30,
+            ack_timeout_ms: 10_000,
+            max_inflight: 32,
+            topic_prefix: "ferry".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRetry {
+    /// First resend delay, ms.
+    pub base_ms: u64,
+    /// Largest resend delay, ms.
+    pub max_ms: u64,
+    /// Attempts (made while the link was up) before dead-lettering.
+    pub max_attempts: u32,
+    /// Fraction of each delay that is randomised away, 0.0..=1.0.
+    pub jitter: f64,
+}
+
+impl Default for RawRetry {
+    fn default() -> Self {
+        RawRetry { base_ms: 1000, max_ms: 300_000, max_attempts: 10, jitter: 0.2 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStore {
+    /// SQLite synchronous mode: "full" or "normal".
+    pub sync: String,
+    /// Most messages per transaction.
+    pub max_batch: usize,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore { sync: "full".into(), max_batch: 2048 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLog {
+    /// tracing filter directive.
+    pub level: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog { level: "info".into() }
+    }
+}
+
+/// How hard the store pushes each commit to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// fsync on every commit: a `stored` receipt survives a power cut.
+    Full,
+    /// WAL without fsync per commit: survives a crash of ferry only.
+    Normal,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub gateway: GatewayId,
+    pub data_dir: PathBuf,
+    pub south: SouthConfig,
+    pub north: NorthConfig,
+    pub retry: RetryConfig,
+    pub store: StoreConfig,
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct SouthConfig {
+    pub listen: SocketAddr,
+    pub max_payload_bytes: usize,
+    pub topic_prefix: String,
+    pub max_connections: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct NorthConfig {
+    pub host: String,
+    pub port: u16,
+    pub client_id: String,
+    /// `(username, password)`; `None` connects anonymously.
+    pub credentials: Option<(String, String)>,
+    pub keep_alive: Duration,
+    pub ack_timeout: Duration,
+    pub max_inflight: usize,
+    /// `{topic_prefix}/{gateway}`.
+    pub prefix: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryConfig {
+    pub base: Duration,
+    pub max: Duration,
+    pub max_attempts: u32,
+    pub jitter: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub sync: SyncMode,
+    pub max_batch: usize,
+}
+
+impl Config {
+    /// Reads `path`, applies environment overrides and checks every key.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let raw = RawConfig::load(path)?;
+        Config::from_raw(raw)
+    }
+
+    pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        let gateway = GatewayId::new(raw.gateway.id.clone())
+            .map_err(|e| ConfigError::new("gateway.id", format!("{e}; use [A-Za-z0-9._-]{{1,64}}")))?;
+        if raw.gateway.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::new("gateway.data_dir", "must name a directory"));
+        }
+        let listen = raw.south.listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::new("south.listen", format!("{e}; expected host:port, e.g. \"0.0.0.0:1883\""))
+        })?;
+        in_range("south.max_payload_bytes", raw.south.max_payload_bytes, 64, 16 << 20)?;
+        topic_segment("south.topic_prefix", &raw.south.topic_prefix)?;
+        in_range("south.max_connections", raw.south.max_connections, 1, 1_000_000)?;
+
+        if raw.north.host.trim().is_empty() {
+            return Err(ConfigError::new("north.host", "must not be empty"));
+        }
+        if raw.north.port == 0 {
+            return Err(ConfigError::new("north.port", "must be 1..=65535"));
+        }
+        in_range("north.keep_alive_s", raw.north.keep_alive_s, 5, 3600)?;
+        in_range("north.ack_timeout_ms", raw.north.ack_timeout_ms, 100, 3_600_000)?;
+        in_range("north.max_inflight", raw.north.max_inflight, 1, 1000)?;
+        topic_segment("north.topic_prefix", &raw.north.topic_prefix)?;
+        let client_id = if raw.north.client_id.is_empty() {
+            format!("ferry-{gateway}")
+        } else {
+            raw.north.client_id.clone()
+        };
+        let credentials = match (raw.north.username.is_empty(), raw.north.password.is_empty()) {
+            (true, true) => None,
+            (true, false) => return Err(ConfigError::new("north.username", "a password is set but no username")),
+            _ => Some((raw.north.username.clone(), raw.north.password.clone())),
+        };
+
+        in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000)?;
+        if raw.retry.max_ms < raw.retry.base_ms {
+            return Err(ConfigError::new("retry.max_ms", "must be at least retry.base_ms"));
+        }
+        in_range("retry.max_attempts", raw.retry.max_attempts, 1, 1_000_000)?;
+        if !(0.0..=1.0).contains(&raw.retry.jitter) {
+            return Err(ConfigError::new(
+                "retry.jitter",
+                format!("must be between 0.0 and 1.0 (got {})", raw.retry.jitter),
+            ));
+        }
+
+        let sync = match raw.store.sync.as_str() {
+            "full" => SyncMode::Full,
+            "normal" => SyncMode::Normal,
+            other => return Err(ConfigError::new("store.sync", format!("must be \"full\" or \"normal\" (got {other:?})"))),
+        };
+        in_range("store.max_batch", raw.store.max_batch, 1, 100_000)?;
+
+        let prefix = format!("{}/{}", raw.north.topic_prefix, gateway);
+        Ok(Config {
+            gateway,
+            data_dir: raw.gateway.data_dir,
+            south: SouthConfig {
+                listen,
+                max_payload_bytes: raw.south.max_payload_bytes,
+                topic_prefix: raw.south.topic_prefix,
+                max_connections: raw.south.max_connections,
+            },
+            north: NorthConfig {
+                host: raw.north.host,
+                port: raw.north.port,
+                client_id,
+                credentials,
+                keep_alive: Duration::from_secs(raw.north.keep_alive_s),
+                ack_timeout: Duration::from_millis(raw.north.ack_timeout_ms),
+                max_inflight: raw.north.max_inflight,
+                prefix,
+            },
+            retry: RetryConfig {
+                base: Duration::from_millis(raw.retry.base_ms),
+                max: Duration::from_millis(raw.retry.max_ms),
+                max_attempts: raw.retry.max_attempts,
+                jitter: raw.retry.jitter,
+            },
+            store: StoreConfig { sync, max_batch: raw.store.max_batch },
+            log_level: raw.log.level,
+        })
+    }
+}
+
+impl RawConfig {
+    /// Reads the file and the environment; refuses unknown keys by name.
+    pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
+        if !path.is_file() {
+            return Err(ConfigError::new("--config", format!("{} is not a readable file", path.display())));
+        }
+        let built = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix("FERRY")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .map_err(|e| from_config_error(&e))?;
+        let table: config::Map<String, config::Value> =
+            built.clone().try_deserialize().map_err(|e| from_config_error(&e))?;
+        check_known_keys(&table)?;
+        built.try_deserialize().map_err(|e| from_config_error(&e))
+    }
+}
+
+/// Names the first key in `table` that [`RawConfig`] does not have.
+fn check_known_keys(table: &config::Map<String, config::Value>) -> Result<(), ConfigError> {
+    let known = serde_json::to_value(RawConfig::default()).expect("RawConfig serializes");
+    let mut sections: Vec<_> = table.iter().collect();
+    sections.sort_by(|a, b| a.0.cmp(b.0));
+    for (section, value) in sections {
+        let Some(known_section) = known.get(section) else {
+            return Err(ConfigError::new(section, "unknown section; see conf/ferry.toml for the keys"));
+        };
+        let Ok(keys) = value.clone().into_table() else {
+            return Err(ConfigError::new(section, "must be a table of keys"));
+        };
+        let mut names: Vec<_> = keys.keys().collect();
+        names.sort();
+        for key in names {
+            if known_section.get(key).is_none() {
+                return Err(ConfigError::new(
+                    &format!("{section}.{key}"),
+                    "unknown key; see conf/ferry.toml for the keys",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn from_config_error(e: &config::ConfigError) -> ConfigError {
+    let text = e.to_string();
+    // The config crate says "... for key `north.port` in ..." where it knows the key.
+    let key = text
+        .split("for key `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or("(file)")
+        .to_string();
+    ConfigError { key, reason: text }
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(key: &str, v: T, lo: T, hi: T) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        return Err(ConfigError::new(key, format!("must be between {lo} and {hi} (got {v})")));
+    }
+    Ok(())
+}
+
+fn topic_segment(key: &str, v: &str) -> Result<(), ConfigError> {
+    if v.is_empty() || v.contains(['+', '#', '\0']) || v.starts_with('/') || v.ends_with('/') {
+        return Err(ConfigError::new(key, "must be a topic prefix without wildcards or outer slashes"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn load_str(toml: &str) -> Result<Config, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(toml.as_bytes()).unwrap();
+        Config::load(f.path())
+    }
+
+    #[test]
+    fn shipped_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/ferry.toml");
+        let cfg = Config::load(&path).unwrap();
+        assert_eq!(cfg.gateway.as_str(), "edge-01");
+        assert_eq!(cfg.north.client_id, "ferry-edge-01");
+        assert_eq!(cfg.store.sync, SyncMode::Full);
+    }
+
+    #[test]
+    fn unknown_key_is_named_with_its_section() {
+        let err = load_str("[gateway]\nid = \"g\"\n[north]\nhots = \"x\"\n").unwrap_err();
+        assert_eq!(err.key, "north.hots");
+    }
+
+    #[test]
+    fn unknown_section_is_named() {
+        let err = load_str("[gateway]\nid = \"g\"\n[nort]\nhost = \"x\"\n").unwrap_err();
+        assert_eq!(err.key, "nort");
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_key() {
+        let err = load_str("[gateway]\nid = \"g\"\n[retry]\njitter = 2.0\n").unwrap_err();
+        assert_eq!(err.key, "retry.jitter");
+        let err = load_str("[gateway]\nid = \"bad id\"\n").unwrap_err();
+        assert_eq!(err.key, "gateway.id");
+        let err = load_str("[gateway]\nid = \"g\"\n[south]\nlisten = \"nowhere\"\n").unwrap_err();
+        assert_eq!(err.key, "south.listen");
+        let err = load_str("[gateway]\nid = \"g\"\n[store]\nsync = \"off\"\n").unwrap_err();
+        assert_eq!(err.key, "store.sync");
+    }
+
+    #[test]
+    fn wrong_type_names_its_key() {
+        let err = load_str("[gateway]\nid = \"g\"\n[north]\nport = \"many\"\n").unwrap_err();
+        assert_eq!(err.key, "north.port", "{err}");
+    }
+}

@@ -1,0 +1,80 @@
+//! `run()`: the gateway assembled. Starts the store, the south broker and
+//! link, the north session and the two pipeline tasks, and returns when
+//! one of them stops (an error) or `shutdown` resolves.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tracing::info;
+
+use crate::config::Config;
+use crate::protocol::topics::Topics;
+use crate::store::{Store, StoreError};
+use crate::uplink::intake::{self, IntakeConfig};
+use crate::uplink::scheduler::{Scheduler, SchedulerConfig};
+use crate::uplink::{run_engine, Engine};
+use crate::{north, south};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    South(#[from] south::SouthError),
+    #[error("{0}")]
+    Stopped(String),
+}
+
+/// Messages per device the uplink engine holds in memory.
+fn window(max_inflight: usize) -> usize {
+    (max_inflight * 2).max(64)
+}
+
+/// Runs the gateway until `shutdown` resolves or a part of it fails.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let store = Store::open(&cfg.data_dir, &cfg.store)?;
+    let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
+    let south = south::start(&cfg.south, &topics)?;
+    // North bodies are the envelope plus a few hundred bytes of stamps.
+    let max_packet = cfg.south.max_payload_bytes * 2 + 64 * 1024;
+    let (north_tx, north_events) = north::start(&cfg.north, &topics, max_packet);
+
+    let (stored_tx, stored_rx) = mpsc::channel(8192);
+    let engine = Engine {
+        scheduler: Scheduler::new(SchedulerConfig {
+            max_inflight: cfg.north.max_inflight,
+            ack_timeout: cfg.north.ack_timeout,
+            retry: cfg.retry,
+            window: window(cfg.north.max_inflight),
+        }),
+        store: store.clone(),
+        north: north_tx,
+        south: south.outbound.clone(),
+        topics: topics.clone(),
+    };
+    let intake_cfg = IntakeConfig { gateway: Arc::from(cfg.gateway.as_str()), max_payload_bytes: cfg.south.max_payload_bytes };
+    let mut engine_task = tokio::spawn(run_engine(engine, stored_rx, north_events));
+    let mut intake_task =
+        tokio::spawn(intake::run(intake_cfg, topics, store, south.inbound, south.outbound, stored_tx));
+    let mut listener = south.listener;
+    info!(gateway = %cfg.gateway, south = %cfg.south.listen, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
+
+    tokio::select! {
+        _ = shutdown => {
+            info!("shutting down");
+            Ok(())
+        }
+        r = &mut intake_task => Err(stopped("intake", r)),
+        r = &mut engine_task => Err(stopped("uplink engine", r)),
+        r = &mut listener => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south listener panicked: {e}")))),
+    }
+}
+
+fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> RunError {
+    match r {
+        Ok(Ok(())) => RunError::Stopped(format!("{what} stopped: its input closed")),
+        Ok(Err(e)) => RunError::Store(e),
+        Err(e) => RunError::Stopped(format!("{what} panicked: {e}")),
+    }
+}

@@ -1,0 +1,31 @@
+//! ferry: an MQTT edge gateway that bridges field devices to an enterprise
+//! backend and proves where every message is.
+//!
+//! # Layout
+//! - [`config`]: the TOML file and `FERRY_*` overrides, checked once.
+//! - [`ids`], [`state`], [`backoff`], [`protocol`]: pure types and rules of
+//!   docs/PROTOCOL.md — identifiers, the message state machine, resend
+//!   delays, topics, envelopes, receipts and acks.
+//! - [`store`]: SQLite owned by one writer thread, group commit, migrations.
+//! - [`south`]: the embedded rumqttd broker and the in-process link that
+//!   brings device traffic in and sends receipts out. The only module that
+//!   knows the south broker is embedded.
+//! - [`north`]: the rumqttc session to the upstream broker, with reconnect
+//!   backoff, re-subscription and the retained status.
+//! - [`uplink`]: the pipeline. Device message → validate → store (dedup,
+//!   seq) → `stored` receipt → north → backend ack → `delivered` receipt,
+//!   with retries, expiry and dead letters.
+//! - [`gateway`]: `run()`, wiring the pieces together.
+
+pub mod backoff;
+pub mod config;
+pub mod gateway;
+pub mod ids;
+pub mod north;
+pub mod protocol;
+pub mod south;
+pub mod state;
+pub mod store;
+pub mod uplink;
+
+pub use gateway::run;

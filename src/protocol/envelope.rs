@@ -1,0 +1,231 @@
+//! The uplink envelope (docs/PROTOCOL.md, "Payload envelope").
+//!
+//! [`parse_uplink`] is the only place device bytes are judged. It accepts a
+//! message or says exactly why not ([`Rejection`]); it never panics on any
+//! input. Unknown fields are kept and passed north untouched; fields the
+//! gateway sets are overwritten by [`north_body`].
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Map, Value};
+
+use crate::ids::{DeviceId, MsgId, Seq};
+
+/// Fields the gateway sets on the north body; a device's value is replaced.
+const GATEWAY_FIELDS: [&str; 5] = ["gateway", "device", "seq", "stream", "stored_ts"];
+
+/// An accepted uplink envelope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    pub msg_id: MsgId,
+    /// Sender's clock, ms since the epoch.
+    pub ts: Option<i64>,
+    /// Expires this long after it was stored.
+    pub ttl: Option<Duration>,
+    /// `retry: false`: dead-letter on the first failure.
+    pub retry: bool,
+    /// Every field of the envelope, as sent.
+    pub fields: Map<String, Value>,
+}
+
+/// Why a message was not accepted, with the receipt's reason code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub code: RejectCode,
+    pub detail: String,
+    /// The message's id where it could be read, so the device can match the receipt.
+    pub msg_id: Option<MsgId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectCode {
+    Malformed,
+    TooLarge,
+    BadTopic,
+}
+
+impl RejectCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectCode::Malformed => "malformed",
+            RejectCode::TooLarge => "too_large",
+            RejectCode::BadTopic => "bad_topic",
+        }
+    }
+}
+
+impl Rejection {
+    pub fn new(code: RejectCode, detail: impl Into<String>) -> Self {
+        Rejection { code, detail: detail.into(), msg_id: None }
+    }
+
+    /// `code: detail`, as written to receipts and the dead-letter table.
+    pub fn reason(&self) -> String {
+        format!("{}: {}", self.code.as_str(), self.detail)
+    }
+}
+
+/// Judges one uplink message of `bytes`, at most `max_bytes` long.
+pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejection> {
+    if bytes.len() > max_bytes {
+        let mut r = Rejection::new(
+            RejectCode::TooLarge,
+            format!("{} bytes > south.max_payload_bytes {}", bytes.len(), max_bytes),
+        );
+        r.msg_id = serde_json::from_slice::<Map<String, Value>>(bytes)
+            .ok()
+            .and_then(|m| m.get("msg_id").and_then(Value::as_str).and_then(|s| MsgId::new(s).ok()));
+        return Err(r);
+    }
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Rejection::new(RejectCode::Malformed, format!("invalid JSON: {e}")))?;
+    let Value::Object(fields) = value else {
+        return Err(Rejection::new(RejectCode::Malformed, "expected JSON object"));
+    };
+    let msg_id = match fields.get("msg_id") {
+        None | Some(Value::Null) => return Err(Rejection::new(RejectCode::Malformed, "missing msg_id")),
+        Some(Value::String(s)) => MsgId::new(s.as_str())
+            .map_err(|e| Rejection::new(RejectCode::Malformed, format!("invalid msg_id: {e}")))?,
+        Some(_) => return Err(Rejection::new(RejectCode::Malformed, "invalid msg_id: not a string")),
+    };
+    let with_id = |detail: String| Rejection {
+        code: RejectCode::Malformed,
+        detail,
+        msg_id: Some(msg_id.clone()),
+    };
+    match (fields.get("payload"), fields.get("payload_b64")) {
+        (Some(_), Some(_)) => return Err(with_id("both payload and payload_b64".into())),
+        (None, None) => return Err(with_id("missing payload (or payload_b64)".into())),
+        (None, Some(Value::String(b64))) => {
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| with_id(format!("payload_b64 is not base64: {e}")))?;
+        }
+        (None, Some(_)) => return Err(with_id("payload_b64 must be a string".into())),
+        (Some(_), None) => {}
+    }
+    let ts = match fields.get("ts") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_i64().ok_or_else(|| with_id("ts must be an integer (ms since the epoch)".into()))?),
+    };
+    let ttl = match fields.get("ttl_s") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(s) if s > 0 => Some(Duration::from_secs(s)),
+            _ => return Err(with_id("ttl_s must be a positive integer".into())),
+        },
+    };
+    let retry = match fields.get("retry") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(with_id("retry must be true or false".into())),
+    };
+    Ok(Envelope { msg_id, ts, ttl, retry, fields })
+}
+
+/// Where a message stands for the north body.
+pub struct Stamp<'a> {
+    pub gateway: &'a str,
+    pub device: &'a DeviceId,
+    pub stream: &'a str,
+    pub seq: Seq,
+    pub stored_ms: i64,
+}
+
+/// The body sent north: the envelope's fields with the gateway's own set.
+pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
+    let mut body = fields.clone();
+    for f in GATEWAY_FIELDS {
+        body.remove(f);
+    }
+    body.insert("gateway".into(), stamp.gateway.into());
+    body.insert("device".into(), stamp.device.as_str().into());
+    body.insert("seq".into(), stamp.seq.0.into());
+    body.insert("stream".into(), stamp.stream.into());
+    body.insert("stored_ts".into(), stamp.stored_ms.into());
+    if !matches!(body.get("ts"), Some(Value::Number(_))) {
+        body.insert("ts".into(), stamp.stored_ms.into());
+    }
+    serde_json::to_vec(&body).expect("a JSON map serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Envelope, Rejection> {
+        parse_uplink(s.as_bytes(), 1024)
+    }
+
+    fn reason(s: &str) -> String {
+        parse(s).unwrap_err().reason()
+    }
+
+    #[test]
+    fn a_full_envelope_is_accepted() {
+        let e = parse(r#"{"msg_id":"a-1","ts":5,"payload":{"t":1},"ttl_s":60,"retry":false,"x":1}"#).unwrap();
+        assert_eq!(e.msg_id.as_str(), "a-1");
+        assert_eq!(e.ts, Some(5));
+        assert_eq!(e.ttl, Some(Duration::from_secs(60)));
+        assert!(!e.retry);
+        assert_eq!(e.fields["x"], 1);
+    }
+
+    #[test]
+    fn defaults_are_retry_and_no_ttl() {
+        let e = parse(r#"{"msg_id":"a-1","payload_b64":"aGk="}"#).unwrap();
+        assert!(e.retry);
+        assert_eq!(e.ttl, None);
+        assert_eq!(e.ts, None);
+    }
+
+    #[test]
+    fn malformed_inputs_say_why() {
+        assert!(reason("not json").starts_with("malformed: invalid JSON"));
+        assert_eq!(reason("[1,2]"), "malformed: expected JSON object");
+        assert_eq!(reason(r#"{"payload":1}"#), "malformed: missing msg_id");
+        assert!(reason(r#"{"msg_id":"a b","payload":1}"#).starts_with("malformed: invalid msg_id"));
+        assert!(reason(r#"{"msg_id":7,"payload":1}"#).starts_with("malformed: invalid msg_id"));
+        assert!(reason(r#"{"msg_id":"a"}"#).contains("missing payload"));
+        assert!(reason(r#"{"msg_id":"a","payload":1,"payload_b64":"aGk="}"#).contains("both"));
+        assert!(reason(r#"{"msg_id":"a","payload_b64":"!!"}"#).contains("not base64"));
+        assert!(reason(r#"{"msg_id":"a","payload":1,"ttl_s":0}"#).contains("ttl_s"));
+        assert!(reason(r#"{"msg_id":"a","payload":1,"retry":"no"}"#).contains("retry"));
+        assert!(reason(r#"{"msg_id":"a","payload":1,"ts":"now"}"#).contains("ts"));
+    }
+
+    #[test]
+    fn rejections_after_the_id_carry_it() {
+        let r = parse(r#"{"msg_id":"a-9","payload":1,"ttl_s":-1}"#).unwrap_err();
+        assert_eq!(r.msg_id.unwrap().as_str(), "a-9");
+        assert_eq!(parse("{}").unwrap_err().msg_id, None);
+    }
+
+    #[test]
+    fn oversize_is_rejected_before_parsing_but_keeps_a_readable_id() {
+        let big = format!(r#"{{"msg_id":"big-1","payload":"{}"}}"#, "x".repeat(2000));
+        let r = parse_uplink(big.as_bytes(), 1024).unwrap_err();
+        assert_eq!(r.code, RejectCode::TooLarge);
+        assert_eq!(r.msg_id.as_ref().unwrap().as_str(), "big-1");
+        assert!(r.reason().starts_with("too_large: "));
+        assert!(parse_uplink(&vec![b' '; 1025], 1024).unwrap_err().msg_id.is_none());
+    }
+
+    #[test]
+    fn north_body_overrides_gateway_fields_and_keeps_the_rest() {
+        let e = parse(r#"{"msg_id":"a-1","payload":{"t":1},"seq":999,"device":"spoof","extra":"kept"}"#).unwrap();
+        let device = DeviceId::new("press-7").unwrap();
+        let stamp = Stamp { gateway: "g1", device: &device, stream: "alarm", seq: Seq(4), stored_ms: 77 };
+        let body: Value = serde_json::from_slice(&north_body(&e.fields, &stamp)).unwrap();
+        assert_eq!(body["seq"], 4);
+        assert_eq!(body["device"], "press-7");
+        assert_eq!(body["gateway"], "g1");
+        assert_eq!(body["stream"], "alarm");
+        assert_eq!(body["stored_ts"], 77);
+        assert_eq!(body["ts"], 77, "ts defaults to the store time");
+        assert_eq!(body["extra"], "kept");
+        assert_eq!(body["payload"]["t"], 1);
+        assert_eq!(body["msg_id"], "a-1");
+    }
+}

@@ -1,0 +1,284 @@
+//! Uplink rows: intake with dedup and sequencing, state transitions, dead
+//! letters and the pending-work queries. Every function here runs inside
+//! the writer's open transaction and returns what its commit will make true.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rusqlite::{params, OptionalExtension, Transaction};
+
+use crate::ids::{DeviceId, MsgId, Seq};
+use crate::protocol::envelope::{north_body, Envelope, Stamp};
+use crate::state::MessageState;
+
+/// A validated uplink message on its way in.
+#[derive(Debug, Clone)]
+pub struct Intake {
+    pub gateway: Arc<str>,
+    pub device: DeviceId,
+    pub stream: String,
+    pub envelope: Envelope,
+    pub stored_ms: i64,
+}
+
+/// A stored message waiting for the backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingMessage {
+    pub id: i64,
+    pub device: DeviceId,
+    pub msg_id: MsgId,
+    pub seq: Seq,
+    pub stream: String,
+    pub body: Bytes,
+    pub expires_ms: Option<i64>,
+    pub no_retry: bool,
+    pub attempts: u32,
+}
+
+/// What a repeated `(device, msg_id)` already is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Duplicate {
+    pub msg_id: MsgId,
+    pub seq: Seq,
+    pub state: MessageState,
+    /// Why it died, for a `failed` receipt.
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum IntakeOutcome {
+    Stored(PendingMessage),
+    Duplicate(Duplicate),
+}
+
+/// A message that was never accepted (malformed, too large, bad topic).
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub device: Option<String>,
+    pub msg_id: Option<String>,
+    pub topic: String,
+    pub reason: String,
+    pub raw: Bytes,
+    pub at_ms: i64,
+}
+
+/// Move a stored message to a final state.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    pub device: DeviceId,
+    pub msg_id: MsgId,
+    pub to: MessageState,
+    pub attempts: u32,
+    /// For `Dead`: the reason (`code: detail`), also written to the dead letter.
+    pub reason: Option<String>,
+    pub at_ms: i64,
+}
+
+/// What a committed transition moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    pub id: i64,
+    pub seq: Seq,
+}
+
+/// A failed attempt that counted towards `retry.max_attempts`.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub id: i64,
+    pub attempts: u32,
+    pub next_attempt_ms: i64,
+    pub error: String,
+    pub at_ms: i64,
+}
+
+/// The last uplink seq per device, as committed and as this transaction has it.
+#[derive(Default)]
+pub struct SeqCache {
+    committed: HashMap<DeviceId, u64>,
+    in_tx: HashMap<DeviceId, u64>,
+}
+
+impl SeqCache {
+    fn last(&mut self, tx: &Transaction<'_>, device: &DeviceId) -> rusqlite::Result<u64> {
+        if let Some(s) = self.in_tx.get(device).or_else(|| self.committed.get(device)) {
+            return Ok(*s);
+        }
+        let s = tx
+            .prepare_cached("SELECT up_seq FROM devices WHERE device = ?1")?
+            .query_row([device.as_str()], |r| r.get::<_, i64>(0))
+            .optional()?
+            .unwrap_or(0) as u64;
+        self.committed.insert(device.clone(), s);
+        Ok(s)
+    }
+
+    /// Writes this transaction's new seqs to the `devices` table.
+    pub fn flush(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        let mut stmt = tx.prepare_cached(
+            "INSERT INTO devices (device, up_seq) VALUES (?1, ?2)
+             ON CONFLICT (device) DO UPDATE SET up_seq = excluded.up_seq",
+        )?;
+        for (device, seq) in &self.in_tx {
+            stmt.execute(params![device.as_str(), *seq as i64])?;
+        }
+        Ok(())
+    }
+
+    pub fn committed(&mut self) {
+        self.committed.extend(self.in_tx.drain());
+    }
+
+    pub fn rolled_back(&mut self) {
+        self.in_tx.clear();
+    }
+}
+
+/// Stores a new message with the device's next seq, or reports the
+/// existing one for a repeated `(device, msg_id)`.
+pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: Intake) -> rusqlite::Result<IntakeOutcome> {
+    if let Some(dup) = existing(tx, &msg.device, &msg.envelope.msg_id)? {
+        return Ok(IntakeOutcome::Duplicate(dup));
+    }
+    let seq = Seq(seqs.last(tx, &msg.device)? + 1);
+    let stamp = Stamp {
+        gateway: &msg.gateway,
+        device: &msg.device,
+        stream: &msg.stream,
+        seq,
+        stored_ms: msg.stored_ms,
+    };
+    let body = Bytes::from(north_body(&msg.envelope.fields, &stamp));
+    let expires_ms = msg.envelope.ttl.map(|t| msg.stored_ms + t.as_millis() as i64);
+    let no_retry = !msg.envelope.retry;
+    tx.prepare_cached(
+        "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry)
+         VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        msg.device.as_str(),
+        msg.envelope.msg_id.as_str(),
+        seq.0 as i64,
+        msg.stream,
+        &body[..],
+        msg.stored_ms,
+        expires_ms,
+        no_retry,
+    ])?;
+    let id = tx.last_insert_rowid();
+    history(tx, id, msg.stored_ms, MessageState::Stored, None)?;
+    seqs.in_tx.insert(msg.device.clone(), seq.0);
+    Ok(IntakeOutcome::Stored(PendingMessage {
+        id,
+        device: msg.device,
+        msg_id: msg.envelope.msg_id,
+        seq,
+        stream: msg.stream,
+        body,
+        expires_ms,
+        no_retry,
+        attempts: 0,
+    }))
+}
+
+fn existing(tx: &Transaction<'_>, device: &DeviceId, msg_id: &MsgId) -> rusqlite::Result<Option<Duplicate>> {
+    tx.prepare_cached("SELECT seq, state, last_error FROM uplink WHERE device = ?1 AND msg_id = ?2")?
+        .query_row([device.as_str(), msg_id.as_str()], |r| {
+            let state: String = r.get(1)?;
+            Ok(Duplicate {
+                msg_id: msg_id.clone(),
+                seq: Seq(r.get::<_, i64>(0)? as u64),
+                state: MessageState::parse(&state).unwrap_or(MessageState::Stored),
+                reason: r.get(2)?,
+            })
+        })
+        .optional()
+}
+
+fn history(tx: &Transaction<'_>, id: i64, at_ms: i64, state: MessageState, detail: Option<&str>) -> rusqlite::Result<()> {
+    tx.prepare_cached("INSERT INTO uplink_history (uplink_id, at_ms, state, detail) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![id, at_ms, state.as_str(), detail])?;
+    Ok(())
+}
+
+/// Moves a `stored` message to `t.to`; `None` if it is not `stored` (or unknown).
+pub fn transition(tx: &Transaction<'_>, t: &Transition) -> rusqlite::Result<Option<Moved>> {
+    debug_assert!(MessageState::Stored.can_move_to(t.to));
+    let moved = tx
+        .prepare_cached(
+            "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL
+             WHERE device = ?1 AND msg_id = ?2 AND state = 'stored'
+             RETURNING id, seq",
+        )?
+        .query_row(
+            params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason],
+            |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64) }),
+        )
+        .optional()?;
+    let Some(moved) = moved else { return Ok(None) };
+    history(tx, moved.id, t.at_ms, t.to, t.reason.as_deref())?;
+    if t.to == MessageState::Dead {
+        tx.prepare_cached(
+            "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw)
+             SELECT ?2, 'up', device, msg_id, id, ?3, attempts, last_error, stream, body FROM uplink WHERE id = ?1",
+        )?
+        .execute(params![moved.id, t.at_ms, t.reason.as_deref().unwrap_or("dead")])?;
+    }
+    Ok(Some(moved))
+}
+
+/// Writes a rejected message to the dead-letter table; returns its id.
+pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter) -> rusqlite::Result<i64> {
+    tx.prepare_cached(
+        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw)
+         VALUES (?1, 'up', ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![dl.at_ms, dl.device, dl.msg_id, dl.reason, dl.topic, &dl.raw[..]])?;
+    Ok(tx.last_insert_rowid())
+}
+
+pub fn record_attempt(tx: &Transaction<'_>, rec: &AttemptRecord) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE uplink SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4 WHERE id = ?1 AND state = 'stored'",
+    )?
+    .execute(params![rec.id, rec.attempts, rec.next_attempt_ms, rec.error])?;
+    let detail = format!("attempt {} failed: {}", rec.attempts, rec.error);
+    history(tx, rec.id, rec.at_ms, MessageState::Stored, Some(&detail))
+}
+
+pub fn pending(tx: &Transaction<'_>, device: &DeviceId, after: Seq, limit: usize) -> rusqlite::Result<Vec<PendingMessage>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT id, msg_id, seq, stream, body, expires_ms, no_retry, attempts FROM uplink
+         WHERE device = ?1 AND state = 'stored' AND seq > ?2 ORDER BY seq LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![device.as_str(), after.0 as i64, limit as i64], |r| {
+        let msg_id: String = r.get(1)?;
+        Ok(PendingMessage {
+            id: r.get(0)?,
+            device: device.clone(),
+            msg_id: MsgId::new(msg_id).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e))
+            })?,
+            seq: Seq(r.get::<_, i64>(2)? as u64),
+            stream: r.get(3)?,
+            body: Bytes::from(r.get::<_, Vec<u8>>(4)?),
+            expires_ms: r.get(5)?,
+            no_retry: r.get(6)?,
+            attempts: r.get(7)?,
+        })
+    })?;
+    rows.collect()
+}
+
+pub fn pending_devices(tx: &Transaction<'_>) -> rusqlite::Result<Vec<DeviceId>> {
+    let mut stmt = tx.prepare_cached("SELECT DISTINCT device FROM uplink WHERE state = 'stored'")?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    let mut out = Vec::new();
+    for d in rows {
+        // Only valid ids are ever stored; a bad one would be a hand edit.
+        if let Ok(d) = DeviceId::new(d?) {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,161 @@
+//! Intake: device publishes in, receipts out, new messages on to the engine.
+//!
+//! Every accepted or rejected message is sent to the store at once (so the
+//! writer can group many into one commit) and answered in the order the
+//! commits complete, which is the order they arrived. Nothing is answered
+//! before its commit; a store error answers nothing, and the device resends.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+
+use crate::ids::{DeviceId, MsgId};
+use crate::protocol::envelope::{parse_uplink, RejectCode, Rejection};
+use crate::protocol::now_ms;
+use crate::protocol::receipt::Receipt;
+use crate::protocol::topics::{DeviceTopic, TopicError, Topics};
+use crate::south::{SouthMessage, SouthSender};
+use crate::state::MessageState;
+use crate::store::{DeadLetter, Intake, IntakeOutcome, PendingMessage, Store, StoreError};
+
+/// Messages sent to the store and not yet answered, at most.
+const MAX_UNANSWERED: usize = 16_384;
+
+pub struct IntakeConfig {
+    pub gateway: Arc<str>,
+    pub max_payload_bytes: usize,
+}
+
+/// A store answer and who it is for.
+enum Answer {
+    Stored { device: DeviceId, result: Result<IntakeOutcome, StoreError> },
+    Rejected { device: Option<DeviceId>, rejection: Rejection, result: Result<i64, StoreError> },
+}
+
+type AnswerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+/// Runs until the south side closes or the store stops.
+pub async fn run(
+    cfg: IntakeConfig,
+    topics: Topics,
+    store: Store,
+    mut inbound: mpsc::Receiver<SouthMessage>,
+    south: SouthSender,
+    engine: mpsc::Sender<PendingMessage>,
+) -> Result<(), StoreError> {
+    let mut unanswered: FuturesOrdered<AnswerFuture> = FuturesOrdered::new();
+    loop {
+        tokio::select! {
+            // Answers first: they free room and carry receipts.
+            biased;
+            Some(answer) = unanswered.next(), if !unanswered.is_empty() => {
+                if !answer_device(answer, &topics, &south, &engine).await {
+                    return Ok(());
+                }
+            }
+            msg = inbound.recv(), if unanswered.len() < MAX_UNANSWERED => match msg {
+                Some(msg) => {
+                    if let Some(fut) = accept(&cfg, &topics, &store, msg).await? {
+                        unanswered.push_back(fut);
+                    }
+                }
+                None => break,
+            },
+        }
+    }
+    // Answer what was already sent to the store before stopping.
+    while let Some(answer) = unanswered.next().await {
+        answer_device(answer, &topics, &south, &engine).await;
+    }
+    Ok(())
+}
+
+/// Judges one device publish and sends it to the store.
+async fn accept(cfg: &IntakeConfig, topics: &Topics, store: &Store, msg: SouthMessage) -> Result<Option<AnswerFuture>, StoreError> {
+    let (device, stream) = match topics.parse_device(&msg.topic) {
+        Ok((device, DeviceTopic::Up { stream })) => (device, stream),
+        Ok((device, kind)) => {
+            debug!(device = %device, ?kind, "device control message (downlink not enabled)");
+            return Ok(None);
+        }
+        Err(TopicError::NoStream(device)) => {
+            let rejection = Rejection::new(RejectCode::BadTopic, "uplink topic has no stream");
+            return reject(store, Some(device), rejection, &msg).await.map(Some);
+        }
+        Err(e) => {
+            let rejection = Rejection::new(RejectCode::BadTopic, e.to_string());
+            warn!(topic = %msg.topic, reason = %rejection.reason(), "device publish on a bad topic dead-lettered");
+            return reject(store, None, rejection, &msg).await.map(Some);
+        }
+    };
+    match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
+        Ok(envelope) => {
+            let intake = Intake { gateway: cfg.gateway.clone(), device: device.clone(), stream, envelope, stored_ms: now_ms() };
+            let rx = store.intake(intake).await?;
+            Ok(Some(Box::pin(async move { Answer::Stored { device, result: flatten(rx.await) } })))
+        }
+        Err(rejection) => reject(store, Some(device), rejection, &msg).await.map(Some),
+    }
+}
+
+async fn reject(store: &Store, device: Option<DeviceId>, rejection: Rejection, msg: &SouthMessage) -> Result<AnswerFuture, StoreError> {
+    let dl = DeadLetter {
+        device: device.as_ref().map(|d| d.to_string()).or_else(|| raw_device(&msg.topic)),
+        msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
+        topic: msg.topic.clone(),
+        reason: rejection.reason(),
+        raw: msg.payload.clone(),
+        at_ms: now_ms(),
+    };
+    let rx = store.reject(dl).await?;
+    Ok(Box::pin(async move { Answer::Rejected { device, rejection, result: flatten(rx.await) } }))
+}
+
+/// The second topic level as written, for the dead-letter row of a bad topic.
+fn raw_device(topic: &str) -> Option<String> {
+    topic.split('/').nth(1).map(str::to_string)
+}
+
+fn flatten<T>(r: Result<Result<T, StoreError>, oneshot::error::RecvError>) -> Result<T, StoreError> {
+    r.unwrap_or(Err(StoreError::Closed))
+}
+
+/// Sends the receipt a committed answer calls for. False once the engine is gone.
+async fn answer_device(answer: Answer, topics: &Topics, south: &SouthSender, engine: &mpsc::Sender<PendingMessage>) -> bool {
+    let (device, receipt, new) = match answer {
+        Answer::Stored { device, result: Ok(IntakeOutcome::Stored(msg)) } => {
+            (device, Receipt::stored(&msg.msg_id, msg.seq), Some(msg))
+        }
+        Answer::Stored { device, result: Ok(IntakeOutcome::Duplicate(dup)) } => {
+            let receipt = match dup.state {
+                MessageState::Stored => Receipt::stored(&dup.msg_id, dup.seq),
+                MessageState::Delivered => Receipt::delivered(&dup.msg_id, dup.seq),
+                MessageState::Dead => Receipt::failed(&dup.msg_id, dup.seq, dup.reason.unwrap_or_else(|| "dead".into())),
+            };
+            (device, receipt, None)
+        }
+        Answer::Stored { device, result: Err(e) } => {
+            warn!(device = %device, error = %e, "uplink not stored; the device will resend");
+            return true;
+        }
+        Answer::Rejected { device, rejection, result: Ok(dead_letter) } => {
+            warn!(device = ?device.as_ref().map(DeviceId::as_str), reason = %rejection.reason(), dead_letter, "uplink rejected");
+            let Some(device) = device else { return true };
+            (device, Receipt::rejected(rejection.msg_id.as_ref(), rejection.reason(), dead_letter), None)
+        }
+        Answer::Rejected { result: Err(e), .. } => {
+            warn!(error = %e, "rejected uplink could not be dead-lettered");
+            return true;
+        }
+    };
+    south.publish(topics.device_ack(&device), Bytes::from(receipt.to_bytes())).await;
+    match new {
+        Some(msg) => engine.send(msg).await.is_ok(),
+        None => true,
+    }
+}

@@ -1,0 +1,210 @@
+//! The uplink pipeline: device → store → backend, with receipts both ways.
+//!
+//! Two tasks, joined by one channel:
+//! - [`intake`] reads device publishes, judges them, sends them to the store
+//!   and, in commit order, answers each device (`stored`, its current
+//!   receipt for a duplicate, or `rejected`) before handing new messages to
+//! - the engine ([`run_engine`]), which owns the [`scheduler::Scheduler`],
+//!   publishes north, applies backend acks and timers, commits each final
+//!   state, and only then tells the device (`delivered` / `failed`).
+//!
+//! Because the `stored` receipt is queued to the south sender before the
+//! engine ever sees a message, and the `delivered`/`failed` receipts only
+//! after the engine's commit, a device always sees receipts in state order.
+
+pub mod intake;
+pub mod scheduler;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::ids::{DeviceId, MsgId};
+use crate::north::{NorthEvent, NorthSender};
+use crate::protocol::ack::parse_acks;
+use crate::protocol::now_ms;
+use crate::protocol::receipt::Receipt;
+use crate::protocol::topics::Topics;
+use crate::south::SouthSender;
+use crate::state::MessageState;
+use crate::store::{PendingMessage, Store, StoreError, Transition};
+use scheduler::{Action, Scheduler};
+
+/// What the engine waits on from the store.
+enum Done {
+    Moved { device: DeviceId, msg_id: MsgId, to: MessageState, reason: Option<String>, result: Result<Option<crate::store::Moved>, StoreError> },
+    Loaded { device: DeviceId, limit: usize, result: Result<Vec<PendingMessage>, StoreError> },
+}
+
+type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// Everything the engine talks to.
+pub struct Engine {
+    pub scheduler: Scheduler,
+    pub store: Store,
+    pub north: NorthSender,
+    pub south: SouthSender,
+    pub topics: Topics,
+}
+
+/// Runs until the intake side closes (shutdown) or the store stops.
+pub async fn run_engine(
+    mut engine: Engine,
+    mut stored: mpsc::Receiver<PendingMessage>,
+    mut north_events: mpsc::Receiver<NorthEvent>,
+) -> Result<(), StoreError> {
+    for device in engine.store.pending_devices().await? {
+        engine.scheduler.on_backlog(device);
+    }
+    let mut pending: FuturesUnordered<DoneFuture> = FuturesUnordered::new();
+    loop {
+        let deadline = engine.scheduler.next_deadline();
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let actions = tokio::select! {
+            msg = stored.recv() => match msg {
+                Some(msg) => {
+                    engine.scheduler.on_stored(msg, Instant::now(), now_ms());
+                    // Take whatever else is queued before polling: one pass
+                    // over the dirty devices per burst, not per message.
+                    while let Ok(msg) = stored.try_recv() {
+                        engine.scheduler.on_stored(msg, Instant::now(), now_ms());
+                    }
+                    Vec::new()
+                }
+                None => return Ok(()),
+            },
+            ev = north_events.recv() => match ev {
+                Some(NorthEvent::Up(epoch)) => {
+                    info!(epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");
+                    engine.scheduler.on_link_up(epoch);
+                    Vec::new()
+                }
+                Some(NorthEvent::Down) => {
+                    warn!("north link down: holding messages until it returns");
+                    engine.scheduler.on_link_down();
+                    Vec::new()
+                }
+                Some(NorthEvent::Ack(payload)) => engine.on_acks(&payload),
+                None => return Ok(()),
+            },
+            Some(done) = pending.next(), if !pending.is_empty() => engine.on_done(done).await,
+            _ = sleep => engine.scheduler.on_tick(Instant::now()),
+        };
+        let mut actions = actions;
+        actions.extend(engine.scheduler.poll(Instant::now()));
+        for action in actions {
+            if let Some(fut) = engine.execute(action).await? {
+                pending.push(fut);
+            }
+        }
+    }
+}
+
+impl Engine {
+    fn on_acks(&mut self, payload: &Bytes) -> Vec<Action> {
+        let now = Instant::now();
+        let mut actions = Vec::new();
+        for ack in parse_acks(payload) {
+            match ack {
+                Ok(ack) => actions.extend(self.scheduler.on_ack(&ack.device, &ack.msg_id, ack.verdict, now)),
+                Err(e) => warn!(error = %e, "ignoring a malformed backend ack"),
+            }
+        }
+        actions
+    }
+
+    async fn on_done(&mut self, done: Done) -> Vec<Action> {
+        match done {
+            Done::Moved { device, msg_id, to, reason, result } => match result {
+                Ok(Some(moved)) => {
+                    let receipt = match to {
+                        MessageState::Delivered => Receipt::delivered(&msg_id, moved.seq),
+                        _ => {
+                            let reason = reason.unwrap_or_default();
+                            warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = %reason, "uplink dead-lettered");
+                            Receipt::failed(&msg_id, moved.seq, reason)
+                        }
+                    };
+                    self.south.publish(self.topics.device_ack(&device), Bytes::from(receipt.to_bytes())).await;
+                }
+                Ok(None) => debug!(device = %device, msg_id = %msg_id, to = %to, "no move: not stored (already final or unknown)"),
+                Err(e) => {
+                    warn!(device = %device, msg_id = %msg_id, error = %e, "could not commit a transition; will read the device back");
+                    self.scheduler.on_store_failed(&device);
+                }
+            },
+            Done::Loaded { device, limit, result } => match result {
+                Ok(msgs) => self.scheduler.on_loaded(&device, msgs, limit, Instant::now(), now_ms()),
+                Err(e) => {
+                    warn!(device = %device, error = %e, "could not read pending messages");
+                    self.scheduler.on_store_failed(&device);
+                }
+            },
+        }
+        Vec::new()
+    }
+
+    /// Carries out one action; returns what to wait for, if anything.
+    async fn execute(&mut self, action: Action) -> Result<Option<DoneFuture>, StoreError> {
+        match action {
+            Action::Publish(msg) => {
+                let topic = self.topics.north_up(&msg.device, &msg.stream);
+                if !self.north.try_publish(topic, &msg.body) {
+                    self.scheduler.on_publish_refused(&msg.device, msg.seq, Instant::now());
+                }
+                Ok(None)
+            }
+            Action::Deliver { device, msg_id, attempts } => {
+                self.transition(device, msg_id, MessageState::Delivered, attempts, None).await.map(Some)
+            }
+            Action::Kill { device, msg_id, attempts, reason } => {
+                self.transition(device, msg_id, MessageState::Dead, attempts, Some(reason)).await.map(Some)
+            }
+            Action::RecordAttempt { id, attempts, retry_in, error } => {
+                debug!(uplink_id = id, attempts, retry_in_ms = retry_in.as_millis() as u64, error = %error, "uplink attempt failed");
+                let rec = crate::store::AttemptRecord {
+                    id,
+                    attempts,
+                    next_attempt_ms: now_ms() + retry_in.as_millis() as i64,
+                    error,
+                    at_ms: now_ms(),
+                };
+                self.store.record_attempt(rec).await?;
+                Ok(None)
+            }
+            Action::Refill { device, after, limit } => {
+                let store = self.store.clone();
+                Ok(Some(Box::pin(async move {
+                    let result = store.pending(device.clone(), after, limit).await;
+                    Done::Loaded { device, limit, result }
+                })))
+            }
+        }
+    }
+
+    async fn transition(
+        &mut self,
+        device: DeviceId,
+        msg_id: MsgId,
+        to: MessageState,
+        attempts: u32,
+        reason: Option<String>,
+    ) -> Result<DoneFuture, StoreError> {
+        let t = Transition { device: device.clone(), msg_id: msg_id.clone(), to, attempts, reason: reason.clone(), at_ms: now_ms() };
+        let rx = self.store.transition(t).await?;
+        Ok(Box::pin(async move {
+            let result = rx.await.unwrap_or(Err(StoreError::Closed));
+            Done::Moved { device, msg_id, to, reason, result }
+        }))
+    }
+}

@@ -1,0 +1,377 @@
+//! The uplink scheduler: which stored message goes north when, with no I/O.
+//!
+//! The shell feeds it events (a message was stored, the link came up or
+//! went down, the backend acked, time passed, a refill was read) and
+//! executes the [`Action`]s it returns. Keeping it pure lets every timing
+//! rule be tested with made-up instants.
+//!
+//! Rules it keeps:
+//! - Per device at most `max_inflight` messages are sent and unacked, and a
+//!   first attempt always goes to the lowest-seq message that is ready.
+//! - An attempt counts towards `max_attempts` only if the link stayed up
+//!   from send until its ack timeout (same epoch); a drop puts everything in
+//!   flight back to ready, uncounted.
+//! - Memory holds at most `window` messages per device; the rest stay in the
+//!   store and are read back (`Refill`) in seq order as the window drains.
+//!   A message is dropped from memory only when a `Deliver`/`Kill` action
+//!   for it is issued; the store decides what really moved.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backoff;
+use crate::config::RetryConfig;
+use crate::ids::{DeviceId, MsgId, Seq};
+use crate::protocol::ack::Verdict;
+use crate::store::PendingMessage;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub max_inflight: usize,
+    pub ack_timeout: Duration,
+    pub retry: RetryConfig,
+    /// Messages per device held in memory.
+    pub window: usize,
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Publish north (QoS 1).
+    Publish(PendingMessage),
+    /// Commit `DELIVERED`, then send a `delivered` receipt.
+    Deliver { device: DeviceId, msg_id: MsgId, attempts: u32 },
+    /// Commit `DEAD` with a dead letter, then send a `failed` receipt.
+    Kill { device: DeviceId, msg_id: MsgId, attempts: u32, reason: String },
+    /// Persist a counted failed attempt.
+    RecordAttempt { id: i64, attempts: u32, retry_in: Duration, error: String },
+    /// Read up to `limit` stored messages of `device` after `after`.
+    Refill { device: DeviceId, after: Seq, limit: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Ready,
+    InFlight { deadline: Instant, epoch: u64 },
+    Backoff { until: Instant },
+}
+
+#[derive(Debug)]
+struct Entry {
+    msg: PendingMessage,
+    status: Status,
+    expires_at: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct DeviceQueue {
+    entries: BTreeMap<Seq, Entry>,
+    by_id: HashMap<MsgId, Seq>,
+    /// Highest seq this queue has held or handed to an action.
+    loaded_upto: Seq,
+    /// Stored messages past `loaded_upto` exist that are not in memory.
+    more_in_store: bool,
+    refilling: bool,
+    /// A message was stored while a refill was being read.
+    stored_during_refill: bool,
+}
+
+impl DeviceQueue {
+    fn inflight(&self) -> usize {
+        self.entries.values().filter(|e| matches!(e.status, Status::InFlight { .. })).count()
+    }
+
+    fn remove(&mut self, seq: Seq) -> Option<Entry> {
+        let e = self.entries.remove(&seq)?;
+        self.by_id.remove(&e.msg.msg_id);
+        Some(e)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    Down,
+    Up(u64),
+}
+
+/// Timer kinds, kept in one ordered set; a stale timer is ignored when due.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Timer {
+    at: Instant,
+    device: DeviceId,
+    seq: Seq,
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    devices: HashMap<DeviceId, DeviceQueue>,
+    timers: BTreeSet<Timer>,
+    link: Link,
+    /// Devices that may have something to send or refill.
+    dirty: HashSet<DeviceId>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Scheduler {
+        Scheduler { cfg, devices: HashMap::new(), timers: BTreeSet::new(), link: Link::Down, dirty: HashSet::new() }
+    }
+
+    /// Messages held in memory, all devices.
+    pub fn in_memory(&self) -> usize {
+        self.devices.values().map(|d| d.entries.len()).sum()
+    }
+
+    /// A device has stored messages that are not in memory yet (start-up).
+    pub fn on_backlog(&mut self, device: DeviceId) {
+        self.devices.entry(device.clone()).or_default().more_in_store = true;
+        self.dirty.insert(device);
+    }
+
+    /// A message was committed; messages of one device arrive in seq order.
+    pub fn on_stored(&mut self, msg: PendingMessage, now: Instant, now_ms: i64) {
+        let device = msg.device.clone();
+        let q = self.devices.entry(device.clone()).or_default();
+        if msg.seq <= q.loaded_upto {
+            return;
+        }
+        if q.refilling {
+            q.stored_during_refill = true;
+        } else if q.more_in_store || q.entries.len() >= self.cfg.window {
+            q.more_in_store = true;
+        } else {
+            q.loaded_upto = msg.seq;
+            Self::insert(&mut self.timers, q, msg, now, now_ms);
+        }
+        self.dirty.insert(device);
+    }
+
+    /// A refill read came back.
+    pub fn on_loaded(&mut self, device: &DeviceId, msgs: Vec<PendingMessage>, limit: usize, now: Instant, now_ms: i64) {
+        let Some(q) = self.devices.get_mut(device) else { return };
+        q.refilling = false;
+        q.more_in_store = msgs.len() >= limit || std::mem::take(&mut q.stored_during_refill);
+        for msg in msgs {
+            if msg.seq > q.loaded_upto {
+                q.loaded_upto = msg.seq;
+                Self::insert(&mut self.timers, q, msg, now, now_ms);
+            }
+        }
+        self.dirty.insert(device.clone());
+    }
+
+    /// A refill or a transition failed in the store: read the device again.
+    pub fn on_store_failed(&mut self, device: &DeviceId) {
+        if let Some(q) = self.devices.get_mut(device) {
+            q.refilling = false;
+            q.more_in_store = true;
+            self.dirty.insert(device.clone());
+        }
+    }
+
+    fn insert(timers: &mut BTreeSet<Timer>, q: &mut DeviceQueue, msg: PendingMessage, now: Instant, now_ms: i64) {
+        let expires_at = msg.expires_ms.map(|ms| now + Duration::from_millis((ms - now_ms).max(0) as u64));
+        if let Some(at) = expires_at {
+            timers.insert(Timer { at, device: msg.device.clone(), seq: msg.seq });
+        }
+        q.by_id.insert(msg.msg_id.clone(), msg.seq);
+        q.entries.insert(msg.seq, Entry { msg, status: Status::Ready, expires_at });
+    }
+
+    pub fn on_link_up(&mut self, epoch: u64) {
+        self.link = Link::Up(epoch);
+        self.requeue_inflight();
+    }
+
+    pub fn on_link_down(&mut self) {
+        self.link = Link::Down;
+        self.requeue_inflight();
+    }
+
+    /// Everything in flight goes back to ready, uncounted.
+    fn requeue_inflight(&mut self) {
+        for (device, q) in &mut self.devices {
+            let mut any = false;
+            for e in q.entries.values_mut() {
+                if matches!(e.status, Status::InFlight { .. }) {
+                    e.status = Status::Ready;
+                    any = true;
+                }
+            }
+            if any || !q.entries.is_empty() {
+                self.dirty.insert(device.clone());
+            }
+        }
+    }
+
+    /// A publish could not be queued north: try it again shortly.
+    pub fn on_publish_refused(&mut self, device: &DeviceId, seq: Seq, now: Instant) {
+        if let Some(e) = self.devices.get_mut(device).and_then(|q| q.entries.get_mut(&seq)) {
+            let until = now + Duration::from_millis(50);
+            e.status = Status::Backoff { until };
+            self.timers.insert(Timer { at: until, device: device.clone(), seq });
+        }
+    }
+
+    /// The backend's verdict on a message.
+    pub fn on_ack(&mut self, device: &DeviceId, msg_id: &MsgId, verdict: Verdict, now: Instant) -> Vec<Action> {
+        let q = self.devices.get_mut(device);
+        let seq = q.as_ref().and_then(|q| q.by_id.get(msg_id).copied());
+        let (Some(q), Some(seq)) = (q, seq) else {
+            // Not in memory: already handled, or still only in the store.
+            // The store applies the move only if the message is `stored`.
+            return match verdict {
+                Verdict::Ok => vec![Action::Deliver { device: device.clone(), msg_id: msg_id.clone(), attempts: 0 }],
+                Verdict::Nack { reason, retry: false } => vec![Action::Kill {
+                    device: device.clone(),
+                    msg_id: msg_id.clone(),
+                    attempts: 0,
+                    reason: format!("nacked: {reason}"),
+                }],
+                Verdict::Nack { retry: true, .. } => vec![],
+            };
+        };
+        self.dirty.insert(device.clone());
+        let entry = q.entries.get_mut(&seq).expect("by_id and entries agree");
+        match verdict {
+            Verdict::Ok => {
+                let e = q.remove(seq).expect("present");
+                vec![Action::Deliver { device: device.clone(), msg_id: msg_id.clone(), attempts: e.msg.attempts + 1 }]
+            }
+            Verdict::Nack { reason, retry } => {
+                if !retry || entry.msg.no_retry {
+                    let e = q.remove(seq).expect("present");
+                    return vec![Action::Kill {
+                        device: device.clone(),
+                        msg_id: msg_id.clone(),
+                        attempts: e.msg.attempts + 1,
+                        reason: format!("nacked: {reason}"),
+                    }];
+                }
+                Self::count_failure(&self.cfg, &mut self.timers, q, seq, format!("nacked: {reason}"), now)
+            }
+        }
+    }
+
+    /// An attempt failed while the link was up: back off, or give up.
+    fn count_failure(
+        cfg: &SchedulerConfig,
+        timers: &mut BTreeSet<Timer>,
+        q: &mut DeviceQueue,
+        seq: Seq,
+        error: String,
+        now: Instant,
+    ) -> Vec<Action> {
+        let entry = q.entries.get_mut(&seq).expect("caller checked");
+        entry.msg.attempts += 1;
+        let attempts = entry.msg.attempts;
+        let give_up = if entry.msg.no_retry {
+            Some(format!("no_retry: {error}"))
+        } else if attempts >= cfg.retry.max_attempts {
+            Some(format!("exhausted: {attempts} attempts, last: {error}"))
+        } else {
+            None
+        };
+        if let Some(reason) = give_up {
+            let e = q.remove(seq).expect("present");
+            return vec![Action::Kill { device: e.msg.device, msg_id: e.msg.msg_id, attempts, reason }];
+        }
+        let retry_in = backoff::delay_random(&cfg.retry, attempts - 1);
+        let until = now + retry_in;
+        entry.status = Status::Backoff { until };
+        timers.insert(Timer { at: until, device: entry.msg.device.clone(), seq });
+        vec![Action::RecordAttempt { id: entry.msg.id, attempts, retry_in, error }]
+    }
+
+    /// When the shell should call [`Scheduler::on_tick`] next.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.first().map(|t| t.at)
+    }
+
+    /// Applies every timer due at `now`.
+    pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        while let Some(t) = self.timers.first().cloned() {
+            if t.at > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(q) = self.devices.get_mut(&t.device) else { continue };
+            let Some(entry) = q.entries.get_mut(&t.seq) else { continue };
+            if entry.expires_at.is_some_and(|at| at <= now) {
+                let e = q.remove(t.seq).expect("present");
+                actions.push(Action::Kill {
+                    device: e.msg.device,
+                    msg_id: e.msg.msg_id,
+                    attempts: e.msg.attempts,
+                    reason: "expired: ttl_s passed before the backend acked".into(),
+                });
+                self.dirty.insert(t.device);
+                continue;
+            }
+            match entry.status {
+                Status::InFlight { deadline, epoch } if deadline == t.at => {
+                    if self.link == Link::Up(epoch) {
+                        let error = format!("no ack within {} ms", self.cfg.ack_timeout.as_millis());
+                        actions.extend(Self::count_failure(&self.cfg, &mut self.timers, q, t.seq, error, now));
+                    } else {
+                        entry.status = Status::Ready;
+                    }
+                    self.dirty.insert(t.device);
+                }
+                Status::Backoff { until } if until == t.at => {
+                    entry.status = Status::Ready;
+                    self.dirty.insert(t.device);
+                }
+                _ => {}
+            }
+        }
+        actions
+    }
+
+    /// Sends and refills for every device that changed since the last call.
+    pub fn poll(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let up = match self.link {
+            Link::Up(epoch) => Some(epoch),
+            Link::Down => None,
+        };
+        for device in std::mem::take(&mut self.dirty) {
+            let Some(q) = self.devices.get_mut(&device) else { continue };
+            if let Some(epoch) = up {
+                let mut inflight = q.inflight();
+                let deadline = now + self.cfg.ack_timeout;
+                for entry in q.entries.values_mut() {
+                    if inflight >= self.cfg.max_inflight {
+                        break;
+                    }
+                    if entry.status == Status::Ready {
+                        entry.status = Status::InFlight { deadline, epoch };
+                        self.timers.insert(Timer { at: deadline, device: device.clone(), seq: entry.msg.seq });
+                        actions.push(Action::Publish(entry.msg.clone()));
+                        inflight += 1;
+                    }
+                }
+            }
+            if q.more_in_store && !q.refilling && q.entries.len() <= self.cfg.window / 2 {
+                q.refilling = true;
+                actions.push(Action::Refill {
+                    device: device.clone(),
+                    after: q.loaded_upto,
+                    limit: self.cfg.window - q.entries.len(),
+                });
+            }
+            if q.entries.is_empty() && !q.more_in_store && !q.refilling {
+                // Keep `loaded_upto` so a late duplicate cannot be re-added,
+                // but free the queue's maps.
+                q.entries = BTreeMap::new();
+                q.by_id = HashMap::new();
+            }
+        }
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests;
