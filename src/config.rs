@@ -161,7 +161,7 @@ pub struct RawLog {
 
 impl Default for RawLog {
     fn default() -> Self {
-        RawLog { level: "info".into() }
+        RawLog { level: "info,rumqttd=warn,rumqttd::server=off".into() }
     }
 }
 
