@@ -63,7 +63,10 @@ mod tests {
             for _ in 0..200 {
                 let got = delay_random(&c, k);
                 assert!(got <= d, "k={k}: {got:?} > {d:?}");
-                assert!(got > d.mul_f64(0.8) - Duration::from_nanos(1), "k={k}: {got:?} too short");
+                assert!(
+                    got > d.mul_f64(0.8) - Duration::from_nanos(1),
+                    "k={k}: {got:?} too short"
+                );
             }
         }
     }
@@ -72,6 +75,10 @@ mod tests {
     fn random_jitter_spreads_delays() {
         let c = cfg(1.0);
         let samples: std::collections::HashSet<_> = (0..50).map(|_| delay_random(&c, 3)).collect();
-        assert!(samples.len() > 10, "jitter produced only {} distinct delays", samples.len());
+        assert!(
+            samples.len() > 10,
+            "jitter produced only {} distinct delays",
+            samples.len()
+        );
     }
 }

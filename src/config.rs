@@ -6,13 +6,14 @@
 //! typed values once. Past this module nobody parses a string or checks a
 //! range again. Every error names the key it is about.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::GatewayId;
+use crate::ids::{DeviceId, GatewayId};
 
 /// A configuration error, always about one key.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +25,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(key: &str, reason: impl Into<String>) -> Self {
-        ConfigError { key: key.to_string(), reason: reason.into() }
+        ConfigError {
+            key: key.to_string(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -37,7 +41,31 @@ pub struct RawConfig {
     pub north: RawNorth,
     pub retry: RawRetry,
     pub store: RawStore,
+    pub downlink: RawDownlink,
+    /// Named device groups, addressable in a downlink's `to` as `@name`.
+    pub groups: BTreeMap<String, Vec<String>>,
     pub log: RawLog,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDownlink {
+    /// Most messages in one inbox batch (hard cap 1000).
+    pub batch_size: usize,
+    /// Resend an unconfirmed batch after this long (with backoff).
+    pub confirm_timeout_ms: u64,
+    /// Undelivered messages per device before the oldest expire.
+    pub queue_cap: u64,
+}
+
+impl Default for RawDownlink {
+    fn default() -> Self {
+        RawDownlink {
+            batch_size: 200,
+            confirm_timeout_ms: 10_000,
+            queue_cap: 10_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,7 +79,10 @@ pub struct RawGateway {
 
 impl Default for RawGateway {
     fn default() -> Self {
-        RawGateway { id: String::new(), data_dir: PathBuf::from("./data") }
+        RawGateway {
+            id: String::new(),
+            data_dir: PathBuf::from("./data"),
+        }
     }
 }
 
@@ -133,7 +164,12 @@ pub struct RawRetry {
 
 impl Default for RawRetry {
     fn default() -> Self {
-        RawRetry { base_ms: 1000, max_ms: 300_000, max_attempts: 10, jitter: 0.2 }
+        RawRetry {
+            base_ms: 1000,
+            max_ms: 300_000,
+            max_attempts: 10,
+            jitter: 0.2,
+        }
     }
 }
 
@@ -148,7 +184,10 @@ pub struct RawStore {
 
 impl Default for RawStore {
     fn default() -> Self {
-        RawStore { sync: "full".into(), max_batch: 2048 }
+        RawStore {
+            sync: "full".into(),
+            max_batch: 2048,
+        }
     }
 }
 
@@ -161,7 +200,9 @@ pub struct RawLog {
 
 impl Default for RawLog {
     fn default() -> Self {
-        RawLog { level: "info,rumqttd=warn,rumqttd::server=off".into() }
+        RawLog {
+            level: "info,rumqttd=warn,rumqttd::server=off".into(),
+        }
     }
 }
 
@@ -182,7 +223,17 @@ pub struct Config {
     pub north: NorthConfig,
     pub retry: RetryConfig,
     pub store: StoreConfig,
+    pub downlink: DownlinkConfig,
+    /// Group name (without `@`) → members.
+    pub groups: BTreeMap<String, Vec<DeviceId>>,
     pub log_level: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct DownlinkConfig {
+    pub batch_size: usize,
+    pub confirm_timeout: Duration,
+    pub queue_cap: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -229,17 +280,34 @@ impl Config {
     }
 
     pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
-        let gateway = GatewayId::new(raw.gateway.id.clone())
-            .map_err(|e| ConfigError::new("gateway.id", format!("{e}; use [A-Za-z0-9._-]{{1,64}}")))?;
+        let gateway = GatewayId::new(raw.gateway.id.clone()).map_err(|e| {
+            ConfigError::new("gateway.id", format!("{e}; use [A-Za-z0-9._-]{{1,64}}"))
+        })?;
         if raw.gateway.data_dir.as_os_str().is_empty() {
-            return Err(ConfigError::new("gateway.data_dir", "must name a directory"));
+            return Err(ConfigError::new(
+                "gateway.data_dir",
+                "must name a directory",
+            ));
         }
         let listen = raw.south.listen.parse::<SocketAddr>().map_err(|e| {
-            ConfigError::new("south.listen", format!("{e}; expected host:port, e.g. \"0.0.0.0:1883\""))
+            ConfigError::new(
+                "south.listen",
+                format!("{e}; expected host:port, e.g. \"0.0.0.0:1883\""),
+            )
         })?;
-        in_range("south.max_payload_bytes", raw.south.max_payload_bytes, 64, 16 << 20)?;
+        in_range(
+            "south.max_payload_bytes",
+            raw.south.max_payload_bytes,
+            64,
+            16 << 20,
+        )?;
         topic_segment("south.topic_prefix", &raw.south.topic_prefix)?;
-        in_range("south.max_connections", raw.south.max_connections, 1, 1_000_000)?;
+        in_range(
+            "south.max_connections",
+            raw.south.max_connections,
+            1,
+            1_000_000,
+        )?;
 
         if raw.north.host.trim().is_empty() {
             return Err(ConfigError::new("north.host", "must not be empty"));
@@ -248,7 +316,12 @@ impl Config {
             return Err(ConfigError::new("north.port", "must be 1..=65535"));
         }
         in_range("north.keep_alive_s", raw.north.keep_alive_s, 5, 3600)?;
-        in_range("north.ack_timeout_ms", raw.north.ack_timeout_ms, 100, 3_600_000)?;
+        in_range(
+            "north.ack_timeout_ms",
+            raw.north.ack_timeout_ms,
+            100,
+            3_600_000,
+        )?;
         in_range("north.max_inflight", raw.north.max_inflight, 1, 1000)?;
         topic_segment("north.topic_prefix", &raw.north.topic_prefix)?;
         let client_id = if raw.north.client_id.is_empty() {
@@ -258,13 +331,21 @@ impl Config {
         };
         let credentials = match (raw.north.username.is_empty(), raw.north.password.is_empty()) {
             (true, true) => None,
-            (true, false) => return Err(ConfigError::new("north.username", "a password is set but no username")),
+            (true, false) => {
+                return Err(ConfigError::new(
+                    "north.username",
+                    "a password is set but no username",
+                ))
+            }
             _ => Some((raw.north.username.clone(), raw.north.password.clone())),
         };
 
         in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000)?;
         if raw.retry.max_ms < raw.retry.base_ms {
-            return Err(ConfigError::new("retry.max_ms", "must be at least retry.base_ms"));
+            return Err(ConfigError::new(
+                "retry.max_ms",
+                "must be at least retry.base_ms",
+            ));
         }
         in_range("retry.max_attempts", raw.retry.max_attempts, 1, 1_000_000)?;
         if !(0.0..=1.0).contains(&raw.retry.jitter) {
@@ -277,9 +358,37 @@ impl Config {
         let sync = match raw.store.sync.as_str() {
             "full" => SyncMode::Full,
             "normal" => SyncMode::Normal,
-            other => return Err(ConfigError::new("store.sync", format!("must be \"full\" or \"normal\" (got {other:?})"))),
+            other => {
+                return Err(ConfigError::new(
+                    "store.sync",
+                    format!("must be \"full\" or \"normal\" (got {other:?})"),
+                ))
+            }
         };
         in_range("store.max_batch", raw.store.max_batch, 1, 100_000)?;
+
+        in_range("downlink.batch_size", raw.downlink.batch_size, 1, 1000)?;
+        in_range(
+            "downlink.confirm_timeout_ms",
+            raw.downlink.confirm_timeout_ms,
+            100,
+            3_600_000,
+        )?;
+        in_range("downlink.queue_cap", raw.downlink.queue_cap, 1, 10_000_000)?;
+        let mut groups = BTreeMap::new();
+        for (name, members) in &raw.groups {
+            let key = format!("groups.{name}");
+            DeviceId::new(name.as_str())
+                .map_err(|e| ConfigError::new(&key, format!("bad group name: {e}")))?;
+            let members = members
+                .iter()
+                .map(|m| {
+                    DeviceId::new(m.as_str())
+                        .map_err(|e| ConfigError::new(&key, format!("bad device id {m:?}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            groups.insert(name.clone(), members);
+        }
 
         let prefix = format!("{}/{}", raw.north.topic_prefix, gateway);
         Ok(Config {
@@ -307,7 +416,16 @@ impl Config {
                 max_attempts: raw.retry.max_attempts,
                 jitter: raw.retry.jitter,
             },
-            store: StoreConfig { sync, max_batch: raw.store.max_batch },
+            store: StoreConfig {
+                sync,
+                max_batch: raw.store.max_batch,
+            },
+            downlink: DownlinkConfig {
+                batch_size: raw.downlink.batch_size,
+                confirm_timeout: Duration::from_millis(raw.downlink.confirm_timeout_ms),
+                queue_cap: raw.downlink.queue_cap,
+            },
+            groups,
             log_level: raw.log.level,
         })
     }
@@ -317,7 +435,10 @@ impl RawConfig {
     /// Reads the file and the environment; refuses unknown keys by name.
     pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
         if !path.is_file() {
-            return Err(ConfigError::new("--config", format!("{} is not a readable file", path.display())));
+            return Err(ConfigError::new(
+                "--config",
+                format!("{} is not a readable file", path.display()),
+            ));
         }
         let built = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
@@ -329,8 +450,10 @@ impl RawConfig {
             )
             .build()
             .map_err(|e| from_config_error(&e))?;
-        let table: config::Map<String, config::Value> =
-            built.clone().try_deserialize().map_err(|e| from_config_error(&e))?;
+        let table: config::Map<String, config::Value> = built
+            .clone()
+            .try_deserialize()
+            .map_err(|e| from_config_error(&e))?;
         check_known_keys(&table)?;
         built.try_deserialize().map_err(|e| from_config_error(&e))
     }
@@ -342,8 +465,15 @@ fn check_known_keys(table: &config::Map<String, config::Value>) -> Result<(), Co
     let mut sections: Vec<_> = table.iter().collect();
     sections.sort_by(|a, b| a.0.cmp(b.0));
     for (section, value) in sections {
+        if section == "groups" {
+            // Free-form: every key is a group name, checked in from_raw.
+            continue;
+        }
         let Some(known_section) = known.get(section) else {
-            return Err(ConfigError::new(section, "unknown section; see conf/ferry.toml for the keys"));
+            return Err(ConfigError::new(
+                section,
+                "unknown section; see conf/ferry.toml for the keys",
+            ));
         };
         let Ok(keys) = value.clone().into_table() else {
             return Err(ConfigError::new(section, "must be a table of keys"));
@@ -374,16 +504,27 @@ fn from_config_error(e: &config::ConfigError) -> ConfigError {
     ConfigError { key, reason: text }
 }
 
-fn in_range<T: PartialOrd + std::fmt::Display + Copy>(key: &str, v: T, lo: T, hi: T) -> Result<(), ConfigError> {
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
+    key: &str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<(), ConfigError> {
     if v < lo || v > hi {
-        return Err(ConfigError::new(key, format!("must be between {lo} and {hi} (got {v})")));
+        return Err(ConfigError::new(
+            key,
+            format!("must be between {lo} and {hi} (got {v})"),
+        ));
     }
     Ok(())
 }
 
 fn topic_segment(key: &str, v: &str) -> Result<(), ConfigError> {
     if v.is_empty() || v.contains(['+', '#', '\0']) || v.starts_with('/') || v.ends_with('/') {
-        return Err(ConfigError::new(key, "must be a topic prefix without wildcards or outer slashes"));
+        return Err(ConfigError::new(
+            key,
+            "must be a topic prefix without wildcards or outer slashes",
+        ));
     }
     Ok(())
 }
@@ -430,6 +571,17 @@ mod tests {
         assert_eq!(err.key, "south.listen");
         let err = load_str("[gateway]\nid = \"g\"\n[store]\nsync = \"off\"\n").unwrap_err();
         assert_eq!(err.key, "store.sync");
+    }
+
+    #[test]
+    fn groups_are_read_and_checked() {
+        let cfg = load_str("[gateway]\nid = \"g\"\n[groups]\nline3 = [\"panel-1\", \"panel-2\"]\n")
+            .unwrap();
+        assert_eq!(cfg.groups["line3"].len(), 2);
+        let err = load_str("[gateway]\nid = \"g\"\n[groups]\nline3 = [\"bad id\"]\n").unwrap_err();
+        assert_eq!(err.key, "groups.line3");
+        let err = load_str("[gateway]\nid = \"g\"\n[downlink]\nbatch_size = 5000\n").unwrap_err();
+        assert_eq!(err.key, "downlink.batch_size");
     }
 
     #[test]

@@ -53,10 +53,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         south: south.outbound.clone(),
         topics: topics.clone(),
     };
-    let intake_cfg = IntakeConfig { gateway: Arc::from(cfg.gateway.as_str()), max_payload_bytes: cfg.south.max_payload_bytes };
+    let intake_cfg = IntakeConfig {
+        gateway: Arc::from(cfg.gateway.as_str()),
+        max_payload_bytes: cfg.south.max_payload_bytes,
+    };
     let mut engine_task = tokio::spawn(run_engine(engine, stored_rx, north_events));
-    let mut intake_task =
-        tokio::spawn(intake::run(intake_cfg, topics, store, south.inbound, south.outbound, stored_tx));
+    let mut intake_task = tokio::spawn(intake::run(
+        intake_cfg,
+        topics,
+        store,
+        south.inbound,
+        south.outbound,
+        stored_tx,
+    ));
     let mut listener = south.listener;
     info!(gateway = %cfg.gateway, south = %cfg.south.listen, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
 

@@ -99,7 +99,10 @@ mod tests {
         assert_eq!(DeviceId::new(""), Err(IdError::Empty));
         assert_eq!(DeviceId::new("a/b"), Err(IdError::BadChar('/')));
         assert_eq!(DeviceId::new("a:b"), Err(IdError::BadChar(':')));
-        assert_eq!(DeviceId::new("x".repeat(65)), Err(IdError::TooLong { max: 64 }));
+        assert_eq!(
+            DeviceId::new("x".repeat(65)),
+            Err(IdError::TooLong { max: 64 })
+        );
         assert!(DeviceId::new("x".repeat(64)).is_ok());
     }
 
@@ -107,7 +110,10 @@ mod tests {
     fn msg_ids_allow_colons_and_128_characters() {
         assert!(MsgId::new("boot-9:000017").is_ok());
         assert!(MsgId::new("m".repeat(128)).is_ok());
-        assert_eq!(MsgId::new("m".repeat(129)), Err(IdError::TooLong { max: 128 }));
+        assert_eq!(
+            MsgId::new("m".repeat(129)),
+            Err(IdError::TooLong { max: 128 })
+        );
         assert_eq!(MsgId::new("a b"), Err(IdError::BadChar(' ')));
         assert_eq!(MsgId::new("+"), Err(IdError::BadChar('+')));
     }

@@ -11,7 +11,11 @@ use tracing_subscriber::EnvFilter;
 const EXIT_CONFIG: u8 = 64;
 
 #[derive(Parser)]
-#[command(name = "ferry", version, about = "MQTT edge gateway: durable store-and-forward between field devices and a backend")]
+#[command(
+    name = "ferry",
+    version,
+    about = "MQTT edge gateway: durable store-and-forward between field devices and a backend"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -60,7 +64,10 @@ fn main() -> ExitCode {
                 }
             };
             init_logging(&cfg.log_level);
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("ferry: cannot start the runtime: {e}");
@@ -84,17 +91,21 @@ fn init_logging(level: &str) {
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_log::LogTracer::init();
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return ctrl_c.await.unwrap_or(()),
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

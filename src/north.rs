@@ -51,12 +51,18 @@ impl NorthSender {
     /// Queues a QoS 1 publish without waiting. False if the queue is full
     /// or closed: the caller keeps the message and tries again later.
     pub fn try_publish(&self, topic: String, body: &Bytes) -> bool {
-        self.client.try_publish(topic, QoS::AtLeastOnce, false, body.to_vec()).is_ok()
+        self.client
+            .try_publish(topic, QoS::AtLeastOnce, false, body.to_vec())
+            .is_ok()
     }
 }
 
 /// Starts the session task. Events arrive on the returned receiver.
-pub fn start(cfg: &NorthConfig, topics: &Topics, max_packet: usize) -> (NorthSender, mpsc::Receiver<NorthEvent>) {
+pub fn start(
+    cfg: &NorthConfig,
+    topics: &Topics,
+    max_packet: usize,
+) -> (NorthSender, mpsc::Receiver<NorthEvent>) {
     let mut opts = MqttOptions::new(cfg.client_id.clone(), cfg.host.clone(), cfg.port);
     opts.set_keep_alive(cfg.keep_alive)
         .set_clean_session(false)
@@ -64,19 +70,29 @@ pub fn start(cfg: &NorthConfig, topics: &Topics, max_packet: usize) -> (NorthSen
         .set_inflight(SESSION_INFLIGHT)
         .set_max_packet_size(max_packet, max_packet)
         .set_request_channel_capacity(REQUEST_CAPACITY)
-        .set_last_will(LastWill::new(topics.north_status(), status_body(false), QoS::AtLeastOnce, true));
+        .set_last_will(LastWill::new(
+            topics.north_status(),
+            status_body(false),
+            QoS::AtLeastOnce,
+            true,
+        ));
     if let Some((user, pass)) = &cfg.credentials {
         opts.set_credentials(user.clone(), pass.clone());
     }
     let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
     let (events_tx, events) = mpsc::channel(4096);
-    let session = Session { client: client.clone(), topics: topics.clone(), events: events_tx };
+    let session = Session {
+        client: client.clone(),
+        topics: topics.clone(),
+        events: events_tx,
+    };
     tokio::spawn(session.run(eventloop, cfg.host.clone(), cfg.port));
     (NorthSender { client }, events)
 }
 
 fn status_body(online: bool) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({"online": online, "ts": now_ms()})).expect("status serializes")
+    serde_json::to_vec(&serde_json::json!({"online": online, "ts": now_ms()}))
+        .expect("status serializes")
 }
 
 struct Session {
@@ -98,7 +114,10 @@ impl Session {
                     info!(host = %host, port, session_present = ack.session_present, epoch, "north connected");
                     // Subscribe every time: rumqttc does not restore
                     // subscriptions, and a repeat is harmless.
-                    if let Err(e) = self.client.try_subscribe(self.topics.north_ack(), QoS::AtLeastOnce) {
+                    if let Err(e) = self
+                        .client
+                        .try_subscribe(self.topics.north_ack(), QoS::AtLeastOnce)
+                    {
                         warn!(error = %e, "north subscribe could not be queued");
                     }
                 }
@@ -119,7 +138,12 @@ impl Session {
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     let ack_topic = self.topics.north_ack();
                     if p.topic == ack_topic {
-                        if self.events.send(NorthEvent::Ack(p.payload.clone())).await.is_err() {
+                        if self
+                            .events
+                            .send(NorthEvent::Ack(p.payload.clone()))
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     } else {
@@ -161,6 +185,11 @@ fn log_error(e: &ConnectionError, host: &str, port: u16, failures: u32, delay: D
 }
 
 fn reconnect_delay(failures: u32) -> Duration {
-    let cfg = crate::config::RetryConfig { base: RECONNECT_BASE, max: RECONNECT_MAX, max_attempts: 1, jitter: 0.5 };
+    let cfg = crate::config::RetryConfig {
+        base: RECONNECT_BASE,
+        max: RECONNECT_MAX,
+        max_attempts: 1,
+        jitter: 0.5,
+    };
     crate::backoff::delay_random(&cfg, failures)
 }

@@ -25,7 +25,9 @@ use std::thread;
 use bytes::Bytes;
 use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
 use rumqttd::protocol::v4::V4;
-use rumqttd::{ConnectionSettings, LinkType, Notification, Router, RouterConfig, Server, ServerSettings};
+use rumqttd::{
+    ConnectionSettings, LinkType, Notification, Router, RouterConfig, Server, ServerSettings,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, error, warn};
 
@@ -52,7 +54,10 @@ const DEVICE_KINDS: [&str; 6] = ["up/#", "confirm", "pull", "read", "nack", "sta
 #[derive(Debug, thiserror::Error)]
 pub enum SouthError {
     #[error("south.listen {addr}: cannot listen: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("embedded broker link: {0}")]
     Link(String),
 }
@@ -88,7 +93,10 @@ pub struct South {
 /// Starts the broker, its listener (on the current tokio runtime) and the link.
 pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
     // Fail fast and by name if the address is taken: rumqttd would only log it.
-    std::net::TcpListener::bind(cfg.listen).map_err(|source| SouthError::Listen { addr: cfg.listen, source })?;
+    std::net::TcpListener::bind(cfg.listen).map_err(|source| SouthError::Listen {
+        addr: cfg.listen,
+        source,
+    })?;
 
     let filters: HashMap<String, rumqttd::SegmentConfig> = DEVICE_KINDS
         .iter()
@@ -163,7 +171,11 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             Err(e) => format!("south listener failed: {e}"),
         }
     });
-    Ok(South { inbound, outbound: SouthSender { tx: out_tx }, listener })
+    Ok(South {
+        inbound,
+        outbound: SouthSender { tx: out_tx },
+        listener,
+    })
 }
 
 fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
@@ -177,7 +189,13 @@ fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
                         continue;
                     }
                 };
-                if tx.blocking_send(SouthMessage { topic, payload: f.publish.payload }).is_err() {
+                if tx
+                    .blocking_send(SouthMessage {
+                        topic,
+                        payload: f.publish.payload,
+                    })
+                    .is_err()
+                {
                     debug!("south receiver closed; link reader stops");
                     return;
                 }

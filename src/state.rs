@@ -1,8 +1,10 @@
-//! The message state machine (docs/PROTOCOL.md, "Message states").
+//! The message state machines (docs/PROTOCOL.md, "Message states").
 //!
-//! `STORED → DELIVERED`, or `STORED → DEAD`. No other move exists, and the
-//! store only writes a move this module allows; the state is stored as its
-//! lower-case name so an operator reading the database sees words.
+//! Uplink: `STORED → DELIVERED`, or `STORED → DEAD`. Downlink, per
+//! delivery: `STORED → DELIVERED → READ`, with `EXPIRED` and `DEAD` as side
+//! exits. No other move exists, and the store only writes a move these allow;
+//! states are stored as lower-case names so an operator reading the
+//! database sees words.
 
 use std::fmt;
 
@@ -38,7 +40,8 @@ impl MessageState {
     pub fn can_move_to(self, to: MessageState) -> bool {
         matches!(
             (self, to),
-            (MessageState::Stored, MessageState::Delivered) | (MessageState::Stored, MessageState::Dead)
+            (MessageState::Stored, MessageState::Delivered)
+                | (MessageState::Stored, MessageState::Dead)
         )
     }
 
@@ -51,6 +54,66 @@ impl MessageState {
 impl fmt::Display for MessageState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Where one downlink delivery `(message, device)` stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeliveryState {
+    /// Queued for the device, committed.
+    Stored,
+    /// The device confirmed a batch covering it.
+    Delivered,
+    /// The device's read cursor passed it.
+    Read,
+    /// Given up before it was delivered (`ttl_s` or the queue cap).
+    Expired,
+    /// The device nacked it; dead-lettered for this device.
+    Dead,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Stored => "stored",
+            DeliveryState::Delivered => "delivered",
+            DeliveryState::Read => "read",
+            DeliveryState::Expired => "expired",
+            DeliveryState::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DeliveryState> {
+        [
+            Self::Stored,
+            Self::Delivered,
+            Self::Read,
+            Self::Expired,
+            Self::Dead,
+        ]
+        .into_iter()
+        .find(|d| d.as_str() == s)
+    }
+
+    /// The status word in receipts north.
+    pub fn receipt_status(self) -> &'static str {
+        match self {
+            DeliveryState::Dead => "failed",
+            other => other.as_str(),
+        }
+    }
+
+    /// Whether the delivery may move to `to`.
+    pub fn can_move_to(self, to: DeliveryState) -> bool {
+        use DeliveryState::*;
+        matches!(
+            (self, to),
+            (Stored, Delivered)
+                | (Stored, Expired)
+                | (Stored, Dead)
+                | (Delivered, Read)
+                | (Delivered, Dead)
+        )
     }
 }
 
@@ -69,6 +132,21 @@ mod tests {
             }
         }
         assert!(!Stored.can_move_to(Stored));
+    }
+
+    #[test]
+    fn deliveries_move_forward_only() {
+        use DeliveryState as D;
+        assert!(D::Stored.can_move_to(D::Delivered));
+        assert!(D::Delivered.can_move_to(D::Read));
+        assert!(D::Stored.can_move_to(D::Expired));
+        assert!(!D::Read.can_move_to(D::Delivered));
+        assert!(!D::Expired.can_move_to(D::Delivered));
+        assert!(!D::Stored.can_move_to(D::Read), "read only after delivered");
+        assert_eq!(D::Dead.receipt_status(), "failed");
+        for d in [D::Stored, D::Delivered, D::Read, D::Expired, D::Dead] {
+            assert_eq!(D::parse(d.as_str()), Some(d));
+        }
     }
 
     #[test]

@@ -45,8 +45,10 @@ pub fn parse_acks(bytes: &[u8]) -> Vec<Result<BackendAck, String>> {
 
 fn one(value: serde_json::Value) -> Result<BackendAck, String> {
     let wire: WireAck = serde_json::from_value(value).map_err(|e| format!("bad ack: {e}"))?;
-    let device = DeviceId::new(wire.device.as_str()).map_err(|e| format!("bad device {:?}: {e}", wire.device))?;
-    let msg_id = MsgId::new(wire.msg_id.as_str()).map_err(|e| format!("bad msg_id {:?}: {e}", wire.msg_id))?;
+    let device = DeviceId::new(wire.device.as_str())
+        .map_err(|e| format!("bad device {:?}: {e}", wire.device))?;
+    let msg_id = MsgId::new(wire.msg_id.as_str())
+        .map_err(|e| format!("bad msg_id {:?}: {e}", wire.msg_id))?;
     let verdict = match wire.status.as_str() {
         "ok" => Verdict::Ok,
         "nack" => Verdict::Nack {
@@ -55,7 +57,11 @@ fn one(value: serde_json::Value) -> Result<BackendAck, String> {
         },
         other => return Err(format!("unknown status {other:?}")),
     };
-    Ok(BackendAck { device, msg_id, verdict })
+    Ok(BackendAck {
+        device,
+        msg_id,
+        verdict,
+    })
 }
 
 #[cfg(test)]
@@ -74,11 +80,17 @@ mod tests {
         );
         assert_eq!(
             many[1].as_ref().unwrap().verdict,
-            Verdict::Nack { reason: "unknown sensor".into(), retry: false }
+            Verdict::Nack {
+                reason: "unknown sensor".into(),
+                retry: false
+            }
         );
         assert_eq!(
             many[2].as_ref().unwrap().verdict,
-            Verdict::Nack { reason: "no reason given".into(), retry: true },
+            Verdict::Nack {
+                reason: "no reason given".into(),
+                retry: true
+            },
             "retry defaults to true"
         );
     }

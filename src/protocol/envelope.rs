@@ -57,7 +57,11 @@ impl RejectCode {
 
 impl Rejection {
     pub fn new(code: RejectCode, detail: impl Into<String>) -> Self {
-        Rejection { code, detail: detail.into(), msg_id: None }
+        Rejection {
+            code,
+            detail: detail.into(),
+            msg_id: None,
+        }
     }
 
     /// `code: detail`, as written to receipts and the dead-letter table.
@@ -71,23 +75,41 @@ pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejectio
     if bytes.len() > max_bytes {
         let mut r = Rejection::new(
             RejectCode::TooLarge,
-            format!("{} bytes > south.max_payload_bytes {}", bytes.len(), max_bytes),
+            format!(
+                "{} bytes > south.max_payload_bytes {}",
+                bytes.len(),
+                max_bytes
+            ),
         );
         r.msg_id = serde_json::from_slice::<Map<String, Value>>(bytes)
             .ok()
-            .and_then(|m| m.get("msg_id").and_then(Value::as_str).and_then(|s| MsgId::new(s).ok()));
+            .and_then(|m| {
+                m.get("msg_id")
+                    .and_then(Value::as_str)
+                    .and_then(|s| MsgId::new(s).ok())
+            });
         return Err(r);
     }
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| Rejection::new(RejectCode::Malformed, format!("invalid JSON: {e}")))?;
     let Value::Object(fields) = value else {
-        return Err(Rejection::new(RejectCode::Malformed, "expected JSON object"));
+        return Err(Rejection::new(
+            RejectCode::Malformed,
+            "expected JSON object",
+        ));
     };
     let msg_id = match fields.get("msg_id") {
-        None | Some(Value::Null) => return Err(Rejection::new(RejectCode::Malformed, "missing msg_id")),
+        None | Some(Value::Null) => {
+            return Err(Rejection::new(RejectCode::Malformed, "missing msg_id"))
+        }
         Some(Value::String(s)) => MsgId::new(s.as_str())
             .map_err(|e| Rejection::new(RejectCode::Malformed, format!("invalid msg_id: {e}")))?,
-        Some(_) => return Err(Rejection::new(RejectCode::Malformed, "invalid msg_id: not a string")),
+        Some(_) => {
+            return Err(Rejection::new(
+                RejectCode::Malformed,
+                "invalid msg_id: not a string",
+            ))
+        }
     };
     let with_id = |detail: String| Rejection {
         code: RejectCode::Malformed,
@@ -107,7 +129,10 @@ pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejectio
     }
     let ts = match fields.get("ts") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_i64().ok_or_else(|| with_id("ts must be an integer (ms since the epoch)".into()))?),
+        Some(v) => Some(
+            v.as_i64()
+                .ok_or_else(|| with_id("ts must be an integer (ms since the epoch)".into()))?,
+        ),
     };
     let ttl = match fields.get("ttl_s") {
         None | Some(Value::Null) => None,
@@ -121,7 +146,13 @@ pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejectio
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(with_id("retry must be true or false".into())),
     };
-    Ok(Envelope { msg_id, ts, ttl, retry, fields })
+    Ok(Envelope {
+        msg_id,
+        ts,
+        ttl,
+        retry,
+        fields,
+    })
 }
 
 /// Where a message stands for the north body.
@@ -164,7 +195,9 @@ mod tests {
 
     #[test]
     fn a_full_envelope_is_accepted() {
-        let e = parse(r#"{"msg_id":"a-1","ts":5,"payload":{"t":1},"ttl_s":60,"retry":false,"x":1}"#).unwrap();
+        let e =
+            parse(r#"{"msg_id":"a-1","ts":5,"payload":{"t":1},"ttl_s":60,"retry":false,"x":1}"#)
+                .unwrap();
         assert_eq!(e.msg_id.as_str(), "a-1");
         assert_eq!(e.ts, Some(5));
         assert_eq!(e.ttl, Some(Duration::from_secs(60)));
@@ -209,14 +242,26 @@ mod tests {
         assert_eq!(r.code, RejectCode::TooLarge);
         assert_eq!(r.msg_id.as_ref().unwrap().as_str(), "big-1");
         assert!(r.reason().starts_with("too_large: "));
-        assert!(parse_uplink(&vec![b' '; 1025], 1024).unwrap_err().msg_id.is_none());
+        assert!(parse_uplink(&vec![b' '; 1025], 1024)
+            .unwrap_err()
+            .msg_id
+            .is_none());
     }
 
     #[test]
     fn north_body_overrides_gateway_fields_and_keeps_the_rest() {
-        let e = parse(r#"{"msg_id":"a-1","payload":{"t":1},"seq":999,"device":"spoof","extra":"kept"}"#).unwrap();
+        let e = parse(
+            r#"{"msg_id":"a-1","payload":{"t":1},"seq":999,"device":"spoof","extra":"kept"}"#,
+        )
+        .unwrap();
         let device = DeviceId::new("press-7").unwrap();
-        let stamp = Stamp { gateway: "g1", device: &device, stream: "alarm", seq: Seq(4), stored_ms: 77 };
+        let stamp = Stamp {
+            gateway: "g1",
+            device: &device,
+            stream: "alarm",
+            seq: Seq(4),
+            stored_ms: 77,
+        };
         let body: Value = serde_json::from_slice(&north_body(&e.fields, &stamp)).unwrap();
         assert_eq!(body["seq"], 4);
         assert_eq!(body["device"], "press-7");

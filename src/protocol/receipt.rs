@@ -39,10 +39,17 @@ impl Receipt {
     }
 
     pub fn failed(msg_id: &MsgId, seq: Seq, reason: impl Into<String>) -> Receipt {
-        Receipt { reason: Some(reason.into()), ..Receipt::of(msg_id, ReceiptStatus::Failed, seq) }
+        Receipt {
+            reason: Some(reason.into()),
+            ..Receipt::of(msg_id, ReceiptStatus::Failed, seq)
+        }
     }
 
-    pub fn rejected(msg_id: Option<&MsgId>, reason: impl Into<String>, dead_letter: i64) -> Receipt {
+    pub fn rejected(
+        msg_id: Option<&MsgId>,
+        reason: impl Into<String>,
+        dead_letter: i64,
+    ) -> Receipt {
         Receipt {
             msg_id: msg_id.map(|m| m.as_str().to_string()),
             status: ReceiptStatus::Rejected,
@@ -79,11 +86,16 @@ mod tests {
             r#"{"msg_id":"a-000017","status":"stored","seq":17}"#
         );
         assert_eq!(
-            String::from_utf8(Receipt::rejected(None, "malformed: expected JSON object", 12).to_bytes()).unwrap(),
+            String::from_utf8(
+                Receipt::rejected(None, "malformed: expected JSON object", 12).to_bytes()
+            )
+            .unwrap(),
             r#"{"msg_id":null,"status":"rejected","reason":"malformed: expected JSON object","dead_letter":12}"#
         );
-        let failed: serde_json::Value =
-            serde_json::from_slice(&Receipt::failed(&id, Seq(17), "nacked: unknown sensor").to_bytes()).unwrap();
+        let failed: serde_json::Value = serde_json::from_slice(
+            &Receipt::failed(&id, Seq(17), "nacked: unknown sensor").to_bytes(),
+        )
+        .unwrap();
         assert_eq!(failed["status"], "failed");
         assert_eq!(failed["reason"], "nacked: unknown sensor");
     }

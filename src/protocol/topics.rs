@@ -10,7 +10,9 @@ use crate::ids::DeviceId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceTopic {
     /// `{prefix}/{device}/up/{stream...}`: an uplink envelope.
-    Up { stream: String },
+    Up {
+        stream: String,
+    },
     Confirm,
     Pull,
     Read,
@@ -51,7 +53,10 @@ impl Topics {
     /// `south` is the device prefix (`devices`), `north` the full gateway
     /// prefix (`ferry/edge-01`).
     pub fn new(south: &str, north: &str) -> Topics {
-        Topics { south: south.to_string(), north: north.to_string() }
+        Topics {
+            south: south.to_string(),
+            north: north.to_string(),
+        }
     }
 
     /// The device topic prefix (`devices`).
@@ -65,12 +70,19 @@ impl Topics {
             .and_then(|r| r.strip_prefix('/'))
             .ok_or(TopicError::NotDevice)?;
         let (device, kind) = rest.split_once('/').ok_or(TopicError::NotDevice)?;
-        let device = DeviceId::new(device).map_err(|e| TopicError::BadDevice(device.to_string(), e))?;
+        let device =
+            DeviceId::new(device).map_err(|e| TopicError::BadDevice(device.to_string(), e))?;
         let kind = match kind.split_once('/') {
-            Some(("up", stream)) if !stream.is_empty() && stream.split('/').all(|l| !l.is_empty()) => {
-                DeviceTopic::Up { stream: stream.to_string() }
+            Some(("up", stream))
+                if !stream.is_empty() && stream.split('/').all(|l| !l.is_empty()) =>
+            {
+                DeviceTopic::Up {
+                    stream: stream.to_string(),
+                }
             }
-            Some(("up", _)) | None if kind == "up" || kind.starts_with("up/") => return Err(TopicError::NoStream(device)),
+            Some(("up", _)) | None if kind == "up" || kind.starts_with("up/") => {
+                return Err(TopicError::NoStream(device))
+            }
             None => match kind {
                 "confirm" => DeviceTopic::Confirm,
                 "pull" => DeviceTopic::Pull,
@@ -115,35 +127,66 @@ mod tests {
     fn uplink_topics_carry_a_multi_level_stream() {
         let (d, k) = t().parse_device("devices/press-7/up/line3/temp").unwrap();
         assert_eq!(d.as_str(), "press-7");
-        assert_eq!(k, DeviceTopic::Up { stream: "line3/temp".into() });
+        assert_eq!(
+            k,
+            DeviceTopic::Up {
+                stream: "line3/temp".into()
+            }
+        );
     }
 
     #[test]
     fn uplink_without_stream_is_refused() {
         let d = DeviceId::new("d").unwrap();
-        assert_eq!(t().parse_device("devices/d/up"), Err(TopicError::NoStream(d.clone())));
-        assert_eq!(t().parse_device("devices/d/up/"), Err(TopicError::NoStream(d.clone())));
-        assert_eq!(t().parse_device("devices/d/up/a//b"), Err(TopicError::NoStream(d)));
+        assert_eq!(
+            t().parse_device("devices/d/up"),
+            Err(TopicError::NoStream(d.clone()))
+        );
+        assert_eq!(
+            t().parse_device("devices/d/up/"),
+            Err(TopicError::NoStream(d.clone()))
+        );
+        assert_eq!(
+            t().parse_device("devices/d/up/a//b"),
+            Err(TopicError::NoStream(d))
+        );
     }
 
     #[test]
     fn control_topics_parse() {
-        assert_eq!(t().parse_device("devices/d/confirm").unwrap().1, DeviceTopic::Confirm);
-        assert_eq!(t().parse_device("devices/d/status").unwrap().1, DeviceTopic::Status);
-        assert!(matches!(t().parse_device("devices/d/ack"), Err(TopicError::UnknownKind(k)) if k == "ack"));
+        assert_eq!(
+            t().parse_device("devices/d/confirm").unwrap().1,
+            DeviceTopic::Confirm
+        );
+        assert_eq!(
+            t().parse_device("devices/d/status").unwrap().1,
+            DeviceTopic::Status
+        );
+        assert!(
+            matches!(t().parse_device("devices/d/ack"), Err(TopicError::UnknownKind(k)) if k == "ack")
+        );
     }
 
     #[test]
     fn bad_device_ids_and_foreign_prefixes_are_refused() {
-        assert!(matches!(t().parse_device("devices/bad:id/up/x"), Err(TopicError::BadDevice(..))));
-        assert_eq!(t().parse_device("devicesX/d/up/x"), Err(TopicError::NotDevice));
+        assert!(matches!(
+            t().parse_device("devices/bad:id/up/x"),
+            Err(TopicError::BadDevice(..))
+        ));
+        assert_eq!(
+            t().parse_device("devicesX/d/up/x"),
+            Err(TopicError::NotDevice)
+        );
         assert_eq!(t().parse_device("other/d/up/x"), Err(TopicError::NotDevice));
     }
 
     #[test]
     fn north_topics_include_the_gateway_prefix() {
         let d = DeviceId::new("press-7").unwrap();
-        assert_eq!(t().north_up(&d, "line3/temp"), "ferry/edge-01/up/press-7/line3/temp");
+        assert_eq!(
+            t().north_up(&d, "line3/temp"),
+            "ferry/edge-01/up/press-7/line3/temp"
+        );
         assert_eq!(t().north_ack(), "ferry/edge-01/ack");
         assert_eq!(t().device_ack(&d), "devices/press-7/ack");
     }

@@ -11,6 +11,7 @@
 //! - Per-device sequence numbers are assigned inside the same transaction
 //!   as the message they number.
 
+pub mod downlink;
 mod schema;
 mod uplink;
 
@@ -22,8 +23,11 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
 use crate::config::{StoreConfig, SyncMode};
+use crate::ids::{DeviceId, Seq};
 
-pub use uplink::{AttemptRecord, DeadLetter, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition};
+pub use uplink::{
+    AttemptRecord, DeadLetter, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
+};
 
 /// The database file inside `gateway.data_dir`.
 pub const DB_FILE: &str = "ferry.db";
@@ -31,7 +35,10 @@ pub const DB_FILE: &str = "ferry.db";
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot create data directory {path}: {source}")]
-    DataDir { path: PathBuf, source: std::io::Error },
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("the store writer has stopped")]
@@ -42,15 +49,55 @@ pub enum StoreError {
 pub enum Op {
     Intake(Intake, oneshot::Sender<Result<IntakeOutcome, StoreError>>),
     Reject(DeadLetter, oneshot::Sender<Result<i64, StoreError>>),
-    Transition(Transition, oneshot::Sender<Result<Option<uplink::Moved>, StoreError>>),
+    Transition(
+        Transition,
+        oneshot::Sender<Result<Option<uplink::Moved>, StoreError>>,
+    ),
     Attempt(uplink::AttemptRecord),
     Pending {
-        device: crate::ids::DeviceId,
-        after: crate::ids::Seq,
+        device: DeviceId,
+        after: Seq,
         limit: usize,
         reply: oneshot::Sender<Result<Vec<PendingMessage>, StoreError>>,
     },
     PendingDevices(oneshot::Sender<Result<Vec<crate::ids::DeviceId>, StoreError>>),
+    Down(DownOp),
+}
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// Downlink requests (see [`downlink`]).
+pub enum DownOp {
+    Intake(downlink::DownIntake, Reply<downlink::DownIntakeOutcome>),
+    Batch {
+        device: DeviceId,
+        after: Seq,
+        limit: usize,
+        now_ms: i64,
+        reply: Reply<downlink::BatchRead>,
+    },
+    Advance {
+        device: DeviceId,
+        upto: Seq,
+        read: bool,
+        now_ms: i64,
+        reply: Reply<downlink::CursorMove>,
+    },
+    Nack {
+        device: DeviceId,
+        seq: Seq,
+        reason: String,
+        now_ms: i64,
+        reply: Reply<downlink::CursorMove>,
+    },
+    Cursors {
+        device: DeviceId,
+        reply: Reply<downlink::Cursors>,
+    },
+    Sweep {
+        now_ms: i64,
+        reply: Reply<Vec<downlink::DeliveryEvent>>,
+    },
 }
 
 /// A cheap, cloneable handle to the writer thread.
@@ -63,11 +110,15 @@ impl Store {
     /// Opens (creating if needed) the database in `data_dir`, migrates it and
     /// starts the writer thread.
     pub fn open(data_dir: &Path, cfg: &StoreConfig) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|source| StoreError::DataDir { path: data_dir.to_path_buf(), source })?;
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
         let mut conn = Connection::open_with_flags(
             data_dir.join(DB_FILE),
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         let sync = match cfg.sync {
@@ -84,7 +135,10 @@ impl Store {
         thread::Builder::new()
             .name("ferry-store".into())
             .spawn(move || Writer::new(conn).run(rx, max_batch))
-            .map_err(|e| StoreError::DataDir { path: data_dir.to_path_buf(), source: e })?;
+            .map_err(|e| StoreError::DataDir {
+                path: data_dir.to_path_buf(),
+                source: e,
+            })?;
         Ok(Store { tx })
     }
 
@@ -93,14 +147,20 @@ impl Store {
     }
 
     /// Queues an uplink message; the receiver resolves after its commit.
-    pub async fn intake(&self, msg: Intake) -> Result<oneshot::Receiver<Result<IntakeOutcome, StoreError>>, StoreError> {
+    pub async fn intake(
+        &self,
+        msg: Intake,
+    ) -> Result<oneshot::Receiver<Result<IntakeOutcome, StoreError>>, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.send(Op::Intake(msg, reply)).await?;
         Ok(rx)
     }
 
     /// Queues a dead letter for a rejected message; resolves to its id after commit.
-    pub async fn reject(&self, dl: DeadLetter) -> Result<oneshot::Receiver<Result<i64, StoreError>>, StoreError> {
+    pub async fn reject(
+        &self,
+        dl: DeadLetter,
+    ) -> Result<oneshot::Receiver<Result<i64, StoreError>>, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.send(Op::Reject(dl, reply)).await?;
         Ok(rx)
@@ -131,8 +191,25 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<PendingMessage>, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.send(Op::Pending { device, after, limit, reply }).await?;
+        self.send(Op::Pending {
+            device,
+            after,
+            limit,
+            reply,
+        })
+        .await?;
         rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Sends a downlink request built around its reply channel; the
+    /// receiver resolves after the batch it lands in commits.
+    pub async fn down<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> DownOp,
+    ) -> Result<oneshot::Receiver<Result<T, StoreError>>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::Down(make(reply))).await?;
+        Ok(rx)
     }
 
     /// Every device with at least one stored, undelivered message.
@@ -159,7 +236,9 @@ fn defer<T: Send + 'static>(reply: oneshot::Sender<Result<T, StoreError>>, value
 
 fn clone_err(e: &rusqlite::Error) -> rusqlite::Error {
     match e {
-        rusqlite::Error::SqliteFailure(code, msg) => rusqlite::Error::SqliteFailure(*code, msg.clone()),
+        rusqlite::Error::SqliteFailure(code, msg) => {
+            rusqlite::Error::SqliteFailure(*code, msg.clone())
+        }
         other => rusqlite::Error::InvalidParameterName(other.to_string()),
     }
 }
@@ -171,7 +250,10 @@ struct Writer {
 
 impl Writer {
     fn new(conn: Connection) -> Writer {
-        Writer { conn, seqs: uplink::SeqCache::default() }
+        Writer {
+            conn,
+            seqs: uplink::SeqCache::default(),
+        }
     }
 
     fn run(mut self, mut rx: mpsc::Receiver<Op>, max_batch: usize) {
@@ -199,17 +281,55 @@ impl Writer {
                 // Reads are answered after the commit too, so nobody acts on
                 // a row that a failed commit would take back.
                 let deferred = match op {
-                    Op::Intake(msg, reply) => defer(reply, uplink::intake(&tx, &mut self.seqs, msg)?),
+                    Op::Intake(msg, reply) => {
+                        defer(reply, uplink::intake(&tx, &mut self.seqs, msg)?)
+                    }
                     Op::Reject(dl, reply) => defer(reply, uplink::dead_letter(&tx, &dl)?),
                     Op::Transition(t, reply) => defer(reply, uplink::transition(&tx, &t)?),
                     Op::Attempt(rec) => {
                         uplink::record_attempt(&tx, &rec)?;
                         continue;
                     }
-                    Op::Pending { device, after, limit, reply } => {
-                        defer(reply, uplink::pending(&tx, &device, after, limit)?)
-                    }
+                    Op::Pending {
+                        device,
+                        after,
+                        limit,
+                        reply,
+                    } => defer(reply, uplink::pending(&tx, &device, after, limit)?),
                     Op::PendingDevices(reply) => defer(reply, uplink::pending_devices(&tx)?),
+                    Op::Down(op) => match op {
+                        DownOp::Intake(msg, reply) => defer(reply, downlink::intake(&tx, &msg)?),
+                        DownOp::Batch {
+                            device,
+                            after,
+                            limit,
+                            now_ms,
+                            reply,
+                        } => defer(
+                            reply,
+                            downlink::read_batch(&tx, &device, after, limit, now_ms)?,
+                        ),
+                        DownOp::Advance {
+                            device,
+                            upto,
+                            read,
+                            now_ms,
+                            reply,
+                        } => defer(reply, downlink::advance(&tx, &device, upto, read, now_ms)?),
+                        DownOp::Nack {
+                            device,
+                            seq,
+                            reason,
+                            now_ms,
+                            reply,
+                        } => defer(reply, downlink::nack(&tx, &device, seq, &reason, now_ms)?),
+                        DownOp::Cursors { device, reply } => {
+                            defer(reply, downlink::cursors(&tx, &device)?)
+                        }
+                        DownOp::Sweep { now_ms, reply } => {
+                            defer(reply, downlink::sweep_expired(&tx, now_ms)?)
+                        }
+                    },
                 };
                 replies.push(deferred);
             }

@@ -4,6 +4,8 @@
 //!
 //! Pending work is found through the partial index `uplink_pending`, which
 //! holds only rows in state `stored`; start-up never scans the whole table.
+//! A downlink queue is the `down_delivery` rows of one device, read by its
+//! primary key `(device, seq)` from the device's cursor.
 
 use rusqlite::Connection;
 
@@ -56,11 +58,40 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX dead_letter_by_device ON dead_letter (device, msg_id);
     "#,
+    // 2: downlink queues and cursors.
+    r#"
+    ALTER TABLE devices ADD COLUMN down_seq INTEGER NOT NULL DEFAULT 0;       -- last downlink seq assigned
+    ALTER TABLE devices ADD COLUMN delivered_upto INTEGER NOT NULL DEFAULT 0; -- confirm cursor
+    ALTER TABLE devices ADD COLUMN read_upto INTEGER NOT NULL DEFAULT 0;      -- read cursor
+
+    -- A downlink message's content, once, however many devices it is for.
+    CREATE TABLE down_message (
+        id          INTEGER PRIMARY KEY,
+        msg_id      TEXT NOT NULL UNIQUE,
+        body        BLOB NOT NULL,          -- the inbox entry without seq
+        stored_ms   INTEGER NOT NULL,
+        expires_ms  INTEGER,                -- NULL: no ttl
+        swept       INTEGER NOT NULL DEFAULT 0  -- ttl expiry applied
+    );
+    CREATE INDEX down_message_expiring ON down_message (expires_ms) WHERE expires_ms IS NOT NULL AND swept = 0;
+
+    -- One row per (device, seq): the device's queue, and each delivery's state.
+    CREATE TABLE down_delivery (
+        device      TEXT NOT NULL,
+        seq         INTEGER NOT NULL,
+        message_id  INTEGER NOT NULL REFERENCES down_message (id),
+        state       TEXT NOT NULL,          -- stored | delivered | read | expired | dead
+        at_ms       INTEGER NOT NULL,       -- last change
+        PRIMARY KEY (device, seq)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX down_delivery_by_message ON down_delivery (message_id, device);
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
-    let current: usize = conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
+    let current: usize =
+        conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
@@ -85,7 +116,9 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        let v: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(v as usize, latest());
     }
 
@@ -100,6 +133,9 @@ mod tests {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap();
-        assert!(plan.iter().any(|p| p.contains("uplink_pending")), "{plan:?}");
+        assert!(
+            plan.iter().any(|p| p.contains("uplink_pending")),
+            "{plan:?}"
+        );
     }
 }

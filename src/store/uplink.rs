@@ -55,6 +55,8 @@ pub enum IntakeOutcome {
 /// A message that was never accepted (malformed, too large, bad topic).
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
+    /// `"up"` or `"down"`.
+    pub direction: &'static str,
     pub device: Option<String>,
     pub msg_id: Option<String>,
     pub topic: String,
@@ -101,7 +103,11 @@ pub struct SeqCache {
 
 impl SeqCache {
     fn last(&mut self, tx: &Transaction<'_>, device: &DeviceId) -> rusqlite::Result<u64> {
-        if let Some(s) = self.in_tx.get(device).or_else(|| self.committed.get(device)) {
+        if let Some(s) = self
+            .in_tx
+            .get(device)
+            .or_else(|| self.committed.get(device))
+        {
             return Ok(*s);
         }
         let s = tx
@@ -136,7 +142,11 @@ impl SeqCache {
 
 /// Stores a new message with the device's next seq, or reports the
 /// existing one for a repeated `(device, msg_id)`.
-pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: Intake) -> rusqlite::Result<IntakeOutcome> {
+pub fn intake(
+    tx: &Transaction<'_>,
+    seqs: &mut SeqCache,
+    msg: Intake,
+) -> rusqlite::Result<IntakeOutcome> {
     if let Some(dup) = existing(tx, &msg.device, &msg.envelope.msg_id)? {
         return Ok(IntakeOutcome::Duplicate(dup));
     }
@@ -149,7 +159,10 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: Intake) -> rusqlit
         stored_ms: msg.stored_ms,
     };
     let body = Bytes::from(north_body(&msg.envelope.fields, &stamp));
-    let expires_ms = msg.envelope.ttl.map(|t| msg.stored_ms + t.as_millis() as i64);
+    let expires_ms = msg
+        .envelope
+        .ttl
+        .map(|t| msg.stored_ms + t.as_millis() as i64);
     let no_retry = !msg.envelope.retry;
     tx.prepare_cached(
         "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry)
@@ -181,23 +194,37 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: Intake) -> rusqlit
     }))
 }
 
-fn existing(tx: &Transaction<'_>, device: &DeviceId, msg_id: &MsgId) -> rusqlite::Result<Option<Duplicate>> {
-    tx.prepare_cached("SELECT seq, state, last_error FROM uplink WHERE device = ?1 AND msg_id = ?2")?
-        .query_row([device.as_str(), msg_id.as_str()], |r| {
-            let state: String = r.get(1)?;
-            Ok(Duplicate {
-                msg_id: msg_id.clone(),
-                seq: Seq(r.get::<_, i64>(0)? as u64),
-                state: MessageState::parse(&state).unwrap_or(MessageState::Stored),
-                reason: r.get(2)?,
-            })
+fn existing(
+    tx: &Transaction<'_>,
+    device: &DeviceId,
+    msg_id: &MsgId,
+) -> rusqlite::Result<Option<Duplicate>> {
+    tx.prepare_cached(
+        "SELECT seq, state, last_error FROM uplink WHERE device = ?1 AND msg_id = ?2",
+    )?
+    .query_row([device.as_str(), msg_id.as_str()], |r| {
+        let state: String = r.get(1)?;
+        Ok(Duplicate {
+            msg_id: msg_id.clone(),
+            seq: Seq(r.get::<_, i64>(0)? as u64),
+            state: MessageState::parse(&state).unwrap_or(MessageState::Stored),
+            reason: r.get(2)?,
         })
-        .optional()
+    })
+    .optional()
 }
 
-fn history(tx: &Transaction<'_>, id: i64, at_ms: i64, state: MessageState, detail: Option<&str>) -> rusqlite::Result<()> {
-    tx.prepare_cached("INSERT INTO uplink_history (uplink_id, at_ms, state, detail) VALUES (?1, ?2, ?3, ?4)")?
-        .execute(params![id, at_ms, state.as_str(), detail])?;
+fn history(
+    tx: &Transaction<'_>,
+    id: i64,
+    at_ms: i64,
+    state: MessageState,
+    detail: Option<&str>,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO uplink_history (uplink_id, at_ms, state, detail) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![id, at_ms, state.as_str(), detail])?;
     Ok(())
 }
 
@@ -231,9 +258,17 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> rusqlite::Result<Opti
 pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter) -> rusqlite::Result<i64> {
     tx.prepare_cached(
         "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw)
-         VALUES (?1, 'up', ?2, ?3, ?4, ?5, ?6)",
+         VALUES (?1, ?7, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute(params![dl.at_ms, dl.device, dl.msg_id, dl.reason, dl.topic, &dl.raw[..]])?;
+    .execute(params![
+        dl.at_ms,
+        dl.device,
+        dl.msg_id,
+        dl.reason,
+        dl.topic,
+        &dl.raw[..],
+        dl.direction
+    ])?;
     Ok(tx.last_insert_rowid())
 }
 
@@ -246,32 +281,45 @@ pub fn record_attempt(tx: &Transaction<'_>, rec: &AttemptRecord) -> rusqlite::Re
     history(tx, rec.id, rec.at_ms, MessageState::Stored, Some(&detail))
 }
 
-pub fn pending(tx: &Transaction<'_>, device: &DeviceId, after: Seq, limit: usize) -> rusqlite::Result<Vec<PendingMessage>> {
+pub fn pending(
+    tx: &Transaction<'_>,
+    device: &DeviceId,
+    after: Seq,
+    limit: usize,
+) -> rusqlite::Result<Vec<PendingMessage>> {
     let mut stmt = tx.prepare_cached(
         "SELECT id, msg_id, seq, stream, body, expires_ms, no_retry, attempts FROM uplink
          WHERE device = ?1 AND state = 'stored' AND seq > ?2 ORDER BY seq LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![device.as_str(), after.0 as i64, limit as i64], |r| {
-        let msg_id: String = r.get(1)?;
-        Ok(PendingMessage {
-            id: r.get(0)?,
-            device: device.clone(),
-            msg_id: MsgId::new(msg_id).map_err(|e| {
-                rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e))
-            })?,
-            seq: Seq(r.get::<_, i64>(2)? as u64),
-            stream: r.get(3)?,
-            body: Bytes::from(r.get::<_, Vec<u8>>(4)?),
-            expires_ms: r.get(5)?,
-            no_retry: r.get(6)?,
-            attempts: r.get(7)?,
-        })
-    })?;
+    let rows = stmt.query_map(
+        params![device.as_str(), after.0 as i64, limit as i64],
+        |r| {
+            let msg_id: String = r.get(1)?;
+            Ok(PendingMessage {
+                id: r.get(0)?,
+                device: device.clone(),
+                msg_id: MsgId::new(msg_id).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })?,
+                seq: Seq(r.get::<_, i64>(2)? as u64),
+                stream: r.get(3)?,
+                body: Bytes::from(r.get::<_, Vec<u8>>(4)?),
+                expires_ms: r.get(5)?,
+                no_retry: r.get(6)?,
+                attempts: r.get(7)?,
+            })
+        },
+    )?;
     rows.collect()
 }
 
 pub fn pending_devices(tx: &Transaction<'_>) -> rusqlite::Result<Vec<DeviceId>> {
-    let mut stmt = tx.prepare_cached("SELECT DISTINCT device FROM uplink WHERE state = 'stored'")?;
+    let mut stmt =
+        tx.prepare_cached("SELECT DISTINCT device FROM uplink WHERE state = 'stored'")?;
     let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
     let mut out = Vec::new();
     for d in rows {

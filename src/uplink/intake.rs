@@ -33,8 +33,15 @@ pub struct IntakeConfig {
 
 /// A store answer and who it is for.
 enum Answer {
-    Stored { device: DeviceId, result: Result<IntakeOutcome, StoreError> },
-    Rejected { device: Option<DeviceId>, rejection: Rejection, result: Result<i64, StoreError> },
+    Stored {
+        device: DeviceId,
+        result: Result<IntakeOutcome, StoreError>,
+    },
+    Rejected {
+        device: Option<DeviceId>,
+        rejection: Rejection,
+        result: Result<i64, StoreError>,
+    },
 }
 
 type AnswerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
@@ -76,7 +83,12 @@ pub async fn run(
 }
 
 /// Judges one device publish and sends it to the store.
-async fn accept(cfg: &IntakeConfig, topics: &Topics, store: &Store, msg: SouthMessage) -> Result<Option<AnswerFuture>, StoreError> {
+async fn accept(
+    cfg: &IntakeConfig,
+    topics: &Topics,
+    store: &Store,
+    msg: SouthMessage,
+) -> Result<Option<AnswerFuture>, StoreError> {
     let (device, stream) = match topics.parse_device(&msg.topic) {
         Ok((device, DeviceTopic::Up { stream })) => (device, stream),
         Ok((device, kind)) => {
@@ -95,17 +107,37 @@ async fn accept(cfg: &IntakeConfig, topics: &Topics, store: &Store, msg: SouthMe
     };
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
-            let intake = Intake { gateway: cfg.gateway.clone(), device: device.clone(), stream, envelope, stored_ms: now_ms() };
+            let intake = Intake {
+                gateway: cfg.gateway.clone(),
+                device: device.clone(),
+                stream,
+                envelope,
+                stored_ms: now_ms(),
+            };
             let rx = store.intake(intake).await?;
-            Ok(Some(Box::pin(async move { Answer::Stored { device, result: flatten(rx.await) } })))
+            Ok(Some(Box::pin(async move {
+                Answer::Stored {
+                    device,
+                    result: flatten(rx.await),
+                }
+            })))
         }
         Err(rejection) => reject(store, Some(device), rejection, &msg).await.map(Some),
     }
 }
 
-async fn reject(store: &Store, device: Option<DeviceId>, rejection: Rejection, msg: &SouthMessage) -> Result<AnswerFuture, StoreError> {
+async fn reject(
+    store: &Store,
+    device: Option<DeviceId>,
+    rejection: Rejection,
+    msg: &SouthMessage,
+) -> Result<AnswerFuture, StoreError> {
     let dl = DeadLetter {
-        device: device.as_ref().map(|d| d.to_string()).or_else(|| raw_device(&msg.topic)),
+        direction: "up",
+        device: device
+            .as_ref()
+            .map(|d| d.to_string())
+            .or_else(|| raw_device(&msg.topic)),
         msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
         topic: msg.topic.clone(),
         reason: rejection.reason(),
@@ -113,7 +145,13 @@ async fn reject(store: &Store, device: Option<DeviceId>, rejection: Rejection, m
         at_ms: now_ms(),
     };
     let rx = store.reject(dl).await?;
-    Ok(Box::pin(async move { Answer::Rejected { device, rejection, result: flatten(rx.await) } }))
+    Ok(Box::pin(async move {
+        Answer::Rejected {
+            device,
+            rejection,
+            result: flatten(rx.await),
+        }
+    }))
 }
 
 /// The second topic level as written, for the dead-letter row of a bad topic.
@@ -121,39 +159,67 @@ fn raw_device(topic: &str) -> Option<String> {
     topic.split('/').nth(1).map(str::to_string)
 }
 
-fn flatten<T>(r: Result<Result<T, StoreError>, oneshot::error::RecvError>) -> Result<T, StoreError> {
+fn flatten<T>(
+    r: Result<Result<T, StoreError>, oneshot::error::RecvError>,
+) -> Result<T, StoreError> {
     r.unwrap_or(Err(StoreError::Closed))
 }
 
 /// Sends the receipt a committed answer calls for. False once the engine is gone.
-async fn answer_device(answer: Answer, topics: &Topics, south: &SouthSender, engine: &mpsc::Sender<PendingMessage>) -> bool {
+async fn answer_device(
+    answer: Answer,
+    topics: &Topics,
+    south: &SouthSender,
+    engine: &mpsc::Sender<PendingMessage>,
+) -> bool {
     let (device, receipt, new) = match answer {
-        Answer::Stored { device, result: Ok(IntakeOutcome::Stored(msg)) } => {
-            (device, Receipt::stored(&msg.msg_id, msg.seq), Some(msg))
-        }
-        Answer::Stored { device, result: Ok(IntakeOutcome::Duplicate(dup)) } => {
+        Answer::Stored {
+            device,
+            result: Ok(IntakeOutcome::Stored(msg)),
+        } => (device, Receipt::stored(&msg.msg_id, msg.seq), Some(msg)),
+        Answer::Stored {
+            device,
+            result: Ok(IntakeOutcome::Duplicate(dup)),
+        } => {
             let receipt = match dup.state {
                 MessageState::Stored => Receipt::stored(&dup.msg_id, dup.seq),
                 MessageState::Delivered => Receipt::delivered(&dup.msg_id, dup.seq),
-                MessageState::Dead => Receipt::failed(&dup.msg_id, dup.seq, dup.reason.unwrap_or_else(|| "dead".into())),
+                MessageState::Dead => Receipt::failed(
+                    &dup.msg_id,
+                    dup.seq,
+                    dup.reason.unwrap_or_else(|| "dead".into()),
+                ),
             };
             (device, receipt, None)
         }
-        Answer::Stored { device, result: Err(e) } => {
+        Answer::Stored {
+            device,
+            result: Err(e),
+        } => {
             warn!(device = %device, error = %e, "uplink not stored; the device will resend");
             return true;
         }
-        Answer::Rejected { device, rejection, result: Ok(dead_letter) } => {
+        Answer::Rejected {
+            device,
+            rejection,
+            result: Ok(dead_letter),
+        } => {
             warn!(device = ?device.as_ref().map(DeviceId::as_str), reason = %rejection.reason(), dead_letter, "uplink rejected");
             let Some(device) = device else { return true };
-            (device, Receipt::rejected(rejection.msg_id.as_ref(), rejection.reason(), dead_letter), None)
+            (
+                device,
+                Receipt::rejected(rejection.msg_id.as_ref(), rejection.reason(), dead_letter),
+                None,
+            )
         }
         Answer::Rejected { result: Err(e), .. } => {
             warn!(error = %e, "rejected uplink could not be dead-lettered");
             return true;
         }
     };
-    south.publish(topics.device_ack(&device), Bytes::from(receipt.to_bytes())).await;
+    south
+        .publish(topics.device_ack(&device), Bytes::from(receipt.to_bytes()))
+        .await;
     match new {
         Some(msg) => engine.send(msg).await.is_ok(),
         None => true,

@@ -37,8 +37,18 @@ use scheduler::{Action, Scheduler};
 
 /// What the engine waits on from the store.
 enum Done {
-    Moved { device: DeviceId, msg_id: MsgId, to: MessageState, reason: Option<String>, result: Result<Option<crate::store::Moved>, StoreError> },
-    Loaded { device: DeviceId, limit: usize, result: Result<Vec<PendingMessage>, StoreError> },
+    Moved {
+        device: DeviceId,
+        msg_id: MsgId,
+        to: MessageState,
+        reason: Option<String>,
+        result: Result<Option<crate::store::Moved>, StoreError>,
+    },
+    Loaded {
+        device: DeviceId,
+        limit: usize,
+        result: Result<Vec<PendingMessage>, StoreError>,
+    },
 }
 
 type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
@@ -116,7 +126,12 @@ impl Engine {
         let mut actions = Vec::new();
         for ack in parse_acks(payload) {
             match ack {
-                Ok(ack) => actions.extend(self.scheduler.on_ack(&ack.device, &ack.msg_id, ack.verdict, now)),
+                Ok(ack) => actions.extend(self.scheduler.on_ack(
+                    &ack.device,
+                    &ack.msg_id,
+                    ack.verdict,
+                    now,
+                )),
                 Err(e) => warn!(error = %e, "ignoring a malformed backend ack"),
             }
         }
@@ -125,7 +140,13 @@ impl Engine {
 
     async fn on_done(&mut self, done: Done) -> Vec<Action> {
         match done {
-            Done::Moved { device, msg_id, to, reason, result } => match result {
+            Done::Moved {
+                device,
+                msg_id,
+                to,
+                reason,
+                result,
+            } => match result {
                 Ok(Some(moved)) => {
                     let receipt = match to {
                         MessageState::Delivered => Receipt::delivered(&msg_id, moved.seq),
@@ -135,16 +156,30 @@ impl Engine {
                             Receipt::failed(&msg_id, moved.seq, reason)
                         }
                     };
-                    self.south.publish(self.topics.device_ack(&device), Bytes::from(receipt.to_bytes())).await;
+                    self.south
+                        .publish(
+                            self.topics.device_ack(&device),
+                            Bytes::from(receipt.to_bytes()),
+                        )
+                        .await;
                 }
-                Ok(None) => debug!(device = %device, msg_id = %msg_id, to = %to, "no move: not stored (already final or unknown)"),
+                Ok(None) => {
+                    debug!(device = %device, msg_id = %msg_id, to = %to, "no move: not stored (already final or unknown)")
+                }
                 Err(e) => {
                     warn!(device = %device, msg_id = %msg_id, error = %e, "could not commit a transition; will read the device back");
                     self.scheduler.on_store_failed(&device);
                 }
             },
-            Done::Loaded { device, limit, result } => match result {
-                Ok(msgs) => self.scheduler.on_loaded(&device, msgs, limit, Instant::now(), now_ms()),
+            Done::Loaded {
+                device,
+                limit,
+                result,
+            } => match result {
+                Ok(msgs) => {
+                    self.scheduler
+                        .on_loaded(&device, msgs, limit, Instant::now(), now_ms())
+                }
                 Err(e) => {
                     warn!(device = %device, error = %e, "could not read pending messages");
                     self.scheduler.on_store_failed(&device);
@@ -160,17 +195,34 @@ impl Engine {
             Action::Publish(msg) => {
                 let topic = self.topics.north_up(&msg.device, &msg.stream);
                 if !self.north.try_publish(topic, &msg.body) {
-                    self.scheduler.on_publish_refused(&msg.device, msg.seq, Instant::now());
+                    self.scheduler
+                        .on_publish_refused(&msg.device, msg.seq, Instant::now());
                 }
                 Ok(None)
             }
-            Action::Deliver { device, msg_id, attempts } => {
-                self.transition(device, msg_id, MessageState::Delivered, attempts, None).await.map(Some)
-            }
-            Action::Kill { device, msg_id, attempts, reason } => {
-                self.transition(device, msg_id, MessageState::Dead, attempts, Some(reason)).await.map(Some)
-            }
-            Action::RecordAttempt { id, attempts, retry_in, error } => {
+            Action::Deliver {
+                device,
+                msg_id,
+                attempts,
+            } => self
+                .transition(device, msg_id, MessageState::Delivered, attempts, None)
+                .await
+                .map(Some),
+            Action::Kill {
+                device,
+                msg_id,
+                attempts,
+                reason,
+            } => self
+                .transition(device, msg_id, MessageState::Dead, attempts, Some(reason))
+                .await
+                .map(Some),
+            Action::RecordAttempt {
+                id,
+                attempts,
+                retry_in,
+                error,
+            } => {
                 debug!(uplink_id = id, attempts, retry_in_ms = retry_in.as_millis() as u64, error = %error, "uplink attempt failed");
                 let rec = crate::store::AttemptRecord {
                     id,
@@ -182,11 +234,19 @@ impl Engine {
                 self.store.record_attempt(rec).await?;
                 Ok(None)
             }
-            Action::Refill { device, after, limit } => {
+            Action::Refill {
+                device,
+                after,
+                limit,
+            } => {
                 let store = self.store.clone();
                 Ok(Some(Box::pin(async move {
                     let result = store.pending(device.clone(), after, limit).await;
-                    Done::Loaded { device, limit, result }
+                    Done::Loaded {
+                        device,
+                        limit,
+                        result,
+                    }
                 })))
             }
         }
@@ -200,11 +260,24 @@ impl Engine {
         attempts: u32,
         reason: Option<String>,
     ) -> Result<DoneFuture, StoreError> {
-        let t = Transition { device: device.clone(), msg_id: msg_id.clone(), to, attempts, reason: reason.clone(), at_ms: now_ms() };
+        let t = Transition {
+            device: device.clone(),
+            msg_id: msg_id.clone(),
+            to,
+            attempts,
+            reason: reason.clone(),
+            at_ms: now_ms(),
+        };
         let rx = self.store.transition(t).await?;
         Ok(Box::pin(async move {
             let result = rx.await.unwrap_or(Err(StoreError::Closed));
-            Done::Moved { device, msg_id, to, reason, result }
+            Done::Moved {
+                device,
+                msg_id,
+                to,
+                reason,
+                result,
+            }
         }))
     }
 }

@@ -42,13 +42,31 @@ pub enum Action {
     /// Publish north (QoS 1).
     Publish(PendingMessage),
     /// Commit `DELIVERED`, then send a `delivered` receipt.
-    Deliver { device: DeviceId, msg_id: MsgId, attempts: u32 },
+    Deliver {
+        device: DeviceId,
+        msg_id: MsgId,
+        attempts: u32,
+    },
     /// Commit `DEAD` with a dead letter, then send a `failed` receipt.
-    Kill { device: DeviceId, msg_id: MsgId, attempts: u32, reason: String },
+    Kill {
+        device: DeviceId,
+        msg_id: MsgId,
+        attempts: u32,
+        reason: String,
+    },
     /// Persist a counted failed attempt.
-    RecordAttempt { id: i64, attempts: u32, retry_in: Duration, error: String },
+    RecordAttempt {
+        id: i64,
+        attempts: u32,
+        retry_in: Duration,
+        error: String,
+    },
     /// Read up to `limit` stored messages of `device` after `after`.
-    Refill { device: DeviceId, after: Seq, limit: usize },
+    Refill {
+        device: DeviceId,
+        after: Seq,
+        limit: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +98,10 @@ struct DeviceQueue {
 
 impl DeviceQueue {
     fn inflight(&self) -> usize {
-        self.entries.values().filter(|e| matches!(e.status, Status::InFlight { .. })).count()
+        self.entries
+            .values()
+            .filter(|e| matches!(e.status, Status::InFlight { .. }))
+            .count()
     }
 
     fn remove(&mut self, seq: Seq) -> Option<Entry> {
@@ -115,7 +136,13 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Scheduler {
-        Scheduler { cfg, devices: HashMap::new(), timers: BTreeSet::new(), link: Link::Down, dirty: HashSet::new() }
+        Scheduler {
+            cfg,
+            devices: HashMap::new(),
+            timers: BTreeSet::new(),
+            link: Link::Down,
+            dirty: HashSet::new(),
+        }
     }
 
     /// Messages held in memory, all devices.
@@ -125,7 +152,10 @@ impl Scheduler {
 
     /// A device has stored messages that are not in memory yet (start-up).
     pub fn on_backlog(&mut self, device: DeviceId) {
-        self.devices.entry(device.clone()).or_default().more_in_store = true;
+        self.devices
+            .entry(device.clone())
+            .or_default()
+            .more_in_store = true;
         self.dirty.insert(device);
     }
 
@@ -148,8 +178,17 @@ impl Scheduler {
     }
 
     /// A refill read came back.
-    pub fn on_loaded(&mut self, device: &DeviceId, msgs: Vec<PendingMessage>, limit: usize, now: Instant, now_ms: i64) {
-        let Some(q) = self.devices.get_mut(device) else { return };
+    pub fn on_loaded(
+        &mut self,
+        device: &DeviceId,
+        msgs: Vec<PendingMessage>,
+        limit: usize,
+        now: Instant,
+        now_ms: i64,
+    ) {
+        let Some(q) = self.devices.get_mut(device) else {
+            return;
+        };
         q.refilling = false;
         q.more_in_store = msgs.len() >= limit || std::mem::take(&mut q.stored_during_refill);
         for msg in msgs {
@@ -170,13 +209,32 @@ impl Scheduler {
         }
     }
 
-    fn insert(timers: &mut BTreeSet<Timer>, q: &mut DeviceQueue, msg: PendingMessage, now: Instant, now_ms: i64) {
-        let expires_at = msg.expires_ms.map(|ms| now + Duration::from_millis((ms - now_ms).max(0) as u64));
+    fn insert(
+        timers: &mut BTreeSet<Timer>,
+        q: &mut DeviceQueue,
+        msg: PendingMessage,
+        now: Instant,
+        now_ms: i64,
+    ) {
+        let expires_at = msg
+            .expires_ms
+            .map(|ms| now + Duration::from_millis((ms - now_ms).max(0) as u64));
         if let Some(at) = expires_at {
-            timers.insert(Timer { at, device: msg.device.clone(), seq: msg.seq });
+            timers.insert(Timer {
+                at,
+                device: msg.device.clone(),
+                seq: msg.seq,
+            });
         }
         q.by_id.insert(msg.msg_id.clone(), msg.seq);
-        q.entries.insert(msg.seq, Entry { msg, status: Status::Ready, expires_at });
+        q.entries.insert(
+            msg.seq,
+            Entry {
+                msg,
+                status: Status::Ready,
+                expires_at,
+            },
+        );
     }
 
     pub fn on_link_up(&mut self, epoch: u64) {
@@ -207,23 +265,44 @@ impl Scheduler {
 
     /// A publish could not be queued north: try it again shortly.
     pub fn on_publish_refused(&mut self, device: &DeviceId, seq: Seq, now: Instant) {
-        if let Some(e) = self.devices.get_mut(device).and_then(|q| q.entries.get_mut(&seq)) {
+        if let Some(e) = self
+            .devices
+            .get_mut(device)
+            .and_then(|q| q.entries.get_mut(&seq))
+        {
             let until = now + Duration::from_millis(50);
             e.status = Status::Backoff { until };
-            self.timers.insert(Timer { at: until, device: device.clone(), seq });
+            self.timers.insert(Timer {
+                at: until,
+                device: device.clone(),
+                seq,
+            });
         }
     }
 
     /// The backend's verdict on a message.
-    pub fn on_ack(&mut self, device: &DeviceId, msg_id: &MsgId, verdict: Verdict, now: Instant) -> Vec<Action> {
+    pub fn on_ack(
+        &mut self,
+        device: &DeviceId,
+        msg_id: &MsgId,
+        verdict: Verdict,
+        now: Instant,
+    ) -> Vec<Action> {
         let q = self.devices.get_mut(device);
         let seq = q.as_ref().and_then(|q| q.by_id.get(msg_id).copied());
         let (Some(q), Some(seq)) = (q, seq) else {
             // Not in memory: already handled, or still only in the store.
             // The store applies the move only if the message is `stored`.
             return match verdict {
-                Verdict::Ok => vec![Action::Deliver { device: device.clone(), msg_id: msg_id.clone(), attempts: 0 }],
-                Verdict::Nack { reason, retry: false } => vec![Action::Kill {
+                Verdict::Ok => vec![Action::Deliver {
+                    device: device.clone(),
+                    msg_id: msg_id.clone(),
+                    attempts: 0,
+                }],
+                Verdict::Nack {
+                    reason,
+                    retry: false,
+                } => vec![Action::Kill {
                     device: device.clone(),
                     msg_id: msg_id.clone(),
                     attempts: 0,
@@ -237,7 +316,11 @@ impl Scheduler {
         match verdict {
             Verdict::Ok => {
                 let e = q.remove(seq).expect("present");
-                vec![Action::Deliver { device: device.clone(), msg_id: msg_id.clone(), attempts: e.msg.attempts + 1 }]
+                vec![Action::Deliver {
+                    device: device.clone(),
+                    msg_id: msg_id.clone(),
+                    attempts: e.msg.attempts + 1,
+                }]
             }
             Verdict::Nack { reason, retry } => {
                 if !retry || entry.msg.no_retry {
@@ -249,7 +332,14 @@ impl Scheduler {
                         reason: format!("nacked: {reason}"),
                     }];
                 }
-                Self::count_failure(&self.cfg, &mut self.timers, q, seq, format!("nacked: {reason}"), now)
+                Self::count_failure(
+                    &self.cfg,
+                    &mut self.timers,
+                    q,
+                    seq,
+                    format!("nacked: {reason}"),
+                    now,
+                )
             }
         }
     }
@@ -275,13 +365,27 @@ impl Scheduler {
         };
         if let Some(reason) = give_up {
             let e = q.remove(seq).expect("present");
-            return vec![Action::Kill { device: e.msg.device, msg_id: e.msg.msg_id, attempts, reason }];
+            return vec![Action::Kill {
+                device: e.msg.device,
+                msg_id: e.msg.msg_id,
+                attempts,
+                reason,
+            }];
         }
         let retry_in = backoff::delay_random(&cfg.retry, attempts - 1);
         let until = now + retry_in;
         entry.status = Status::Backoff { until };
-        timers.insert(Timer { at: until, device: entry.msg.device.clone(), seq });
-        vec![Action::RecordAttempt { id: entry.msg.id, attempts, retry_in, error }]
+        timers.insert(Timer {
+            at: until,
+            device: entry.msg.device.clone(),
+            seq,
+        });
+        vec![Action::RecordAttempt {
+            id: entry.msg.id,
+            attempts,
+            retry_in,
+            error,
+        }]
     }
 
     /// When the shell should call [`Scheduler::on_tick`] next.
@@ -297,8 +401,12 @@ impl Scheduler {
                 break;
             }
             self.timers.pop_first();
-            let Some(q) = self.devices.get_mut(&t.device) else { continue };
-            let Some(entry) = q.entries.get_mut(&t.seq) else { continue };
+            let Some(q) = self.devices.get_mut(&t.device) else {
+                continue;
+            };
+            let Some(entry) = q.entries.get_mut(&t.seq) else {
+                continue;
+            };
             if entry.expires_at.is_some_and(|at| at <= now) {
                 let e = q.remove(t.seq).expect("present");
                 actions.push(Action::Kill {
@@ -313,8 +421,16 @@ impl Scheduler {
             match entry.status {
                 Status::InFlight { deadline, epoch } if deadline == t.at => {
                     if self.link == Link::Up(epoch) {
-                        let error = format!("no ack within {} ms", self.cfg.ack_timeout.as_millis());
-                        actions.extend(Self::count_failure(&self.cfg, &mut self.timers, q, t.seq, error, now));
+                        let error =
+                            format!("no ack within {} ms", self.cfg.ack_timeout.as_millis());
+                        actions.extend(Self::count_failure(
+                            &self.cfg,
+                            &mut self.timers,
+                            q,
+                            t.seq,
+                            error,
+                            now,
+                        ));
                     } else {
                         entry.status = Status::Ready;
                     }
@@ -338,7 +454,9 @@ impl Scheduler {
             Link::Down => None,
         };
         for device in std::mem::take(&mut self.dirty) {
-            let Some(q) = self.devices.get_mut(&device) else { continue };
+            let Some(q) = self.devices.get_mut(&device) else {
+                continue;
+            };
             if let Some(epoch) = up {
                 let mut inflight = q.inflight();
                 let deadline = now + self.cfg.ack_timeout;
@@ -348,7 +466,11 @@ impl Scheduler {
                     }
                     if entry.status == Status::Ready {
                         entry.status = Status::InFlight { deadline, epoch };
-                        self.timers.insert(Timer { at: deadline, device: device.clone(), seq: entry.msg.seq });
+                        self.timers.insert(Timer {
+                            at: deadline,
+                            device: device.clone(),
+                            seq: entry.msg.seq,
+                        });
                         actions.push(Action::Publish(entry.msg.clone()));
                         inflight += 1;
                     }

@@ -56,7 +56,11 @@ fn first_attempts_go_in_seq_order_within_max_inflight() {
         s.on_stored(msg(i), t0, 0);
     }
     assert_eq!(published(&s.poll(t0)), vec![1, 2]);
-    assert_eq!(published(&s.poll(t0)), Vec::<u64>::new(), "window full: nothing more");
+    assert_eq!(
+        published(&s.poll(t0)),
+        Vec::<u64>::new(),
+        "window full: nothing more"
+    );
     let acts = s.on_ack(&dev(), &id(1), Verdict::Ok, t0);
     assert!(matches!(&acts[..], [Action::Deliver { attempts: 1, .. }]));
     assert_eq!(published(&s.poll(t0)), vec![3]);
@@ -82,20 +86,27 @@ fn an_ack_timeout_counts_and_backs_off_then_exhausts() {
 
     let t1 = t0 + Duration::from_millis(1000);
     let acts = s.on_tick(t1);
-    assert!(matches!(&acts[..], [Action::RecordAttempt { attempts: 1, retry_in, .. }] if *retry_in == Duration::from_millis(100)));
+    assert!(
+        matches!(&acts[..], [Action::RecordAttempt { attempts: 1, retry_in, .. }] if *retry_in == Duration::from_millis(100))
+    );
     assert!(s.poll(t1).is_empty(), "backing off");
     let t2 = t1 + Duration::from_millis(100);
     assert!(s.on_tick(t2).is_empty());
     assert_eq!(published(&s.poll(t2)), vec![1], "resent after the delay");
 
     let t3 = t2 + Duration::from_millis(1000);
-    assert!(matches!(&s.on_tick(t3)[..], [Action::RecordAttempt { attempts: 2, retry_in, .. }] if *retry_in == Duration::from_millis(200)));
+    assert!(
+        matches!(&s.on_tick(t3)[..], [Action::RecordAttempt { attempts: 2, retry_in, .. }] if *retry_in == Duration::from_millis(200))
+    );
     let t4 = t3 + Duration::from_millis(200);
     s.on_tick(t4);
     assert_eq!(published(&s.poll(t4)), vec![1]);
     let t5 = t4 + Duration::from_millis(1000);
     let acts = s.on_tick(t5);
-    assert!(matches!(&acts[..], [Action::Kill { attempts: 3, reason, .. }] if reason.starts_with("exhausted")), "{acts:?}");
+    assert!(
+        matches!(&acts[..], [Action::Kill { attempts: 3, reason, .. }] if reason.starts_with("exhausted")),
+        "{acts:?}"
+    );
     assert_eq!(s.in_memory(), 0);
 }
 
@@ -131,7 +142,10 @@ fn a_timeout_from_an_earlier_connection_is_not_counted() {
     let t1 = t0 + Duration::from_millis(500);
     assert_eq!(published(&s.poll(t1)), vec![1]);
     assert!(s.on_tick(t0 + Duration::from_millis(1000)).is_empty());
-    assert!(matches!(&s.on_tick(t1 + Duration::from_millis(1000))[..], [Action::RecordAttempt { attempts: 1, .. }]));
+    assert!(matches!(
+        &s.on_tick(t1 + Duration::from_millis(1000))[..],
+        [Action::RecordAttempt { attempts: 1, .. }]
+    ));
 }
 
 #[test]
@@ -142,10 +156,31 @@ fn nacks_retry_or_kill_as_told() {
     s.on_stored(msg(1), t0, 0);
     s.on_stored(msg(2), t0, 0);
     s.poll(t0);
-    let acts = s.on_ack(&dev(), &id(1), Verdict::Nack { reason: "busy".into(), retry: true }, t0);
-    assert!(matches!(&acts[..], [Action::RecordAttempt { attempts: 1, .. }]));
-    let acts = s.on_ack(&dev(), &id(2), Verdict::Nack { reason: "unknown sensor".into(), retry: false }, t0);
-    assert!(matches!(&acts[..], [Action::Kill { reason, .. }] if reason == "nacked: unknown sensor"));
+    let acts = s.on_ack(
+        &dev(),
+        &id(1),
+        Verdict::Nack {
+            reason: "busy".into(),
+            retry: true,
+        },
+        t0,
+    );
+    assert!(matches!(
+        &acts[..],
+        [Action::RecordAttempt { attempts: 1, .. }]
+    ));
+    let acts = s.on_ack(
+        &dev(),
+        &id(2),
+        Verdict::Nack {
+            reason: "unknown sensor".into(),
+            retry: false,
+        },
+        t0,
+    );
+    assert!(
+        matches!(&acts[..], [Action::Kill { reason, .. }] if reason == "nacked: unknown sensor")
+    );
 }
 
 #[test]
@@ -153,13 +188,38 @@ fn a_no_retry_message_dies_on_its_first_failure() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(PendingMessage { no_retry: true, ..msg(1) }, t0, 0);
+    s.on_stored(
+        PendingMessage {
+            no_retry: true,
+            ..msg(1)
+        },
+        t0,
+        0,
+    );
     s.poll(t0);
     let acts = s.on_tick(t0 + Duration::from_millis(1000));
-    assert!(matches!(&acts[..], [Action::Kill { reason, .. }] if reason.starts_with("no_retry")), "{acts:?}");
-    s.on_stored(PendingMessage { no_retry: true, ..msg(2) }, t0, 0);
+    assert!(
+        matches!(&acts[..], [Action::Kill { reason, .. }] if reason.starts_with("no_retry")),
+        "{acts:?}"
+    );
+    s.on_stored(
+        PendingMessage {
+            no_retry: true,
+            ..msg(2)
+        },
+        t0,
+        0,
+    );
     s.poll(t0);
-    let acts = s.on_ack(&dev(), &id(2), Verdict::Nack { reason: "x".into(), retry: true }, t0);
+    let acts = s.on_ack(
+        &dev(),
+        &id(2),
+        Verdict::Nack {
+            reason: "x".into(),
+            retry: true,
+        },
+        t0,
+    );
     assert!(matches!(&acts[..], [Action::Kill { .. }]));
 }
 
@@ -167,7 +227,14 @@ fn a_no_retry_message_dies_on_its_first_failure() {
 fn ttl_expires_even_while_the_link_is_down() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
-    s.on_stored(PendingMessage { expires_ms: Some(10_000 + 5_000), ..msg(1) }, t0, 10_000);
+    s.on_stored(
+        PendingMessage {
+            expires_ms: Some(10_000 + 5_000),
+            ..msg(1)
+        },
+        t0,
+        10_000,
+    );
     assert!(s.on_tick(t0 + Duration::from_millis(4_999)).is_empty());
     let acts = s.on_tick(t0 + Duration::from_millis(5_000));
     assert!(matches!(&acts[..], [Action::Kill { reason, .. }] if reason.starts_with("expired")));
@@ -178,7 +245,15 @@ fn an_ack_for_a_message_not_in_memory_still_reaches_the_store() {
     let mut s = Scheduler::new(cfg());
     let acts = s.on_ack(&dev(), &id(9), Verdict::Ok, Instant::now());
     assert!(matches!(&acts[..], [Action::Deliver { .. }]));
-    let acts = s.on_ack(&dev(), &id(9), Verdict::Nack { reason: "x".into(), retry: true }, Instant::now());
+    let acts = s.on_ack(
+        &dev(),
+        &id(9),
+        Verdict::Nack {
+            reason: "x".into(),
+            retry: true,
+        },
+        Instant::now(),
+    );
     assert!(acts.is_empty());
 }
 
@@ -210,7 +285,11 @@ fn a_backlog_beyond_the_window_is_refilled_in_order() {
     }
     let acts = s.poll(t0);
     assert_eq!(published(&acts), vec![5, 6]);
-    assert!(acts.iter().any(|a| matches!(a, Action::Refill { after: Seq(6), .. })), "7 is read back: {acts:?}");
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::Refill { after: Seq(6), .. })),
+        "7 is read back: {acts:?}"
+    );
 }
 
 #[test]
@@ -218,5 +297,12 @@ fn on_backlog_starts_with_a_refill() {
     let mut s = Scheduler::new(cfg());
     s.on_backlog(dev());
     let acts = s.poll(Instant::now());
-    assert_eq!(acts, vec![Action::Refill { device: dev(), after: Seq(0), limit: 4 }]);
+    assert_eq!(
+        acts,
+        vec![Action::Refill {
+            device: dev(),
+            after: Seq(0),
+            limit: 4
+        }]
+    );
 }

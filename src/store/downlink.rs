@@ -1,0 +1,396 @@
+//! Downlink rows: messages stored once, per-device queues with contiguous
+//! seqs, durable cursors and per-delivery states. Every function runs inside
+//! the writer's open transaction and returns what its commit makes true,
+//! including every delivery whose state it changed (for receipts north).
+
+use bytes::Bytes;
+use rusqlite::{params, OptionalExtension, Transaction};
+
+use crate::ids::{DeviceId, MsgId, Seq};
+use crate::state::DeliveryState;
+
+/// A validated downlink message for one or more devices.
+#[derive(Debug, Clone)]
+pub struct DownIntake {
+    pub msg_id: MsgId,
+    /// The inbox entry as JSON, without `seq`.
+    pub body: Bytes,
+    pub stored_ms: i64,
+    pub expires_ms: Option<i64>,
+    pub to: Vec<DeviceId>,
+    pub queue_cap: u64,
+}
+
+/// A delivery that changed state (or, for intake, exists): one receipt north.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryEvent {
+    pub device: DeviceId,
+    pub seq: Seq,
+    pub msg_id: MsgId,
+    pub state: DeliveryState,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DownIntakeOutcome {
+    /// One per addressed device: its delivery's current state; `new` ones are `Stored`.
+    pub queued: Vec<(DeliveryEvent, bool)>,
+    /// Deliveries pushed out by the queue cap.
+    pub expired: Vec<DeliveryEvent>,
+}
+
+/// One entry of an inbox batch; `body: None` is a tombstone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchEntry {
+    pub seq: Seq,
+    pub msg_id: MsgId,
+    pub state: DeliveryState,
+    pub body: Option<Bytes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchRead {
+    pub entries: Vec<BatchEntry>,
+    /// The device's last assigned seq.
+    pub head: Seq,
+    /// Deliveries that expired (ttl) while being read.
+    pub expired: Vec<DeliveryEvent>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cursors {
+    pub head: Seq,
+    pub delivered_upto: Seq,
+    pub read_upto: Seq,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CursorMove {
+    pub cursors: Cursors,
+    pub events: Vec<DeliveryEvent>,
+}
+
+fn seq(v: i64) -> Seq {
+    Seq(v.max(0) as u64)
+}
+
+fn msg_id(s: String) -> rusqlite::Result<MsgId> {
+    MsgId::new(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn state(s: String) -> DeliveryState {
+    DeliveryState::parse(&s).unwrap_or(DeliveryState::Stored)
+}
+
+pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> rusqlite::Result<Cursors> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT down_seq, delivered_upto, read_upto FROM devices WHERE device = ?1",
+        )?
+        .query_row([device.as_str()], |r| {
+            Ok(Cursors {
+                head: seq(r.get(0)?),
+                delivered_upto: seq(r.get(1)?),
+                read_upto: seq(r.get(2)?),
+            })
+        })
+        .optional()?
+        .unwrap_or_default())
+}
+
+/// Stores the message once and queues it for every addressed device that
+/// does not have it yet.
+pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> rusqlite::Result<DownIntakeOutcome> {
+    let existing: Option<i64> = tx
+        .prepare_cached("SELECT id FROM down_message WHERE msg_id = ?1")?
+        .query_row([msg.msg_id.as_str()], |r| r.get(0))
+        .optional()?;
+    let message_id = match existing {
+        Some(id) => id,
+        None => {
+            tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms) VALUES (?1, ?2, ?3, ?4)")?
+                .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms])?;
+            tx.last_insert_rowid()
+        }
+    };
+    let mut out = DownIntakeOutcome::default();
+    for device in &msg.to {
+        let current: Option<(i64, String)> = tx
+            .prepare_cached(
+                "SELECT seq, state FROM down_delivery WHERE message_id = ?1 AND device = ?2",
+            )?
+            .query_row(params![message_id, device.as_str()], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        if let Some((s, st)) = current {
+            let event = DeliveryEvent {
+                device: device.clone(),
+                seq: seq(s),
+                msg_id: msg.msg_id.clone(),
+                state: state(st),
+                reason: None,
+            };
+            out.queued.push((event, false));
+            continue;
+        }
+        tx.prepare_cached(
+            "INSERT INTO devices (device) VALUES (?1) ON CONFLICT (device) DO NOTHING",
+        )?
+        .execute([device.as_str()])?;
+        let s: i64 = tx
+            .prepare_cached(
+                "UPDATE devices SET down_seq = down_seq + 1 WHERE device = ?1 RETURNING down_seq",
+            )?
+            .query_row([device.as_str()], |r| r.get(0))?;
+        tx.prepare_cached(
+            "INSERT INTO down_delivery (device, seq, message_id, state, at_ms) VALUES (?1, ?2, ?3, 'stored', ?4)",
+        )?
+        .execute(params![device.as_str(), s, message_id, msg.stored_ms])?;
+        let event = DeliveryEvent {
+            device: device.clone(),
+            seq: seq(s),
+            msg_id: msg.msg_id.clone(),
+            state: DeliveryState::Stored,
+            reason: None,
+        };
+        out.queued.push((event, true));
+        // The queue keeps `queue_cap` undelivered deliveries: the one that
+        // many places back loses its automatic resend.
+        let old = s - msg.queue_cap as i64;
+        if old >= 1 {
+            let pushed: Option<i64> = tx
+                .prepare_cached(
+                    "UPDATE down_delivery SET state = 'expired', at_ms = ?3
+                     WHERE device = ?1 AND seq = ?2 AND state = 'stored' RETURNING message_id",
+                )?
+                .query_row(params![device.as_str(), old, msg.stored_ms], |r| r.get(0))
+                .optional()?;
+            if let Some(mid) = pushed {
+                out.expired.push(DeliveryEvent {
+                    device: device.clone(),
+                    seq: seq(old),
+                    msg_id: message_msg_id(tx, mid)?,
+                    state: DeliveryState::Expired,
+                    reason: Some(format!(
+                        "queue_cap: more than {} undelivered",
+                        msg.queue_cap
+                    )),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> rusqlite::Result<MsgId> {
+    let s: String = tx
+        .prepare_cached("SELECT msg_id FROM down_message WHERE id = ?1")?
+        .query_row([message_id], |r| r.get(0))?;
+    msg_id(s)
+}
+
+/// Reads up to `limit` queue entries after `after`; a stored delivery whose
+/// ttl has passed is expired on the way and sent as a tombstone.
+pub fn read_batch(
+    tx: &Transaction<'_>,
+    device: &DeviceId,
+    after: Seq,
+    limit: usize,
+    now_ms: i64,
+) -> rusqlite::Result<BatchRead> {
+    let mut out = BatchRead {
+        head: cursors(tx, device)?.head,
+        ..Default::default()
+    };
+    let rows: Vec<(i64, String, String, Vec<u8>, Option<i64>)> = tx
+        .prepare_cached(
+            "SELECT d.seq, d.state, m.msg_id, m.body, m.expires_ms FROM down_delivery d
+             JOIN down_message m ON m.id = d.message_id
+             WHERE d.device = ?1 AND d.seq > ?2 ORDER BY d.seq LIMIT ?3",
+        )?
+        .query_map(
+            params![device.as_str(), after.0 as i64, limit as i64],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )?
+        .collect::<Result<_, _>>()?;
+    for (s, st, id, body, expires_ms) in rows {
+        let mut st = state(st);
+        let id = msg_id(id)?;
+        if st == DeliveryState::Stored && expires_ms.is_some_and(|e| e <= now_ms) {
+            tx.prepare_cached("UPDATE down_delivery SET state = 'expired', at_ms = ?3 WHERE device = ?1 AND seq = ?2")?
+                .execute(params![device.as_str(), s, now_ms])?;
+            st = DeliveryState::Expired;
+            out.expired.push(DeliveryEvent {
+                device: device.clone(),
+                seq: seq(s),
+                msg_id: id.clone(),
+                state: st,
+                reason: Some("ttl: ttl_s passed before delivery".into()),
+            });
+        }
+        let body = matches!(
+            st,
+            DeliveryState::Stored | DeliveryState::Delivered | DeliveryState::Read
+        )
+        .then(|| Bytes::from(body));
+        out.entries.push(BatchEntry {
+            seq: seq(s),
+            msg_id: id,
+            state: st,
+            body,
+        });
+    }
+    Ok(out)
+}
+
+/// Moves the confirm cursor to `upto` (never backwards, never past the
+/// head), and with `read` the read cursor too.
+pub fn advance(
+    tx: &Transaction<'_>,
+    device: &DeviceId,
+    upto: Seq,
+    read: bool,
+    now_ms: i64,
+) -> rusqlite::Result<CursorMove> {
+    let mut c = cursors(tx, device)?;
+    let upto = upto.min(c.head);
+    let mut events = Vec::new();
+    if upto > c.delivered_upto {
+        let moved: Vec<(i64, i64)> = tx
+            .prepare_cached(
+                "UPDATE down_delivery SET state = 'delivered', at_ms = ?4
+                 WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = 'stored' RETURNING seq, message_id",
+            )?
+            .query_map(params![device.as_str(), c.delivered_upto.0 as i64, upto.0 as i64, now_ms], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<Result<_, _>>()?;
+        for (s, mid) in moved {
+            events.push(DeliveryEvent {
+                device: device.clone(),
+                seq: seq(s),
+                msg_id: message_msg_id(tx, mid)?,
+                state: DeliveryState::Delivered,
+                reason: None,
+            });
+        }
+        c.delivered_upto = upto;
+        tx.prepare_cached("UPDATE devices SET delivered_upto = ?2 WHERE device = ?1")?
+            .execute(params![device.as_str(), upto.0 as i64])?;
+    }
+    if read && upto > c.read_upto {
+        let moved: Vec<(i64, i64)> = tx
+            .prepare_cached(
+                "UPDATE down_delivery SET state = 'read', at_ms = ?4
+                 WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = 'delivered' RETURNING seq, message_id",
+            )?
+            .query_map(params![device.as_str(), c.read_upto.0 as i64, upto.0 as i64, now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        for (s, mid) in moved {
+            events.push(DeliveryEvent {
+                device: device.clone(),
+                seq: seq(s),
+                msg_id: message_msg_id(tx, mid)?,
+                state: DeliveryState::Read,
+                reason: None,
+            });
+        }
+        c.read_upto = upto;
+        tx.prepare_cached("UPDATE devices SET read_upto = ?2 WHERE device = ?1")?
+            .execute(params![device.as_str(), upto.0 as i64])?;
+    }
+    events.sort_by_key(|e| (e.seq, e.state == DeliveryState::Read));
+    Ok(CursorMove { cursors: c, events })
+}
+
+/// The device can never take delivery `at`: dead-letter it for this device.
+/// If it is the next one after the cursor, the cursor moves past it.
+pub fn nack(
+    tx: &Transaction<'_>,
+    device: &DeviceId,
+    at: Seq,
+    reason: &str,
+    now_ms: i64,
+) -> rusqlite::Result<CursorMove> {
+    let dead: Option<i64> = tx
+        .prepare_cached(
+            "UPDATE down_delivery SET state = 'dead', at_ms = ?3
+             WHERE device = ?1 AND seq = ?2 AND state IN ('stored', 'delivered') RETURNING message_id",
+        )?
+        .query_row(params![device.as_str(), at.0 as i64, now_ms], |r| r.get(0))
+        .optional()?;
+    let mut c = cursors(tx, device)?;
+    let Some(mid) = dead else {
+        return Ok(CursorMove {
+            cursors: c,
+            events: vec![],
+        });
+    };
+    let id = message_msg_id(tx, mid)?;
+    let reason = format!("nacked: {reason}");
+    tx.prepare_cached(
+        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw)
+         SELECT ?1, 'down', ?2, msg_id, ?3, ?4, body FROM down_message WHERE id = ?5",
+    )?
+    .execute(params![
+        now_ms,
+        device.as_str(),
+        reason,
+        format!("seq {}", at.0),
+        mid
+    ])?;
+    if at == c.delivered_upto.next() {
+        c.delivered_upto = at;
+        tx.prepare_cached("UPDATE devices SET delivered_upto = ?2 WHERE device = ?1")?
+            .execute(params![device.as_str(), at.0 as i64])?;
+    }
+    let event = DeliveryEvent {
+        device: device.clone(),
+        seq: at,
+        msg_id: id,
+        state: DeliveryState::Dead,
+        reason: Some(reason),
+    };
+    Ok(CursorMove {
+        cursors: c,
+        events: vec![event],
+    })
+}
+
+/// Expires every stored delivery of messages whose ttl passed by `now_ms`.
+pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> rusqlite::Result<Vec<DeliveryEvent>> {
+    let due: Vec<(i64, String)> = tx
+        .prepare_cached(
+            "SELECT id, msg_id FROM down_message WHERE expires_ms IS NOT NULL AND swept = 0 AND expires_ms <= ?1 LIMIT 1000",
+        )?
+        .query_map([now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut events = Vec::new();
+    for (mid, id) in due {
+        let id = msg_id(id)?;
+        let moved: Vec<(String, i64)> = tx
+            .prepare_cached(
+                "UPDATE down_delivery SET state = 'expired', at_ms = ?2 WHERE message_id = ?1 AND state = 'stored'
+                 RETURNING device, seq",
+            )?
+            .query_map(params![mid, now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        for (d, s) in moved {
+            if let Ok(device) = DeviceId::new(d) {
+                events.push(DeliveryEvent {
+                    device,
+                    seq: seq(s),
+                    msg_id: id.clone(),
+                    state: DeliveryState::Expired,
+                    reason: Some("ttl: ttl_s passed before delivery".into()),
+                });
+            }
+        }
+        tx.prepare_cached("UPDATE down_message SET swept = 1 WHERE id = ?1")?
+            .execute([mid])?;
+    }
+    Ok(events)
+}
