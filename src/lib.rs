@@ -19,6 +19,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod downlink;
 pub mod gateway;
 pub mod ids;
 pub mod north;

@@ -15,7 +15,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rumqttc::{AsyncClient, ConnectionError, Event, LastWill, MqttOptions, Packet, QoS};
+use std::collections::VecDeque;
+
+use rumqttc::{
+    AsyncClient, ConnectionError, Event, LastWill, MqttOptions, Packet, Publish, QoS,
+    SubscribeFilter,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -39,12 +44,27 @@ pub enum NorthEvent {
     Down,
     /// A backend ack message (`{prefix}/ack`), already PUBACKed.
     Ack(Bytes),
+    /// A downlink envelope. It is PUBACKed only when `token` is passed to
+    /// [`NorthSender::ack`], which the pipeline does after its commit.
+    Downlink {
+        topic: String,
+        payload: Bytes,
+        token: AckToken,
+    },
+}
+
+/// Names one received publish of one connection, for its PUBACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckToken {
+    epoch: u64,
+    id: u64,
 }
 
 /// Publishes north; cheap to clone.
 #[derive(Clone)]
 pub struct NorthSender {
     client: AsyncClient,
+    acks: mpsc::UnboundedSender<AckToken>,
 }
 
 impl NorthSender {
@@ -54,6 +74,12 @@ impl NorthSender {
         self.client
             .try_publish(topic, QoS::AtLeastOnce, false, body.to_vec())
             .is_ok()
+    }
+
+    /// The publish named by `token` may be acknowledged. Acks go out in
+    /// receive order, and only on the connection the publish came on.
+    pub fn ack(&self, token: AckToken) {
+        let _ = self.acks.send(token);
     }
 }
 
@@ -81,13 +107,23 @@ pub fn start(
     }
     let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
     let (events_tx, events) = mpsc::channel(4096);
+    let (acks_tx, acks_rx) = mpsc::unbounded_channel();
     let session = Session {
         client: client.clone(),
         topics: topics.clone(),
         events: events_tx,
+        unacked: VecDeque::new(),
+        next_id: 0,
+        epoch: 0,
     };
-    tokio::spawn(session.run(eventloop, cfg.host.clone(), cfg.port));
-    (NorthSender { client }, events)
+    tokio::spawn(session.run(eventloop, acks_rx, cfg.host.clone(), cfg.port));
+    (
+        NorthSender {
+            client,
+            acks: acks_tx,
+        },
+        events,
+    )
 }
 
 fn status_body(online: bool) -> Vec<u8> {
@@ -95,29 +131,64 @@ fn status_body(online: bool) -> Vec<u8> {
         .expect("status serializes")
 }
 
+/// A received publish waiting for its turn to be acknowledged.
+struct Unacked {
+    id: u64,
+    publish: Publish,
+    ready: bool,
+}
+
 struct Session {
     client: AsyncClient,
     topics: Topics,
     events: mpsc::Sender<NorthEvent>,
+    /// This connection's received publishes, in receive order.
+    unacked: VecDeque<Unacked>,
+    next_id: u64,
+    epoch: u64,
 }
 
 impl Session {
-    async fn run(self, mut eventloop: rumqttc::EventLoop, host: String, port: u16) {
-        let mut epoch = 0u64;
+    async fn run(
+        mut self,
+        mut eventloop: rumqttc::EventLoop,
+        mut acks: mpsc::UnboundedReceiver<AckToken>,
+        host: String,
+        port: u16,
+    ) {
+        let mut connected = false;
         let mut up = false;
         let mut failures = 0u32;
         loop {
-            match eventloop.poll().await {
+            // Acks are only taken while connected: polling is never cancelled
+            // in the middle of a connection attempt.
+            let polled = if connected {
+                tokio::select! {
+                    ev = eventloop.poll() => ev,
+                    Some(token) = acks.recv() => {
+                        self.ready(token);
+                        continue;
+                    }
+                }
+            } else {
+                eventloop.poll().await
+            };
+            match polled {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                    epoch += 1;
+                    connected = true;
+                    self.epoch += 1;
+                    self.unacked.clear();
                     failures = 0;
-                    info!(host = %host, port, session_present = ack.session_present, epoch, "north connected");
+                    info!(host = %host, port, session_present = ack.session_present, epoch = self.epoch, "north connected");
                     // Subscribe every time: rumqttc does not restore
                     // subscriptions, and a repeat is harmless.
-                    if let Err(e) = self
-                        .client
-                        .try_subscribe(self.topics.north_ack(), QoS::AtLeastOnce)
-                    {
+                    let filters = [
+                        self.topics.north_ack(),
+                        self.topics.north_down_filter(),
+                        self.topics.north_down(),
+                    ]
+                    .map(|path| SubscribeFilter::new(path, QoS::AtLeastOnce));
+                    if let Err(e) = self.client.try_subscribe_many(filters) {
                         warn!(error = %e, "north subscribe could not be queued");
                     }
                 }
@@ -130,34 +201,53 @@ impl Session {
                             true,
                             status_body(true),
                         );
-                        if self.events.send(NorthEvent::Up(epoch)).await.is_err() {
+                        if self.events.send(NorthEvent::Up(self.epoch)).await.is_err() {
                             return;
                         }
                     }
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let ack_topic = self.topics.north_ack();
-                    if p.topic == ack_topic {
-                        if self
-                            .events
-                            .send(NorthEvent::Ack(p.payload.clone()))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let event = if p.topic == self.topics.north_ack() {
+                        Some(NorthEvent::Ack(p.payload.clone()))
+                    } else if self.topics.is_north_down(&p.topic) {
+                        let token = AckToken {
+                            epoch: self.epoch,
+                            id,
+                        };
+                        Some(NorthEvent::Downlink {
+                            topic: p.topic.clone(),
+                            payload: p.payload.clone(),
+                            token,
+                        })
                     } else {
                         debug!(topic = %p.topic, "ignoring a north publish on an unknown topic");
+                        None
+                    };
+                    // Uplink acks (and strays) are acked at once; a downlink
+                    // waits for its commit. Either way, in receive order.
+                    let ready = !matches!(event, Some(NorthEvent::Downlink { .. }));
+                    self.unacked.push_back(Unacked {
+                        id,
+                        publish: p,
+                        ready,
+                    });
+                    if ready {
+                        self.flush();
                     }
-                    // In receive order, on this connection: the event loop
-                    // is polled by this task alone, so no reconnect can
-                    // happen between receiving and queuing the ack.
-                    if let Err(e) = self.client.try_ack(&p) {
-                        warn!(error = %e, "north ack could not be queued");
+                    if let Some(event) = event {
+                        if self.events.send(event).await.is_err() {
+                            return;
+                        }
                     }
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    connected = false;
+                    // What was received on the lost connection is sent again
+                    // by the broker; its acks must not go out on the next one.
+                    self.unacked.clear();
                     if up {
                         up = false;
                         if self.events.send(NorthEvent::Down).await.is_err() {
@@ -169,6 +259,26 @@ impl Session {
                     log_error(&e, &host, port, failures, delay);
                     tokio::time::sleep(delay).await;
                 }
+            }
+        }
+    }
+
+    fn ready(&mut self, token: AckToken) {
+        if token.epoch != self.epoch {
+            return;
+        }
+        if let Some(u) = self.unacked.iter_mut().find(|u| u.id == token.id) {
+            u.ready = true;
+        }
+        self.flush();
+    }
+
+    /// Acks the ready head of the queue, in order.
+    fn flush(&mut self) {
+        while self.unacked.front().is_some_and(|u| u.ready) {
+            let u = self.unacked.pop_front().expect("front exists");
+            if let Err(e) = self.client.try_ack(&u.publish) {
+                warn!(error = %e, "north ack could not be queued");
             }
         }
     }

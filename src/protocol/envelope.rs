@@ -164,6 +164,60 @@ pub struct Stamp<'a> {
     pub stored_ms: i64,
 }
 
+/// A downlink envelope: the inbox entry to store, and who it is for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DownEnvelope {
+    pub msg_id: MsgId,
+    pub ttl: Option<Duration>,
+    /// `to` as written: device ids and `@group` names; empty if absent.
+    pub to: Vec<String>,
+    /// The inbox entry without `seq`: every field but `to`, with `ts` set.
+    pub entry: Vec<u8>,
+}
+
+/// Fields an inbox entry gets from the gateway.
+const INBOX_FIELDS: [&str; 3] = ["seq", "status", "to"];
+
+/// Judges one downlink envelope from the backend.
+pub fn parse_downlink(
+    bytes: &[u8],
+    max_bytes: usize,
+    stored_ms: i64,
+) -> Result<DownEnvelope, Rejection> {
+    let env = parse_uplink(bytes, max_bytes)?;
+    let reject = |detail: &str| Rejection {
+        code: RejectCode::Malformed,
+        detail: detail.into(),
+        msg_id: Some(env.msg_id.clone()),
+    };
+    let to = match env.fields.get("to") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| reject("to must be an array of device ids"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(reject("to must be an array of device ids")),
+    };
+    let mut fields = env.fields;
+    for f in INBOX_FIELDS {
+        fields.remove(f);
+    }
+    if env.ts.is_none() {
+        fields.insert("ts".into(), stored_ms.into());
+    }
+    let entry = serde_json::to_vec(&fields).expect("a JSON map serializes");
+    Ok(DownEnvelope {
+        msg_id: env.msg_id,
+        ttl: env.ttl,
+        to,
+        entry,
+    })
+}
+
 /// The body sent north: the envelope's fields with the gateway's own set.
 pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
     let mut body = fields.clone();
@@ -246,6 +300,28 @@ mod tests {
             .unwrap_err()
             .msg_id
             .is_none());
+    }
+
+    #[test]
+    fn downlink_entries_drop_to_and_gain_ts() {
+        let d = parse_downlink(
+            br#"{"msg_id":"n-9","to":["a","@line3"],"payload":"shift B","seq":5}"#,
+            1024,
+            42,
+        )
+        .unwrap();
+        assert_eq!(d.to, vec!["a".to_string(), "@line3".to_string()]);
+        let entry: Value = serde_json::from_slice(&d.entry).unwrap();
+        assert_eq!(
+            entry,
+            serde_json::json!({"msg_id": "n-9", "payload": "shift B", "ts": 42})
+        );
+        let r = parse_downlink(br#"{"msg_id":"n-9","to":"a","payload":1}"#, 1024, 0).unwrap_err();
+        assert!(r.reason().contains("to must be"));
+        assert!(parse_downlink(br#"{"payload":1}"#, 1024, 0)
+            .unwrap_err()
+            .reason()
+            .contains("missing msg_id"));
     }
 
     #[test]

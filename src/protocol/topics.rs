@@ -110,6 +110,44 @@ impl Topics {
         format!("{}/ack", self.north)
     }
 
+    /// `{prefix}/down/+`: downlinks for one device each.
+    pub fn north_down_filter(&self) -> String {
+        format!("{}/down/+", self.north)
+    }
+
+    /// `{prefix}/down`: downlinks with a `to` list.
+    pub fn north_down(&self) -> String {
+        format!("{}/down", self.north)
+    }
+
+    pub fn is_north_down(&self, topic: &str) -> bool {
+        self.parse_north_down(topic).is_some()
+    }
+
+    /// `Some(None)` for `{prefix}/down`, `Some(Some(device))` for
+    /// `{prefix}/down/{device}` (the device as written, unchecked).
+    pub fn parse_north_down<'t>(&self, topic: &'t str) -> Option<Option<&'t str>> {
+        let rest = topic
+            .strip_prefix(self.north.as_str())?
+            .strip_prefix("/down")?;
+        match rest {
+            "" => Some(None),
+            _ => rest
+                .strip_prefix('/')
+                .filter(|d| !d.is_empty() && !d.contains('/'))
+                .map(Some),
+        }
+    }
+
+    pub fn north_receipts(&self) -> String {
+        format!("{}/receipts", self.north)
+    }
+
+    /// Downlink batches for one device.
+    pub fn device_inbox(&self, device: &DeviceId) -> String {
+        format!("{}/{}/inbox", self.south, device)
+    }
+
     pub fn north_status(&self) -> String {
         format!("{}/status", self.north)
     }
@@ -189,5 +227,19 @@ mod tests {
         );
         assert_eq!(t().north_ack(), "ferry/edge-01/ack");
         assert_eq!(t().device_ack(&d), "devices/press-7/ack");
+        assert_eq!(t().device_inbox(&d), "devices/press-7/inbox");
+    }
+
+    #[test]
+    fn north_down_topics_parse() {
+        assert_eq!(t().parse_north_down("ferry/edge-01/down"), Some(None));
+        assert_eq!(
+            t().parse_north_down("ferry/edge-01/down/p-1"),
+            Some(Some("p-1"))
+        );
+        assert_eq!(t().parse_north_down("ferry/edge-01/down/"), None);
+        assert_eq!(t().parse_north_down("ferry/edge-01/down/a/b"), None);
+        assert_eq!(t().parse_north_down("ferry/edge-01/downx"), None);
+        assert_eq!(t().parse_north_down("ferry/edge-02/down"), None);
     }
 }

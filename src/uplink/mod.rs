@@ -105,6 +105,8 @@ pub async fn run_engine(
                     Vec::new()
                 }
                 Some(NorthEvent::Ack(payload)) => engine.on_acks(&payload),
+                // Downlinks are routed to the downlink engine, never here.
+                Some(NorthEvent::Downlink { .. }) => Vec::new(),
                 None => return Ok(()),
             },
             Some(done) = pending.next(), if !pending.is_empty() => engine.on_done(done).await,

@@ -18,6 +18,8 @@
 //! - Sends go through one thread that owns the `LinkTx`, whose publish is a
 //!   blocking channel send that must never run on a tokio worker.
 
+pub mod presence;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::thread;
@@ -88,10 +90,14 @@ pub struct South {
     pub outbound: SouthSender,
     /// Resolves only if the listener stops, which is fatal.
     pub listener: tokio::task::JoinHandle<String>,
+    /// Connects, disconnects and subscriptions the broker reported, if the
+    /// presence layer is installed.
+    pub broker_events: Option<mpsc::UnboundedReceiver<presence::BrokerEvent>>,
 }
 
 /// Starts the broker, its listener (on the current tokio runtime) and the link.
 pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
+    let broker_events = presence::subscribe();
     // Fail fast and by name if the address is taken: rumqttd would only log it.
     std::net::TcpListener::bind(cfg.listen).map_err(|source| SouthError::Listen {
         addr: cfg.listen,
@@ -175,6 +181,7 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         inbound,
         outbound: SouthSender { tx: out_tx },
         listener,
+        broker_events,
     })
 }
 

@@ -1,0 +1,2 @@
+//! The downlink pipeline (filled in below).
+pub mod scheduler;

@@ -1,0 +1,318 @@
+//! The downlink scheduler: per device, which batch goes out when. No I/O.
+//!
+//! Rules it keeps (docs/PROTOCOL.md, "Downlink batches"):
+//! - Nothing is sent to a device that is not online.
+//! - At most one batch per device is unconfirmed. A confirm that moves the
+//!   cursor releases the next batch, starting after the new cursor.
+//! - No confirm within the timeout → the batch is read and sent again from
+//!   the cursor, the timeout doubling per resend (up to 16x), while the
+//!   device stays online.
+//! - Realtime is catch-up: a new message for a caught-up, online device
+//!   is sent by the same read-from-cursor path.
+//! - Every read carries a generation; a read answered after the device's
+//!   situation changed (confirm, pull, offline) is dropped, not sent.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ids::{DeviceId, Seq};
+use crate::store::downlink::Cursors;
+
+#[derive(Debug, Clone)]
+pub struct DownConfig {
+    pub batch_size: usize,
+    pub confirm_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DownAction {
+    /// Load the device's cursors from the store.
+    LoadCursors(DeviceId),
+    /// Read a batch; answer with [`DownScheduler::on_read`] passing `gen`.
+    Read {
+        device: DeviceId,
+        after: Seq,
+        limit: usize,
+        gen: u64,
+        reply_empty: bool,
+    },
+}
+
+/// An unconfirmed batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outstanding {
+    pub first: Seq,
+    pub last: Seq,
+    pub size: usize,
+    pub sent_at: Instant,
+    pub resends: u32,
+    deadline: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Device {
+    online: bool,
+    cursors: Option<Cursors>,
+    loading: bool,
+    /// A read is out with this generation.
+    reading: Option<u64>,
+    outstanding: Option<Outstanding>,
+    /// A pull waiting for cursors: (after, limit).
+    pull: Option<(Option<Seq>, usize)>,
+    gen: u64,
+    resends: u32,
+}
+
+pub struct DownScheduler {
+    cfg: DownConfig,
+    devices: HashMap<DeviceId, Device>,
+    timers: BTreeSet<(Instant, DeviceId)>,
+}
+
+/// What to do with a batch that was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send it; `more` is whether the queue goes on after it.
+    Send {
+        more: bool,
+    },
+    Drop,
+}
+
+impl DownScheduler {
+    pub fn new(cfg: DownConfig) -> DownScheduler {
+        DownScheduler {
+            cfg,
+            devices: HashMap::new(),
+            timers: BTreeSet::new(),
+        }
+    }
+
+    pub fn is_online(&self, device: &DeviceId) -> bool {
+        self.devices.get(device).is_some_and(|d| d.online)
+    }
+
+    pub fn online_count(&self) -> usize {
+        self.devices.values().filter(|d| d.online).count()
+    }
+
+    pub fn on_online(&mut self, device: &DeviceId) -> Vec<DownAction> {
+        let d = self.devices.entry(device.clone()).or_default();
+        if d.online {
+            return Vec::new();
+        }
+        d.online = true;
+        self.next(device)
+    }
+
+    pub fn on_offline(&mut self, device: &DeviceId) {
+        if let Some(d) = self.devices.get_mut(device) {
+            d.online = false;
+            d.outstanding = None;
+            d.reading = None;
+            d.pull = None;
+            d.gen += 1;
+            d.resends = 0;
+        }
+    }
+
+    pub fn on_cursors(&mut self, device: &DeviceId, c: Cursors) -> Vec<DownAction> {
+        let Some(d) = self.devices.get_mut(device) else {
+            return Vec::new();
+        };
+        d.loading = false;
+        let known = d.cursors.get_or_insert(c);
+        known.head = known.head.max(c.head);
+        known.delivered_upto = known.delivered_upto.max(c.delivered_upto);
+        if let Some((after, limit)) = d.pull.take() {
+            return self.pull(device, after, limit);
+        }
+        self.next(device)
+    }
+
+    /// A new delivery `seq` was committed for the device.
+    pub fn on_queued(&mut self, device: &DeviceId, seq: Seq) -> Vec<DownAction> {
+        let Some(d) = self.devices.get_mut(device) else {
+            return Vec::new();
+        };
+        match &mut d.cursors {
+            Some(c) => c.head = c.head.max(seq),
+            None => return Vec::new(),
+        }
+        self.next(device)
+    }
+
+    /// The device asked for a batch: it replaces the outstanding one.
+    pub fn on_pull(
+        &mut self,
+        device: &DeviceId,
+        after: Option<Seq>,
+        limit: Option<usize>,
+    ) -> Vec<DownAction> {
+        let limit = limit
+            .unwrap_or(self.cfg.batch_size)
+            .clamp(1, self.cfg.batch_size);
+        let d = self.devices.entry(device.clone()).or_default();
+        d.online = true;
+        d.outstanding = None;
+        d.gen += 1;
+        d.reading = None;
+        if d.cursors.is_none() {
+            d.pull = Some((after, limit));
+            return self.load(device);
+        }
+        self.pull(device, after, limit)
+    }
+
+    fn pull(&mut self, device: &DeviceId, after: Option<Seq>, limit: usize) -> Vec<DownAction> {
+        let d = self.devices.get_mut(device).expect("caller made it");
+        let after = after.unwrap_or(d.cursors.expect("caller checked").delivered_upto);
+        d.reading = Some(d.gen);
+        vec![DownAction::Read {
+            device: device.clone(),
+            after,
+            limit,
+            gen: d.gen,
+            reply_empty: true,
+        }]
+    }
+
+    /// A confirm, read or nack committed; `c` are the device's cursors now.
+    /// Returns the confirmed batch if this released it.
+    pub fn on_cursor_moved(
+        &mut self,
+        device: &DeviceId,
+        c: Cursors,
+    ) -> (Option<Outstanding>, Vec<DownAction>) {
+        let Some(d) = self.devices.get_mut(device) else {
+            return (None, Vec::new());
+        };
+        let Some(known) = &mut d.cursors else {
+            return (None, Vec::new());
+        };
+        let before = known.delivered_upto;
+        known.delivered_upto = known.delivered_upto.max(c.delivered_upto);
+        known.head = known.head.max(c.head);
+        if known.delivered_upto == before {
+            return (None, Vec::new());
+        }
+        let released = match d.outstanding {
+            Some(o) if known.delivered_upto >= o.first => d.outstanding.take(),
+            _ => None,
+        };
+        if released.is_some() || d.reading.is_some() {
+            // A read from the old cursor would resend confirmed messages.
+            d.gen += 1;
+            d.reading = None;
+            d.resends = 0;
+        }
+        (released, self.next(device))
+    }
+
+    /// A read came back with `entries` (their first and last seq, count).
+    pub fn on_read(
+        &mut self,
+        device: &DeviceId,
+        gen: u64,
+        span: Option<(Seq, Seq, usize)>,
+        head: Seq,
+        reply_empty: bool,
+        now: Instant,
+    ) -> Verdict {
+        let Some(d) = self.devices.get_mut(device) else {
+            return Verdict::Drop;
+        };
+        if d.reading != Some(gen) || !d.online {
+            return Verdict::Drop;
+        }
+        d.reading = None;
+        if let Some(c) = &mut d.cursors {
+            c.head = c.head.max(head);
+        }
+        let Some((first, last, size)) = span else {
+            return if reply_empty {
+                Verdict::Send { more: false }
+            } else {
+                Verdict::Drop
+            };
+        };
+        let timeout = self.cfg.confirm_timeout * 2u32.pow(d.resends.min(4));
+        let deadline = now + timeout;
+        d.outstanding = Some(Outstanding {
+            first,
+            last,
+            size,
+            sent_at: now,
+            resends: d.resends,
+            deadline,
+        });
+        self.timers.insert((deadline, device.clone()));
+        Verdict::Send { more: last < head }
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
+    /// Resends every batch whose confirm is overdue.
+    pub fn on_tick(&mut self, now: Instant) -> Vec<(DeviceId, Outstanding, Vec<DownAction>)> {
+        let mut out = Vec::new();
+        while let Some((at, device)) = self.timers.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(d) = self.devices.get_mut(&device) else {
+                continue;
+            };
+            let Some(o) = d.outstanding else { continue };
+            if o.deadline != at || !d.online {
+                continue;
+            }
+            d.outstanding = None;
+            d.resends += 1;
+            d.gen += 1;
+            let actions = self.next(&device);
+            out.push((device, o, actions));
+        }
+        out
+    }
+
+    fn load(&mut self, device: &DeviceId) -> Vec<DownAction> {
+        let d = self.devices.get_mut(device).expect("caller made it");
+        if d.loading {
+            return Vec::new();
+        }
+        d.loading = true;
+        vec![DownAction::LoadCursors(device.clone())]
+    }
+
+    /// Reads the next batch if the device is ready for one.
+    fn next(&mut self, device: &DeviceId) -> Vec<DownAction> {
+        let Some(d) = self.devices.get_mut(device) else {
+            return Vec::new();
+        };
+        if !d.online || d.outstanding.is_some() || d.reading.is_some() {
+            return Vec::new();
+        }
+        let Some(c) = d.cursors else {
+            return self.load(device);
+        };
+        if c.head <= c.delivered_upto {
+            return Vec::new();
+        }
+        d.reading = Some(d.gen);
+        vec![DownAction::Read {
+            device: device.clone(),
+            after: c.delivered_upto,
+            limit: self.cfg.batch_size,
+            gen: d.gen,
+            reply_empty: false,
+        }]
+    }
+}
+
+#[cfg(test)]
+mod tests;

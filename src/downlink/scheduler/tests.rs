@@ -1,0 +1,161 @@
+use super::*;
+
+fn cfg() -> DownConfig {
+    DownConfig {
+        batch_size: 3,
+        confirm_timeout: Duration::from_millis(1000),
+    }
+}
+
+fn dev() -> DeviceId {
+    DeviceId::new("panel-1").unwrap()
+}
+
+fn cursors(head: u64, delivered: u64) -> Cursors {
+    Cursors {
+        head: Seq(head),
+        delivered_upto: Seq(delivered),
+        read_upto: Seq(0),
+    }
+}
+
+fn read_of(actions: &[DownAction]) -> Option<(u64, usize, u64)> {
+    actions.iter().find_map(|a| match a {
+        DownAction::Read {
+            after, limit, gen, ..
+        } => Some((after.0, *limit, *gen)),
+        _ => None,
+    })
+}
+
+/// Brings a device online with `head` queued and `delivered` confirmed.
+fn online(s: &mut DownScheduler, head: u64, delivered: u64) -> Vec<DownAction> {
+    assert_eq!(s.on_online(&dev()), vec![DownAction::LoadCursors(dev())]);
+    s.on_cursors(&dev(), cursors(head, delivered))
+}
+
+#[test]
+fn an_offline_device_gets_nothing_until_it_comes_online() {
+    let mut s = DownScheduler::new(cfg());
+    assert!(s.on_queued(&dev(), Seq(1)).is_empty());
+    let acts = online(&mut s, 5, 0);
+    assert_eq!(read_of(&acts).map(|r| (r.0, r.1)), Some((0, 3)));
+}
+
+#[test]
+fn one_batch_is_unconfirmed_at_a_time_and_a_confirm_releases_the_next() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 5, 0)).unwrap();
+    assert_eq!(
+        s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(5), false, t0),
+        Verdict::Send { more: true }
+    );
+    assert!(
+        s.on_queued(&dev(), Seq(6)).is_empty(),
+        "a batch is out: wait for its confirm"
+    );
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(6, 3));
+    assert_eq!(released.map(|o| (o.first.0, o.last.0)), Some((1, 3)));
+    assert_eq!(read_of(&acts).map(|r| r.0), Some(3));
+}
+
+#[test]
+fn a_partial_confirm_restarts_after_the_new_cursor() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 5, 0)).unwrap();
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(5), false, t0);
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(5, 2));
+    assert!(released.is_some());
+    assert_eq!(read_of(&acts).map(|r| r.0), Some(2));
+    let (_, acts) = s.on_cursor_moved(&dev(), cursors(5, 1));
+    assert!(acts.is_empty(), "a stale confirm changes nothing");
+}
+
+#[test]
+fn no_confirm_resends_from_the_cursor_with_a_growing_timeout() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t0);
+    assert!(s.on_tick(t0 + Duration::from_millis(999)).is_empty());
+    let t1 = t0 + Duration::from_millis(1000);
+    let resent = s.on_tick(t1);
+    assert_eq!(resent.len(), 1);
+    let (_, _, gen) = read_of(&resent[0].2).unwrap();
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t1);
+    assert!(
+        s.on_tick(t1 + Duration::from_millis(1999)).is_empty(),
+        "second wait doubles"
+    );
+    assert_eq!(s.on_tick(t1 + Duration::from_millis(2000)).len(), 1);
+}
+
+#[test]
+fn going_offline_stops_resends_and_drops_reads_in_flight() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
+    s.on_offline(&dev());
+    assert_eq!(
+        s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t0),
+        Verdict::Drop
+    );
+    assert!(s.on_tick(t0 + Duration::from_secs(60)).is_empty());
+    let acts = s.on_online(&dev());
+    assert_eq!(
+        read_of(&acts).map(|r| r.0),
+        Some(0),
+        "back online: from the cursor again"
+    );
+}
+
+#[test]
+fn a_pull_replaces_the_outstanding_batch_and_is_always_answered() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 5, 0)).unwrap();
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(5), false, t0);
+    let acts = s.on_pull(&dev(), Some(Seq(4)), Some(50));
+    let (after, limit, gen) = read_of(&acts).unwrap();
+    assert_eq!((after, limit), (4, 3), "limit capped at the batch size");
+    assert!(
+        s.on_tick(t0 + Duration::from_secs(5)).is_empty(),
+        "the replaced batch's timer is void"
+    );
+    assert_eq!(
+        s.on_read(&dev(), gen, None, Seq(5), true, t0),
+        Verdict::Send { more: false }
+    );
+}
+
+#[test]
+fn a_pull_before_the_cursors_are_known_waits_for_them() {
+    let mut s = DownScheduler::new(cfg());
+    assert_eq!(
+        s.on_pull(&dev(), None, None),
+        vec![DownAction::LoadCursors(dev())]
+    );
+    let acts = s.on_cursors(&dev(), cursors(0, 0));
+    assert!(matches!(
+        &acts[..],
+        [DownAction::Read {
+            reply_empty: true,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_read_overtaken_by_a_confirm_is_dropped() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 5, 0)).unwrap();
+    let (_, acts) = s.on_cursor_moved(&dev(), cursors(5, 2));
+    assert_eq!(
+        s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(5), false, t0),
+        Verdict::Drop
+    );
+    assert_eq!(read_of(&acts).map(|r| r.0), Some(2));
+}
