@@ -9,6 +9,8 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 use crate::config::Config;
+use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
+use crate::north::NorthEvent;
 use crate::protocol::topics::Topics;
 use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
@@ -41,6 +43,24 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let (north_tx, north_events) = north::start(&cfg.north, &topics, max_packet);
 
     let (stored_tx, stored_rx) = mpsc::channel(8192);
+    let (controls_tx, controls_rx) = mpsc::channel(8192);
+    let (up_events, down_events) = fan_out(north_events);
+    let downlink = Downlink::new(
+        DownlinkSettings {
+            cfg: cfg.downlink.clone(),
+            groups: cfg.groups.clone(),
+            max_payload_bytes: cfg.south.max_payload_bytes,
+        },
+        store.clone(),
+        north_tx.clone(),
+        south.outbound.clone(),
+        topics.clone(),
+    );
+    let mut downlink_task = tokio::spawn(downlink.run(DownlinkInputs {
+        north: down_events,
+        controls: controls_rx,
+        broker: south.broker_events,
+    }));
     let engine = Engine {
         scheduler: Scheduler::new(SchedulerConfig {
             max_inflight: cfg.north.max_inflight,
@@ -56,8 +76,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let intake_cfg = IntakeConfig {
         gateway: Arc::from(cfg.gateway.as_str()),
         max_payload_bytes: cfg.south.max_payload_bytes,
+        controls: controls_tx,
     };
-    let mut engine_task = tokio::spawn(run_engine(engine, stored_rx, north_events));
+    let mut engine_task = tokio::spawn(run_engine(engine, stored_rx, up_events));
     let mut intake_task = tokio::spawn(intake::run(
         intake_cfg,
         topics,
@@ -76,8 +97,33 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         }
         r = &mut intake_task => Err(stopped("intake", r)),
         r = &mut engine_task => Err(stopped("uplink engine", r)),
+        r = &mut downlink_task => Err(stopped("downlink", r)),
         r = &mut listener => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south listener panicked: {e}")))),
     }
+}
+
+/// Splits the north session's events: uplink acks to the uplink engine,
+/// downlinks to the downlink task, link changes to both.
+fn fan_out(
+    mut events: mpsc::Receiver<NorthEvent>,
+) -> (mpsc::Receiver<NorthEvent>, mpsc::Receiver<NorthEvent>) {
+    let (up_tx, up_rx) = mpsc::channel(4096);
+    let (down_tx, down_rx) = mpsc::channel(4096);
+    tokio::spawn(async move {
+        while let Some(ev) = events.recv().await {
+            let delivered = match &ev {
+                NorthEvent::Ack(_) => up_tx.send(ev).await.is_ok(),
+                NorthEvent::Downlink { .. } => down_tx.send(ev).await.is_ok(),
+                NorthEvent::Up(_) | NorthEvent::Down => {
+                    up_tx.send(ev.clone()).await.is_ok() && down_tx.send(ev).await.is_ok()
+                }
+            };
+            if !delivered {
+                return;
+            }
+        }
+    });
+    (up_rx, down_rx)
 }
 
 fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> RunError {

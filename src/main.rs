@@ -86,14 +86,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs to stderr through `log.level` (or RUST_LOG), and installs the
+/// layer that turns the embedded broker's connection events into presence.
 fn init_logging(level: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_log::LogTracer::init();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(ferry::south::presence::layer())
         .try_init();
 }
 

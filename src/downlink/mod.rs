@@ -1,2 +1,627 @@
-//! The downlink pipeline (filled in below).
+//! The downlink pipeline: backend → store → device inbox, with confirms,
+//! cursors and receipts north.
+//!
+//! One task owns the [`scheduler::DownScheduler`] and everything that
+//! feeds it: downlink envelopes from the north session, device control
+//! messages (`confirm`, `pull`, `read`, `nack`, `status`) from the south
+//! intake, broker presence events, and timers. Every state change is
+//! committed before anyone hears of it:
+//! - a downlink is PUBACKed upstream and answered `stored` only after its
+//!   commit (and the north session sends PUBACKs in receive order);
+//! - a confirm's `delivered` receipts go north after the cursor commit;
+//! - an inbox batch is built from committed rows only.
+//!
+//! Many devices' confirms land in the store's queue together and are
+//! group-committed: a reconnect storm costs a few fsyncs, not thousands.
+
 pub mod scheduler;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::config::DownlinkConfig;
+use crate::ids::{DeviceId, MsgId};
+use crate::north::{AckToken, NorthEvent, NorthSender};
+use crate::protocol::control::{inbox_batch, parse_control, Control, ControlKind};
+use crate::protocol::envelope::{parse_downlink, RejectCode, Rejection};
+use crate::protocol::now_ms;
+use crate::protocol::receipt::NorthReceipt;
+use crate::protocol::topics::Topics;
+use crate::south::presence::BrokerEvent;
+use crate::south::SouthSender;
+use crate::store::downlink::{
+    BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake, DownIntakeOutcome,
+};
+use crate::store::{DeadLetter, DownOp, Store, StoreError};
+use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
+
+/// A device the broker saw connect is taken as online after this, unless it
+/// says so itself first (it may not have subscribed to its inbox yet).
+const CONNECT_GRACE: Duration = Duration::from_millis(500);
+/// How often deliveries of expired messages are swept for offline devices.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// Receipts per message north.
+const RECEIPTS_PER_MESSAGE: usize = 500;
+/// Receipts held while the north link is down; past it the oldest go.
+const RECEIPTS_HELD: usize = 1_000_000;
+
+/// A control message from a device.
+#[derive(Debug, Clone)]
+pub struct DeviceControl {
+    pub device: DeviceId,
+    pub kind: ControlKind,
+    pub payload: Bytes,
+}
+
+pub struct DownlinkSettings {
+    pub cfg: DownlinkConfig,
+    pub groups: BTreeMap<String, Vec<DeviceId>>,
+    pub max_payload_bytes: usize,
+}
+
+enum Done {
+    Intake {
+        token: AckToken,
+        result: Result<DownIntakeOutcome, StoreError>,
+    },
+    Rejected {
+        token: AckToken,
+        msg_id: Option<MsgId>,
+        reason: String,
+        result: Result<i64, StoreError>,
+    },
+    Cursors {
+        device: DeviceId,
+        result: Result<Cursors, StoreError>,
+    },
+    Read {
+        device: DeviceId,
+        gen: u64,
+        reply_empty: bool,
+        result: Result<BatchRead, StoreError>,
+    },
+    Moved {
+        device: DeviceId,
+        result: Result<CursorMove, StoreError>,
+    },
+    Swept(Result<Vec<DeliveryEvent>, StoreError>),
+}
+
+type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+pub struct Downlink {
+    settings: DownlinkSettings,
+    scheduler: DownScheduler,
+    store: Store,
+    north: NorthSender,
+    south: SouthSender,
+    topics: Topics,
+    pending: FuturesUnordered<DoneFuture>,
+    /// Receipts not yet handed to the north session.
+    receipts: VecDeque<NorthReceipt>,
+    north_up: bool,
+    /// Devices the broker saw connect, by when they count as online.
+    grace: BTreeSet<(Instant, DeviceId)>,
+    connected: HashSet<DeviceId>,
+}
+
+/// Inputs of the downlink task.
+pub struct DownlinkInputs {
+    pub north: mpsc::Receiver<NorthEvent>,
+    pub controls: mpsc::Receiver<DeviceControl>,
+    pub broker: Option<mpsc::UnboundedReceiver<BrokerEvent>>,
+}
+
+impl Downlink {
+    pub fn new(
+        settings: DownlinkSettings,
+        store: Store,
+        north: NorthSender,
+        south: SouthSender,
+        topics: Topics,
+    ) -> Downlink {
+        let scheduler = DownScheduler::new(DownConfig {
+            batch_size: settings.cfg.batch_size,
+            confirm_timeout: settings.cfg.confirm_timeout,
+        });
+        Downlink {
+            settings,
+            scheduler,
+            store,
+            north,
+            south,
+            topics,
+            pending: FuturesUnordered::new(),
+            receipts: VecDeque::new(),
+            north_up: false,
+            grace: BTreeSet::new(),
+            connected: HashSet::new(),
+        }
+    }
+
+    /// Runs until its inputs close or the store stops.
+    pub async fn run(mut self, mut inputs: DownlinkInputs) -> Result<(), StoreError> {
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut broker = inputs.broker.take();
+        loop {
+            let deadline = [
+                self.scheduler.next_deadline(),
+                self.grace.first().map(|(at, _)| *at),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let timer = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let broker_event = async {
+                match &mut broker {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = inputs.north.recv() => match ev {
+                    Some(NorthEvent::Up(_)) => {
+                        self.north_up = true;
+                        self.flush_receipts();
+                    }
+                    Some(NorthEvent::Down) => self.north_up = false,
+                    Some(NorthEvent::Downlink { topic, payload, token }) => self.on_downlink(&topic, payload, token).await?,
+                    Some(NorthEvent::Ack(_)) => {}
+                    None => return Ok(()),
+                },
+                c = inputs.controls.recv() => match c {
+                    Some(c) => self.on_control(c).await?,
+                    None => return Ok(()),
+                },
+                Some(ev) = broker_event => self.on_broker(ev).await?,
+                Some(done) = self.pending.next(), if !self.pending.is_empty() => self.on_done(done).await?,
+                _ = timer => self.on_timer().await?,
+                _ = sweep.tick() => {
+                    let now = now_ms();
+                    let rx = self.store.down(|reply| DownOp::Sweep { now_ms: now, reply }).await?;
+                    self.pending.push(Box::pin(async move { Done::Swept(flatten(rx.await)) }));
+                }
+            }
+        }
+    }
+
+    async fn on_downlink(
+        &mut self,
+        topic: &str,
+        payload: Bytes,
+        token: AckToken,
+    ) -> Result<(), StoreError> {
+        let stored_ms = now_ms();
+        let parsed =
+            parse_downlink(&payload, self.settings.max_payload_bytes, stored_ms).and_then(|env| {
+                let to = match self.topics.parse_north_down(topic) {
+                    Some(Some(device)) => vec![device.to_string()],
+                    _ => env.to.clone(),
+                };
+                let to = self.resolve(&to).map_err(|detail| Rejection {
+                    code: RejectCode::Malformed,
+                    detail,
+                    msg_id: Some(env.msg_id.clone()),
+                })?;
+                Ok((env, to))
+            });
+        match parsed {
+            Ok((env, to)) => {
+                let msg = DownIntake {
+                    msg_id: env.msg_id,
+                    body: Bytes::from(env.entry),
+                    stored_ms,
+                    expires_ms: env.ttl.map(|t| stored_ms + t.as_millis() as i64),
+                    to,
+                    queue_cap: self.settings.cfg.queue_cap,
+                };
+                let rx = self.store.down(|reply| DownOp::Intake(msg, reply)).await?;
+                self.pending.push(Box::pin(async move {
+                    Done::Intake {
+                        token,
+                        result: flatten(rx.await),
+                    }
+                }));
+            }
+            Err(rejection) => {
+                let reason = rejection.reason();
+                warn!(topic, reason = %reason, "downlink rejected");
+                let dl = DeadLetter {
+                    direction: "down",
+                    device: self
+                        .topics
+                        .parse_north_down(topic)
+                        .flatten()
+                        .map(str::to_string),
+                    msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
+                    topic: topic.to_string(),
+                    reason: reason.clone(),
+                    raw: payload,
+                    at_ms: stored_ms,
+                };
+                let rx = self.store.reject(dl).await?;
+                let msg_id = rejection.msg_id;
+                self.pending.push(Box::pin(async move {
+                    Done::Rejected {
+                        token,
+                        msg_id,
+                        reason,
+                        result: flatten(rx.await),
+                    }
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Device ids and `@group`s → distinct devices, in first-named order.
+    fn resolve(&self, to: &[String]) -> Result<Vec<DeviceId>, String> {
+        let mut out: Vec<DeviceId> = Vec::new();
+        for name in to {
+            let members = match name.strip_prefix('@') {
+                Some(group) => self
+                    .settings
+                    .groups
+                    .get(group)
+                    .cloned()
+                    .ok_or_else(|| format!("unknown group {name:?}"))?,
+                None => vec![DeviceId::new(name.as_str())
+                    .map_err(|e| format!("bad device id {name:?}: {e}"))?],
+            };
+            for m in members {
+                if !out.contains(&m) {
+                    out.push(m);
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err("no recipient".into());
+        }
+        Ok(out)
+    }
+
+    async fn on_control(&mut self, c: DeviceControl) -> Result<(), StoreError> {
+        let control = match parse_control(c.kind, &c.payload) {
+            Ok(control) => control,
+            Err(e) => {
+                warn!(device = %c.device, error = %e, "ignoring a malformed control message");
+                return Ok(());
+            }
+        };
+        let device = c.device;
+        let now = now_ms();
+        let actions = match control {
+            Control::Status { online: true } => self.scheduler.on_online(&device),
+            Control::Status { online: false } => {
+                self.scheduler.on_offline(&device);
+                Vec::new()
+            }
+            Control::Pull { after, limit } => self.scheduler.on_pull(&device, after, limit),
+            Control::Confirm { upto } | Control::Read { upto } => {
+                let read = matches!(control, Control::Read { .. });
+                let d = device.clone();
+                let rx = self
+                    .store
+                    .down(|reply| DownOp::Advance {
+                        device: d,
+                        upto,
+                        read,
+                        now_ms: now,
+                        reply,
+                    })
+                    .await?;
+                let d = device.clone();
+                self.pending.push(Box::pin(async move {
+                    Done::Moved {
+                        device: d,
+                        result: flatten(rx.await),
+                    }
+                }));
+                // A confirm also says the device is there.
+                if read {
+                    Vec::new()
+                } else {
+                    self.scheduler.on_online(&device)
+                }
+            }
+            Control::Nack { seq, reason } => {
+                let d = device.clone();
+                let rx = self
+                    .store
+                    .down(|reply| DownOp::Nack {
+                        device: d,
+                        seq,
+                        reason,
+                        now_ms: now,
+                        reply,
+                    })
+                    .await?;
+                let d = device.clone();
+                self.pending.push(Box::pin(async move {
+                    Done::Moved {
+                        device: d,
+                        result: flatten(rx.await),
+                    }
+                }));
+                Vec::new()
+            }
+        };
+        self.execute(actions).await
+    }
+
+    async fn on_broker(&mut self, ev: BrokerEvent) -> Result<(), StoreError> {
+        match ev {
+            BrokerEvent::Connected(client) => {
+                if let Ok(device) = DeviceId::new(client) {
+                    self.connected.insert(device.clone());
+                    self.grace.insert((Instant::now() + CONNECT_GRACE, device));
+                }
+            }
+            BrokerEvent::Disconnected(client) => {
+                if let Ok(device) = DeviceId::new(client) {
+                    self.connected.remove(&device);
+                    self.scheduler.on_offline(&device);
+                }
+            }
+            BrokerEvent::Subscribed { client_id, filter } => {
+                if let Ok(device) = DeviceId::new(client_id) {
+                    if filter == self.topics.device_inbox(&device) {
+                        let actions = self.scheduler.on_online(&device);
+                        self.execute(actions).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_timer(&mut self) -> Result<(), StoreError> {
+        let now = Instant::now();
+        while let Some((at, device)) = self.grace.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.grace.pop_first();
+            if self.connected.contains(&device) {
+                let actions = self.scheduler.on_online(&device);
+                self.execute(actions).await?;
+            }
+        }
+        for (device, o, actions) in self.scheduler.on_tick(now) {
+            warn!(device = %device, first_seq = o.first.0, last_seq = o.last.0, size = o.size, resends = o.resends + 1, "downlink batch not confirmed in time; resending");
+            self.execute(actions).await?;
+        }
+        Ok(())
+    }
+
+    async fn execute(&mut self, actions: Vec<DownAction>) -> Result<(), StoreError> {
+        for action in actions {
+            match action {
+                DownAction::LoadCursors(device) => {
+                    let d = device.clone();
+                    let rx = self
+                        .store
+                        .down(|reply| DownOp::Cursors { device: d, reply })
+                        .await?;
+                    self.pending.push(Box::pin(async move {
+                        Done::Cursors {
+                            device,
+                            result: flatten(rx.await),
+                        }
+                    }));
+                }
+                DownAction::Read {
+                    device,
+                    after,
+                    limit,
+                    gen,
+                    reply_empty,
+                } => {
+                    let d = device.clone();
+                    let now = now_ms();
+                    let rx = self
+                        .store
+                        .down(|reply| DownOp::Batch {
+                            device: d,
+                            after,
+                            limit,
+                            now_ms: now,
+                            reply,
+                        })
+                        .await?;
+                    self.pending.push(Box::pin(async move {
+                        Done::Read {
+                            device,
+                            gen,
+                            reply_empty,
+                            result: flatten(rx.await),
+                        }
+                    }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_done(&mut self, done: Done) -> Result<(), StoreError> {
+        match done {
+            Done::Intake {
+                token,
+                result: Ok(out),
+            } => {
+                self.north.ack(token);
+                let ts = now_ms();
+                let mut actions = Vec::new();
+                for (event, new) in &out.queued {
+                    self.receipts.push_back(NorthReceipt::of(event, ts));
+                    if *new {
+                        actions.extend(self.scheduler.on_queued(&event.device, event.seq));
+                    }
+                }
+                self.receipts
+                    .extend(out.expired.iter().map(|e| NorthReceipt::of(e, ts)));
+                self.flush_receipts();
+                self.execute(actions).await?;
+            }
+            Done::Intake { result: Err(e), .. } => {
+                warn!(error = %e, "downlink not stored; left unacknowledged for the backend to resend");
+            }
+            Done::Rejected {
+                token,
+                msg_id,
+                reason,
+                result,
+            } => {
+                self.north.ack(token);
+                let dead_letter = result.ok();
+                self.receipts.push_back(NorthReceipt {
+                    msg_id: msg_id.map(|m| m.to_string()),
+                    device: None,
+                    status: "rejected",
+                    seq: None,
+                    ts: now_ms(),
+                    reason: Some(match dead_letter {
+                        Some(id) => format!("{reason} (dead letter {id})"),
+                        None => reason,
+                    }),
+                });
+                self.flush_receipts();
+            }
+            Done::Cursors {
+                device,
+                result: Ok(c),
+            } => {
+                let actions = self.scheduler.on_cursors(&device, c);
+                self.execute(actions).await?;
+            }
+            Done::Read {
+                device,
+                gen,
+                reply_empty,
+                result: Ok(read),
+            } => {
+                let ts = now_ms();
+                self.receipts
+                    .extend(read.expired.iter().map(|e| NorthReceipt::of(e, ts)));
+                self.flush_receipts();
+                let span = match (read.entries.first(), read.entries.last()) {
+                    (Some(f), Some(l)) => Some((f.seq, l.seq, read.entries.len())),
+                    _ => None,
+                };
+                if let Verdict::Send { more } = self.scheduler.on_read(
+                    &device,
+                    gen,
+                    span,
+                    read.head,
+                    reply_empty,
+                    Instant::now(),
+                ) {
+                    let body = inbox_batch(&read.entries, more);
+                    if let Some((first, last, size)) = span {
+                        info!(device = %device, first_seq = first.0, last_seq = last.0, size, bytes = body.len(), more, "downlink batch sent");
+                    }
+                    self.south
+                        .publish(self.topics.device_inbox(&device), body)
+                        .await;
+                }
+            }
+            Done::Moved {
+                device,
+                result: Ok(moved),
+            } => {
+                let ts = now_ms();
+                self.receipts
+                    .extend(moved.events.iter().map(|e| NorthReceipt::of(e, ts)));
+                self.flush_receipts();
+                let (released, actions) = self.scheduler.on_cursor_moved(&device, moved.cursors);
+                if let Some(o) = released {
+                    info!(
+                        device = %device,
+                        first_seq = o.first.0,
+                        last_seq = o.last.0,
+                        size = o.size,
+                        cursor = moved.cursors.delivered_upto.0,
+                        resends = o.resends,
+                        confirm_ms = o.sent_at.elapsed().as_millis() as u64,
+                        "downlink batch confirmed"
+                    );
+                }
+                self.execute(actions).await?;
+            }
+            Done::Swept(Ok(events)) => {
+                if !events.is_empty() {
+                    info!(count = events.len(), "downlink deliveries expired (ttl)");
+                }
+                let ts = now_ms();
+                self.receipts
+                    .extend(events.iter().map(|e| NorthReceipt::of(e, ts)));
+                self.flush_receipts();
+            }
+            Done::Cursors {
+                device,
+                result: Err(e),
+            }
+            | Done::Read {
+                device,
+                result: Err(e),
+                ..
+            }
+            | Done::Moved {
+                device,
+                result: Err(e),
+            } => {
+                warn!(device = %device, error = %e, "downlink store request failed; the device is treated as offline until it returns");
+                self.scheduler.on_offline(&device);
+            }
+            Done::Swept(Err(e)) => warn!(error = %e, "downlink expiry sweep failed"),
+        }
+        Ok(())
+    }
+
+    /// Hands held receipts to the north session while the link is up.
+    fn flush_receipts(&mut self) {
+        while self.receipts.len() > RECEIPTS_HELD {
+            self.receipts.pop_front();
+            debug!("receipt buffer full: oldest receipt dropped");
+        }
+        if !self.north_up {
+            return;
+        }
+        let topic = self.topics.north_receipts();
+        while !self.receipts.is_empty() {
+            let n = self.receipts.len().min(RECEIPTS_PER_MESSAGE);
+            let chunk: Vec<&NorthReceipt> = self.receipts.range(..n).collect();
+            let body = if n == 1 {
+                serde_json::to_vec(chunk[0])
+            } else {
+                serde_json::to_vec(&chunk)
+            }
+            .expect("receipts serialize");
+            if !self.north.try_publish(topic.clone(), &Bytes::from(body)) {
+                // The session's queue is full; try again with the next event.
+                return;
+            }
+            self.receipts.drain(..n);
+        }
+    }
+}
+
+fn flatten<T>(
+    r: Result<Result<T, StoreError>, tokio::sync::oneshot::error::RecvError>,
+) -> Result<T, StoreError> {
+    r.unwrap_or(Err(StoreError::Closed))
+}

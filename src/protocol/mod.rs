@@ -2,6 +2,7 @@
 //! topics, the uplink envelope, receipts and backend acks. No I/O here.
 
 pub mod ack;
+pub mod control;
 pub mod envelope;
 pub mod receipt;
 pub mod topics;

@@ -100,3 +100,30 @@ mod tests {
         assert_eq!(failed["reason"], "nacked: unknown sensor");
     }
 }
+
+/// A receipt north on `{prefix}/receipts`, for one downlink delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NorthReceipt {
+    pub msg_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    pub ts: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl NorthReceipt {
+    pub fn of(event: &crate::store::downlink::DeliveryEvent, ts: i64) -> NorthReceipt {
+        NorthReceipt {
+            msg_id: Some(event.msg_id.to_string()),
+            device: Some(event.device.to_string()),
+            status: event.state.receipt_status(),
+            seq: Some(event.seq.0),
+            ts,
+            reason: event.reason.clone(),
+        }
+    }
+}

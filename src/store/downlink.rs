@@ -70,6 +70,9 @@ pub struct CursorMove {
     pub events: Vec<DeliveryEvent>,
 }
 
+/// `(seq, state, msg_id, body, expires_ms)` of one queue entry.
+type QueueRow = (i64, String, String, Vec<u8>, Option<i64>);
+
 fn seq(v: i64) -> Seq {
     Seq(v.max(0) as u64)
 }
@@ -205,7 +208,7 @@ pub fn read_batch(
         head: cursors(tx, device)?.head,
         ..Default::default()
     };
-    let rows: Vec<(i64, String, String, Vec<u8>, Option<i64>)> = tx
+    let rows: Vec<QueueRow> = tx
         .prepare_cached(
             "SELECT d.seq, d.state, m.msg_id, m.body, m.expires_ms FROM down_delivery d
              JOIN down_message m ON m.id = d.message_id

@@ -14,7 +14,9 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
+use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
+use crate::protocol::control::ControlKind;
 use crate::protocol::envelope::{parse_uplink, RejectCode, Rejection};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
@@ -29,6 +31,8 @@ const MAX_UNANSWERED: usize = 16_384;
 pub struct IntakeConfig {
     pub gateway: Arc<str>,
     pub max_payload_bytes: usize,
+    /// Where device control messages (confirm, pull, ...) go.
+    pub controls: mpsc::Sender<DeviceControl>,
 }
 
 /// A store answer and who it is for.
@@ -92,7 +96,26 @@ async fn accept(
     let (device, stream) = match topics.parse_device(&msg.topic) {
         Ok((device, DeviceTopic::Up { stream })) => (device, stream),
         Ok((device, kind)) => {
-            debug!(device = %device, ?kind, "device control message (downlink not enabled)");
+            let kind = match kind {
+                DeviceTopic::Confirm => ControlKind::Confirm,
+                DeviceTopic::Pull => ControlKind::Pull,
+                DeviceTopic::Read => ControlKind::Read,
+                DeviceTopic::Nack => ControlKind::Nack,
+                DeviceTopic::Status => ControlKind::Status,
+                DeviceTopic::Up { .. } => unreachable!("matched above"),
+            };
+            if cfg
+                .controls
+                .send(DeviceControl {
+                    device,
+                    kind,
+                    payload: msg.payload,
+                })
+                .await
+                .is_err()
+            {
+                debug!("downlink stopped; control message dropped");
+            }
             return Ok(None);
         }
         Err(TopicError::NoStream(device)) => {
