@@ -18,6 +18,7 @@
 //! - [`gateway`]: `run()`, wiring the pieces together.
 
 pub mod backoff;
+pub mod client;
 pub mod config;
 pub mod downlink;
 pub mod gateway;

@@ -1,0 +1,33 @@
+//! Client library for programs that talk to ferry: a Rust device
+//! ([`device::DeviceClient`]) and a backend ([`backend::BackendClient`]),
+//! both on rumqttc, both doing their half of docs/PROTOCOL.md:
+//!
+//! - a device announces itself (`status`, and `{"online": false}` as its
+//!   last will), pulls its backlog on every connect, drops inbox entries at
+//!   or below its own cursor, confirms only when the application says it
+//!   committed, and resends each uplink until it has a final answer
+//!   (`stored` or better, `rejected`, `failed`);
+//! - a backend acks uplinks, resends each downlink until every recipient
+//!   has a `stored` receipt, and receives receipts.
+//!
+//! Both reconnect with exponential backoff and jitter: after every
+//! connection error the event loop waits before polling again (rumqttc
+//! itself would reconnect at once).
+
+pub mod backend;
+pub mod device;
+
+use std::time::Duration;
+
+use crate::config::RetryConfig;
+
+/// Reconnect delays for clients: 100 ms doubling to 10 s, half of it jitter.
+pub(crate) fn reconnect_delay(failures: u32) -> Duration {
+    let cfg = RetryConfig {
+        base: Duration::from_millis(100),
+        max: Duration::from_secs(10),
+        max_attempts: 1,
+        jitter: 0.5,
+    };
+    crate::backoff::delay_random(&cfg, failures)
+}
