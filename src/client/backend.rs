@@ -49,8 +49,16 @@ pub enum BackendEvent {
 }
 
 enum Command {
-    Publish { topic: String, body: Bytes },
-    Down { msg_id: String, topic: String, body: Bytes, to: HashSet<String> },
+    Publish {
+        topic: String,
+        body: Bytes,
+    },
+    Down {
+        msg_id: String,
+        topic: String,
+        body: Bytes,
+        to: HashSet<String>,
+    },
 }
 
 pub struct BackendClient {
@@ -70,9 +78,19 @@ impl BackendClient {
         let (client, eventloop) = AsyncClient::new(mqtt, 65_536);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
-        let task = Task { client, base: base.clone(), downs: HashMap::new(), events: events_tx, resend_after: opts.resend_after };
+        let task = Task {
+            client,
+            base: base.clone(),
+            downs: HashMap::new(),
+            events: events_tx,
+            resend_after: opts.resend_after,
+        };
         tokio::spawn(task.run(eventloop, commands_rx));
-        BackendClient { commands, events, base }
+        BackendClient {
+            commands,
+            events,
+            base,
+        }
     }
 
     /// Acks one uplink `ok`.
@@ -82,8 +100,10 @@ impl BackendClient {
 
     /// Acks many uplinks `ok` in one message.
     pub fn ack_many(&self, acks: &[(&str, &str)]) {
-        let body: Vec<Value> =
-            acks.iter().map(|(d, m)| serde_json::json!({"device": d, "msg_id": m, "status": "ok"})).collect();
+        let body: Vec<Value> = acks
+            .iter()
+            .map(|(d, m)| serde_json::json!({"device": d, "msg_id": m, "status": "ok"}))
+            .collect();
         self.publish(format!("{}/ack", self.base), Value::Array(body));
     }
 
@@ -96,7 +116,11 @@ impl BackendClient {
     /// the per-device topic), resent until each named device has `stored`.
     /// `envelope` must carry `msg_id` and a payload; `to` is added here.
     pub fn send_down(&self, to: &[&str], mut envelope: Value) {
-        let msg_id = envelope.get("msg_id").and_then(Value::as_str).unwrap_or_default().to_string();
+        let msg_id = envelope
+            .get("msg_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let topic = match to {
             [one] if !one.starts_with('@') => format!("{}/down/{one}", self.base),
             _ => {
@@ -105,13 +129,25 @@ impl BackendClient {
             }
         };
         // Groups are resolved by the gateway: wait for one receipt per named id.
-        let to = to.iter().filter(|t| !t.starts_with('@')).map(|t| t.to_string()).collect();
+        let to = to
+            .iter()
+            .filter(|t| !t.starts_with('@'))
+            .map(|t| t.to_string())
+            .collect();
         let body = Bytes::from(envelope.to_string());
-        let _ = self.commands.send(Command::Down { msg_id, topic, body, to });
+        let _ = self.commands.send(Command::Down {
+            msg_id,
+            topic,
+            body,
+            to,
+        });
     }
 
     fn publish(&self, topic: String, body: Value) {
-        let _ = self.commands.send(Command::Publish { topic, body: Bytes::from(body.to_string()) });
+        let _ = self.commands.send(Command::Publish {
+            topic,
+            body: Bytes::from(body.to_string()),
+        });
     }
 }
 
@@ -125,7 +161,11 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut eventloop: EventLoop, mut commands: mpsc::UnboundedReceiver<Command>) {
+    async fn run(
+        mut self,
+        mut eventloop: EventLoop,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+    ) {
         let mut failures = 0u32;
         let mut resend = tokio::time::interval(self.resend_after / 2);
         loop {
@@ -183,11 +223,15 @@ impl Task {
     }
 
     fn publish(&self, topic: String, body: Bytes) {
-        let _ = self.client.try_publish(topic, QoS::AtLeastOnce, false, body.to_vec());
+        let _ = self
+            .client
+            .try_publish(topic, QoS::AtLeastOnce, false, body.to_vec());
     }
 
     fn on_publish(&mut self, topic: &str, payload: &[u8]) -> bool {
-        let Ok(value) = serde_json::from_slice::<Value>(payload) else { return true };
+        let Ok(value) = serde_json::from_slice::<Value>(payload) else {
+            return true;
+        };
         let rest = topic.strip_prefix(self.base.as_str()).unwrap_or(topic);
         if rest.starts_with("/up/") {
             return self.events.send(BackendEvent::Uplink(value)).is_ok();
@@ -210,8 +254,12 @@ impl Task {
 
     /// A `stored` (or any later status, or `rejected`) answers a downlink for that device.
     fn on_receipt(&mut self, r: &Value) {
-        let Some(msg_id) = r.get("msg_id").and_then(Value::as_str) else { return };
-        let Some(entry) = self.downs.get_mut(msg_id) else { return };
+        let Some(msg_id) = r.get("msg_id").and_then(Value::as_str) else {
+            return;
+        };
+        let Some(entry) = self.downs.get_mut(msg_id) else {
+            return;
+        };
         if r.get("status").and_then(Value::as_str) == Some("rejected") {
             self.downs.remove(msg_id);
             return;

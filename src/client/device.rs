@@ -63,13 +63,24 @@ pub enum DeviceEvent {
     Receipt(Value),
     /// New inbox messages, in seq order, none at or below the cursor.
     /// Confirm them with [`DeviceClient::confirm`] once committed.
-    Inbox { messages: Vec<InboxMessage>, more: bool, duplicates: usize },
+    Inbox {
+        messages: Vec<InboxMessage>,
+        more: bool,
+        duplicates: usize,
+    },
 }
 
 enum Command {
-    Send { msg_id: String, topic: String, body: Bytes },
+    Send {
+        msg_id: String,
+        topic: String,
+        body: Bytes,
+    },
     Confirm(u64),
-    Publish { topic: String, body: Bytes },
+    Publish {
+        topic: String,
+        body: Bytes,
+    },
 }
 
 /// A connected device. Dropping it stops its event loop.
@@ -88,7 +99,12 @@ impl DeviceClient {
             .set_clean_session(!opts.persistent_session)
             .set_max_packet_size(4 << 20, 4 << 20)
             .set_inflight(200)
-            .set_last_will(LastWill::new(format!("{base}/status"), r#"{"online":false}"#, QoS::AtLeastOnce, false));
+            .set_last_will(LastWill::new(
+                format!("{base}/status"),
+                r#"{"online":false}"#,
+                QoS::AtLeastOnce,
+                false,
+            ));
         let (client, eventloop) = AsyncClient::new(mqtt, 1024);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -102,19 +118,29 @@ impl DeviceClient {
             resend_after: opts.resend_after,
         };
         tokio::spawn(task.run(eventloop, commands_rx));
-        DeviceClient { commands, events, prefix: opts.prefix, device: opts.device }
+        DeviceClient {
+            commands,
+            events,
+            prefix: opts.prefix,
+            device: opts.device,
+        }
     }
 
     /// Sends an uplink envelope on `up/{stream}`, resent until answered.
     pub fn send(&self, stream: &str, msg_id: &str, payload: Value) {
-        let body = serde_json::to_vec(&serde_json::json!({"msg_id": msg_id, "payload": payload})).expect("json");
+        let body = serde_json::to_vec(&serde_json::json!({"msg_id": msg_id, "payload": payload}))
+            .expect("json");
         self.send_raw(stream, msg_id, Bytes::from(body));
     }
 
     /// Sends a prepared envelope (it must carry `msg_id`), resent until answered.
     pub fn send_raw(&self, stream: &str, msg_id: &str, body: Bytes) {
         let topic = format!("{}/{}/up/{stream}", self.prefix, self.device);
-        let _ = self.commands.send(Command::Send { msg_id: msg_id.to_string(), topic, body });
+        let _ = self.commands.send(Command::Send {
+            msg_id: msg_id.to_string(),
+            topic,
+            body,
+        });
     }
 
     /// The application committed everything up to `upto`.
@@ -133,12 +159,18 @@ impl DeviceClient {
     }
 
     pub fn pull(&self, after: Option<u64>, limit: Option<usize>) {
-        self.control("pull", serde_json::json!({ "after": after, "limit": limit }));
+        self.control(
+            "pull",
+            serde_json::json!({ "after": after, "limit": limit }),
+        );
     }
 
     fn control(&self, kind: &str, body: Value) {
         let topic = format!("{}/{}/{kind}", self.prefix, self.device);
-        let _ = self.commands.send(Command::Publish { topic, body: Bytes::from(body.to_string()) });
+        let _ = self.commands.send(Command::Publish {
+            topic,
+            body: Bytes::from(body.to_string()),
+        });
     }
 }
 
@@ -156,7 +188,11 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut eventloop: EventLoop, mut commands: mpsc::UnboundedReceiver<Command>) {
+    async fn run(
+        mut self,
+        mut eventloop: EventLoop,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+    ) {
         let mut failures = 0u32;
         let mut connected = false;
         let mut resend = tokio::time::interval(self.resend_after / 2);
@@ -229,15 +265,21 @@ impl Task {
     }
 
     fn publish(&self, topic: String, body: Bytes) {
-        let _ = self.client.try_publish(topic, QoS::AtLeastOnce, false, body.to_vec());
+        let _ = self
+            .client
+            .try_publish(topic, QoS::AtLeastOnce, false, body.to_vec());
     }
 
     fn resend_all(&mut self) {
         let now = Instant::now();
-        let all: Vec<_> = self.unanswered.values_mut().map(|(t, b, at)| {
-            *at = now;
-            (t.clone(), b.clone())
-        }).collect();
+        let all: Vec<_> = self
+            .unanswered
+            .values_mut()
+            .map(|(t, b, at)| {
+                *at = now;
+                (t.clone(), b.clone())
+            })
+            .collect();
         for (t, b) in all {
             self.publish(t, b);
         }
@@ -245,7 +287,9 @@ impl Task {
 
     /// False once the application dropped its receiver.
     fn on_publish(&mut self, topic: &str, payload: &[u8]) -> bool {
-        let Ok(value) = serde_json::from_slice::<Value>(payload) else { return true };
+        let Ok(value) = serde_json::from_slice::<Value>(payload) else {
+            return true;
+        };
         if topic.ends_with("/ack") {
             if let Some(id) = value.get("msg_id").and_then(Value::as_str) {
                 // Any receipt but a lost one is an answer: stop resending.
@@ -256,8 +300,15 @@ impl Task {
         let more = value.get("more").and_then(Value::as_bool).unwrap_or(false);
         let mut messages = Vec::new();
         let mut duplicates = 0;
-        for m in value.get("messages").and_then(Value::as_array).into_iter().flatten() {
-            let Some(seq) = m.get("seq").and_then(Value::as_u64) else { continue };
+        for m in value
+            .get("messages")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(seq) = m.get("seq").and_then(Value::as_u64) else {
+                continue;
+            };
             if seq <= self.handed {
                 duplicates += 1;
                 continue;
@@ -266,8 +317,16 @@ impl Task {
             let status = m.get("status").and_then(Value::as_str).map(str::to_string);
             messages.push(InboxMessage {
                 seq,
-                msg_id: m.get("msg_id").and_then(Value::as_str).unwrap_or_default().to_string(),
-                body: if status.is_some() { None } else { Some(m.clone()) },
+                msg_id: m
+                    .get("msg_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                body: if status.is_some() {
+                    None
+                } else {
+                    Some(m.clone())
+                },
                 status,
             });
         }
@@ -275,8 +334,17 @@ impl Task {
             // A batch resent after our confirm was lost: confirm again so
             // the gateway moves on.
             let body = serde_json::json!({ "upto": self.confirmed });
-            self.publish(format!("{}/confirm", self.base), Bytes::from(body.to_string()));
+            self.publish(
+                format!("{}/confirm", self.base),
+                Bytes::from(body.to_string()),
+            );
         }
-        self.events.send(DeviceEvent::Inbox { messages, more, duplicates }).is_ok()
+        self.events
+            .send(DeviceEvent::Inbox {
+                messages,
+                more,
+                duplicates,
+            })
+            .is_ok()
     }
 }

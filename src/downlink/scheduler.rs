@@ -56,8 +56,10 @@ struct Device {
     online: bool,
     cursors: Option<Cursors>,
     loading: bool,
-    /// A read is out with this generation.
-    reading: Option<u64>,
+    /// A read is out: its generation and where it starts.
+    reading: Option<(u64, Seq)>,
+    /// A pull joined the read in flight: answer it even if empty.
+    pulled: bool,
     outstanding: Option<Outstanding>,
     /// A pull waiting for cursors: (after, limit).
     pull: Option<(Option<Seq>, usize)>,
@@ -113,6 +115,7 @@ impl DownScheduler {
             d.outstanding = None;
             d.reading = None;
             d.pull = None;
+            d.pulled = false;
             d.gen += 1;
             d.resends = 0;
         }
@@ -156,6 +159,20 @@ impl DownScheduler {
             .clamp(1, self.cfg.batch_size);
         let d = self.devices.entry(device.clone()).or_default();
         d.online = true;
+        // A device that connects often says `status` and `pull` at once: a
+        // pull from the cursor while a read from the cursor is out and
+        // nothing is sent yet joins that read instead of repeating it.
+        let from_cursor = d
+            .cursors
+            .is_some_and(|c| after.is_none_or(|a| a == c.delivered_upto));
+        if from_cursor && d.outstanding.is_none() && limit == self.cfg.batch_size {
+            if let Some((_, from)) = d.reading {
+                if Some(from) == d.cursors.map(|c| c.delivered_upto) {
+                    d.pulled = true;
+                    return Vec::new();
+                }
+            }
+        }
         d.outstanding = None;
         d.gen += 1;
         d.reading = None;
@@ -169,7 +186,7 @@ impl DownScheduler {
     fn pull(&mut self, device: &DeviceId, after: Option<Seq>, limit: usize) -> Vec<DownAction> {
         let d = self.devices.get_mut(device).expect("caller made it");
         let after = after.unwrap_or(d.cursors.expect("caller checked").delivered_upto);
-        d.reading = Some(d.gen);
+        d.reading = Some((d.gen, after));
         vec![DownAction::Read {
             device: device.clone(),
             after,
@@ -224,10 +241,11 @@ impl DownScheduler {
         let Some(d) = self.devices.get_mut(device) else {
             return Verdict::Drop;
         };
-        if d.reading != Some(gen) || !d.online {
+        if d.reading.map(|(g, _)| g) != Some(gen) || !d.online {
             return Verdict::Drop;
         }
         d.reading = None;
+        let reply_empty = reply_empty || std::mem::take(&mut d.pulled);
         if let Some(c) = &mut d.cursors {
             c.head = c.head.max(head);
         }
@@ -303,7 +321,7 @@ impl DownScheduler {
         if c.head <= c.delivered_upto {
             return Vec::new();
         }
-        d.reading = Some(d.gen);
+        d.reading = Some((d.gen, c.delivered_upto));
         vec![DownAction::Read {
             device: device.clone(),
             after: c.delivered_upto,

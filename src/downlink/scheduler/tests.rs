@@ -159,3 +159,27 @@ fn a_read_overtaken_by_a_confirm_is_dropped() {
     );
     assert_eq!(read_of(&acts).map(|r| r.0), Some(2));
 }
+
+#[test]
+fn a_pull_right_after_coming_online_joins_the_read_in_flight() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
+    assert!(s.on_pull(&dev(), None, None).is_empty(), "no second read");
+    assert_eq!(
+        s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t0),
+        Verdict::Send { more: false }
+    );
+}
+
+#[test]
+fn a_joined_pull_is_answered_even_when_empty() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
+    s.on_pull(&dev(), Some(Seq(0)), None);
+    assert_eq!(
+        s.on_read(&dev(), gen, None, Seq(2), false, t0),
+        Verdict::Send { more: false }
+    );
+}
