@@ -13,7 +13,10 @@ async fn main() {
     let device = args.next().unwrap_or_else(|| "press-7".into());
     let mut backend = BackendClient::connect(BackendOptions::new("127.0.0.1", port, gateway));
     let msg_id = format!("order-{}", std::process::id());
-    backend.send_down(&[&device], serde_json::json!({"msg_id": msg_id, "payload": "shift B starts 14:00"}));
+    backend.send_down(
+        &[&device],
+        serde_json::json!({"msg_id": msg_id, "payload": "shift B starts 14:00"}),
+    );
     while let Some(event) = backend.events.recv().await {
         match event {
             BackendEvent::Uplink(m) => {

@@ -12,19 +12,37 @@ async fn main() {
     let id = args.next().unwrap_or_else(|| "press-7".into());
     let mut device = DeviceClient::connect(DeviceOptions::new("127.0.0.1", port, id.clone()));
     let boot = std::process::id();
-    device.send("line3/temp", &format!("{boot}-1"), serde_json::json!({"temp": 81.5}));
+    device.send(
+        "line3/temp",
+        &format!("{boot}-1"),
+        serde_json::json!({"temp": 81.5}),
+    );
     while let Some(event) = device.events.recv().await {
         match event {
             DeviceEvent::Receipt(r) => println!("receipt: {r}"),
-            DeviceEvent::Inbox { messages, more, duplicates } => {
+            DeviceEvent::Inbox {
+                messages,
+                more,
+                duplicates,
+            } => {
                 for m in &messages {
-                    println!("inbox #{} {}: {}", m.seq, m.msg_id, m.body.as_ref().map_or("(tombstone)".into(), |b| b.to_string()));
+                    println!(
+                        "inbox #{} {}: {}",
+                        m.seq,
+                        m.msg_id,
+                        m.body
+                            .as_ref()
+                            .map_or("(tombstone)".into(), |b| b.to_string())
+                    );
                 }
                 // Commit to local storage here, then confirm.
                 if let Some(last) = messages.last() {
                     device.confirm(last.seq);
                 }
-                println!("({} new, {duplicates} duplicates dropped, more: {more})", messages.len());
+                println!(
+                    "({} new, {duplicates} duplicates dropped, more: {more})",
+                    messages.len()
+                );
             }
             other => println!("{other:?}"),
         }
