@@ -21,6 +21,8 @@ pub struct BackendOptions {
     pub prefix: String,
     /// Resend a downlink still missing `stored` receipts after this long.
     pub resend_after: Duration,
+    /// Keep the MQTT session (and receipts queued for it) across reconnects.
+    pub persistent_session: bool,
 }
 
 impl BackendOptions {
@@ -33,6 +35,7 @@ impl BackendOptions {
             gateway,
             prefix: "ferry".into(),
             resend_after: Duration::from_secs(5),
+            persistent_session: true,
         }
     }
 }
@@ -72,7 +75,7 @@ impl BackendClient {
         let base = format!("{}/{}", opts.prefix, opts.gateway);
         let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
         mqtt.set_keep_alive(Duration::from_secs(30))
-            .set_clean_session(true)
+            .set_clean_session(!opts.persistent_session)
             .set_max_packet_size(16 << 20, 16 << 20)
             .set_inflight(1000);
         let (client, eventloop) = AsyncClient::new(mqtt, 65_536);

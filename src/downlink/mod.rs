@@ -75,6 +75,7 @@ enum Done {
     Rejected {
         token: AckToken,
         msg_id: Option<MsgId>,
+        device: Option<String>,
         reason: String,
         result: Result<i64, StoreError>,
     },
@@ -253,12 +254,14 @@ impl Downlink {
                     raw: payload,
                     at_ms: stored_ms,
                 };
+                let device = dl.device.clone();
                 let rx = self.store.reject(dl).await?;
                 let msg_id = rejection.msg_id;
                 self.pending.push(Box::pin(async move {
                     Done::Rejected {
                         token,
                         msg_id,
+                        device,
                         reason,
                         result: flatten(rx.await),
                     }
@@ -310,7 +313,10 @@ impl Downlink {
                 self.scheduler.on_offline(&device);
                 Vec::new()
             }
-            Control::Pull { after, limit } => self.scheduler.on_pull(&device, after, limit),
+            Control::Pull { after, limit } => {
+                self.scheduler
+                    .on_pull(&device, after, limit, Instant::now())
+            }
             Control::Confirm { upto } | Control::Read { upto } => {
                 let read = matches!(control, Control::Read { .. });
                 let d = device.clone();
@@ -483,6 +489,7 @@ impl Downlink {
             Done::Rejected {
                 token,
                 msg_id,
+                device,
                 reason,
                 result,
             } => {
@@ -490,7 +497,7 @@ impl Downlink {
                 let dead_letter = result.ok();
                 self.receipts.push_back(NorthReceipt {
                     msg_id: msg_id.map(|m| m.to_string()),
-                    device: None,
+                    device,
                     status: "rejected",
                     seq: None,
                     ts: now_ms(),

@@ -20,6 +20,9 @@ use tokio::time::Instant;
 use crate::ids::{DeviceId, Seq};
 use crate::store::downlink::Cursors;
 
+/// A pull this soon after a batch from the cursor went out is answered by it.
+const PULL_JOINS_WITHIN: Duration = Duration::from_millis(1000);
+
 #[derive(Debug, Clone)]
 pub struct DownConfig {
     pub batch_size: usize,
@@ -153,6 +156,7 @@ impl DownScheduler {
         device: &DeviceId,
         after: Option<Seq>,
         limit: Option<usize>,
+        now: Instant,
     ) -> Vec<DownAction> {
         let limit = limit
             .unwrap_or(self.cfg.batch_size)
@@ -171,6 +175,18 @@ impl DownScheduler {
                     d.pulled = true;
                     return Vec::new();
                 }
+            }
+        }
+        // Likewise when that batch went out an instant ago, on this very
+        // connection (going offline clears it): it is the pull's answer.
+        if let (true, Some(o)) = (from_cursor && limit == self.cfg.batch_size, d.outstanding) {
+            let fresh =
+                o.resends == 0 && now.saturating_duration_since(o.sent_at) < PULL_JOINS_WITHIN;
+            if fresh
+                && d.cursors
+                    .is_some_and(|c| o.first == c.delivered_upto.next())
+            {
+                return Vec::new();
             }
         }
         d.outstanding = None;

@@ -117,7 +117,7 @@ fn a_pull_replaces_the_outstanding_batch_and_is_always_answered() {
     let mut s = DownScheduler::new(cfg());
     let (_, _, gen) = read_of(&online(&mut s, 5, 0)).unwrap();
     s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(5), false, t0);
-    let acts = s.on_pull(&dev(), Some(Seq(4)), Some(50));
+    let acts = s.on_pull(&dev(), Some(Seq(4)), Some(50), t0);
     let (after, limit, gen) = read_of(&acts).unwrap();
     assert_eq!((after, limit), (4, 3), "limit capped at the batch size");
     assert!(
@@ -134,7 +134,7 @@ fn a_pull_replaces_the_outstanding_batch_and_is_always_answered() {
 fn a_pull_before_the_cursors_are_known_waits_for_them() {
     let mut s = DownScheduler::new(cfg());
     assert_eq!(
-        s.on_pull(&dev(), None, None),
+        s.on_pull(&dev(), None, None, Instant::now()),
         vec![DownAction::LoadCursors(dev())]
     );
     let acts = s.on_cursors(&dev(), cursors(0, 0));
@@ -165,7 +165,10 @@ fn a_pull_right_after_coming_online_joins_the_read_in_flight() {
     let t0 = Instant::now();
     let mut s = DownScheduler::new(cfg());
     let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
-    assert!(s.on_pull(&dev(), None, None).is_empty(), "no second read");
+    assert!(
+        s.on_pull(&dev(), None, None, t0).is_empty(),
+        "no second read"
+    );
     assert_eq!(
         s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t0),
         Verdict::Send { more: false }
@@ -177,9 +180,26 @@ fn a_joined_pull_is_answered_even_when_empty() {
     let t0 = Instant::now();
     let mut s = DownScheduler::new(cfg());
     let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
-    s.on_pull(&dev(), Some(Seq(0)), None);
+    s.on_pull(&dev(), Some(Seq(0)), None, t0);
     assert_eq!(
         s.on_read(&dev(), gen, None, Seq(2), false, t0),
         Verdict::Send { more: false }
+    );
+}
+
+#[test]
+fn a_pull_just_after_the_batch_went_out_is_answered_by_it() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t0);
+    assert!(s
+        .on_pull(&dev(), None, None, t0 + Duration::from_millis(5))
+        .is_empty());
+    let acts = s.on_pull(&dev(), None, None, t0 + Duration::from_secs(2));
+    assert_eq!(
+        read_of(&acts).map(|r| r.0),
+        Some(0),
+        "a later pull resends from the cursor"
     );
 }
