@@ -16,7 +16,7 @@
 
 pub mod scheduler;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -111,7 +111,8 @@ pub struct Downlink {
     north_up: bool,
     /// Devices the broker saw connect, by when they count as online.
     grace: BTreeSet<(Instant, DeviceId)>,
-    connected: HashSet<DeviceId>,
+    /// The live grace deadline per device; older entries in `grace` are void.
+    grace_at: HashMap<DeviceId, Instant>,
 }
 
 /// Inputs of the downlink task.
@@ -144,7 +145,7 @@ impl Downlink {
             receipts: VecDeque::new(),
             north_up: false,
             grace: BTreeSet::new(),
-            connected: HashSet::new(),
+            grace_at: HashMap::new(),
         }
     }
 
@@ -373,20 +374,23 @@ impl Downlink {
         match ev {
             BrokerEvent::Connected(client) => {
                 if let Ok(device) = DeviceId::new(client) {
-                    self.connected.insert(device.clone());
-                    self.grace.insert((Instant::now() + CONNECT_GRACE, device));
+                    // One grace timer per device, for its latest connection.
+                    let at = Instant::now() + CONNECT_GRACE;
+                    self.grace_at.insert(device.clone(), at);
+                    self.grace.insert((at, device));
                 }
             }
             BrokerEvent::Disconnected(client) => {
                 if let Ok(device) = DeviceId::new(client) {
-                    self.connected.remove(&device);
+                    self.grace_at.remove(&device);
                     self.scheduler.on_offline(&device);
                 }
             }
             BrokerEvent::Subscribed { client_id, filter } => {
                 if let Ok(device) = DeviceId::new(client_id) {
                     if filter == self.topics.device_inbox(&device) {
-                        let actions = self.scheduler.on_online(&device);
+                        self.grace_at.remove(&device);
+                        let actions = self.scheduler.on_subscribed(&device, Instant::now());
                         self.execute(actions).await?;
                     }
                 }
@@ -402,7 +406,8 @@ impl Downlink {
                 break;
             }
             self.grace.pop_first();
-            if self.connected.contains(&device) {
+            if self.grace_at.get(&device) == Some(&at) {
+                self.grace_at.remove(&device);
                 let actions = self.scheduler.on_online(&device);
                 self.execute(actions).await?;
             }

@@ -63,6 +63,8 @@ struct Device {
     reading: Option<(u64, Seq)>,
     /// A pull joined the read in flight: answer it even if empty.
     pulled: bool,
+    /// When the broker last saw the device subscribe to its inbox.
+    subscribed_at: Option<Instant>,
     outstanding: Option<Outstanding>,
     /// A pull waiting for cursors: (after, limit).
     pull: Option<(Option<Seq>, usize)>,
@@ -112,6 +114,20 @@ impl DownScheduler {
         self.next(device)
     }
 
+    /// The device (re)subscribed to its inbox: a batch sent before this may
+    /// never have reached it, so start again from the cursor.
+    pub fn on_subscribed(&mut self, device: &DeviceId, now: Instant) -> Vec<DownAction> {
+        let d = self.devices.entry(device.clone()).or_default();
+        d.subscribed_at = Some(now);
+        if d.online && (d.outstanding.is_some() || d.reading.is_some()) {
+            d.outstanding = None;
+            d.reading = None;
+            d.gen += 1;
+        }
+        d.online = true;
+        self.next(device)
+    }
+
     pub fn on_offline(&mut self, device: &DeviceId) {
         if let Some(d) = self.devices.get_mut(device) {
             d.online = false;
@@ -119,6 +135,7 @@ impl DownScheduler {
             d.reading = None;
             d.pull = None;
             d.pulled = false;
+            d.subscribed_at = None;
             d.gen += 1;
             d.resends = 0;
         }
@@ -177,11 +194,13 @@ impl DownScheduler {
                 }
             }
         }
-        // Likewise when that batch went out an instant ago, on this very
-        // connection (going offline clears it): it is the pull's answer.
+        // Likewise when that batch went out after the device subscribed, or
+        // an instant ago, on this very connection (going offline clears
+        // it): it is the pull's answer.
         if let (true, Some(o)) = (from_cursor && limit == self.cfg.batch_size, d.outstanding) {
-            let fresh =
-                o.resends == 0 && now.saturating_duration_since(o.sent_at) < PULL_JOINS_WITHIN;
+            let after_subscribe = d.subscribed_at.is_some_and(|s| o.sent_at >= s);
+            let recent = now.saturating_duration_since(o.sent_at) < PULL_JOINS_WITHIN;
+            let fresh = o.resends == 0 && (after_subscribe || recent);
             if fresh
                 && d.cursors
                     .is_some_and(|c| o.first == c.delivered_upto.next())

@@ -203,3 +203,22 @@ fn a_pull_just_after_the_batch_went_out_is_answered_by_it() {
         "a later pull resends from the cursor"
     );
 }
+
+#[test]
+fn subscribing_again_restarts_from_the_cursor() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    // Taken as online (connect grace) and sent before the subscription...
+    let (_, _, gen) = read_of(&online(&mut s, 2, 0)).unwrap();
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t0);
+    // ...so the subscription resends it.
+    let t1 = t0 + Duration::from_millis(10);
+    let acts = s.on_subscribed(&dev(), t1);
+    let (after, _, gen) = read_of(&acts).unwrap();
+    assert_eq!(after, 0);
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t1);
+    // A pull long after, on the same connection, is answered by that batch.
+    assert!(s
+        .on_pull(&dev(), None, None, t1 + Duration::from_secs(5))
+        .is_empty());
+}
