@@ -286,6 +286,8 @@ pub struct FerryOpts {
     /// `north.port` (the upstream Mosquitto).
     pub north_port: u16,
     pub max_payload_bytes: u64,
+    /// `south.max_connections`.
+    pub max_connections: usize,
     pub ack_timeout_ms: u64,
     pub max_inflight: u32,
     pub keep_alive_s: u64,
@@ -308,6 +310,7 @@ impl Default for FerryOpts {
             gateway: "gw-test".to_string(),
             north_port: 1884,
             max_payload_bytes: 65536,
+            max_connections: 1000,
             ack_timeout_ms: 2000,
             max_inflight: 32,
             keep_alive_s: 5,
@@ -344,7 +347,7 @@ impl FerryOpts {
              listen = \"127.0.0.1:{south_port}\"\n\
              max_payload_bytes = {max_payload}\n\
              topic_prefix = \"devices\"\n\
-             max_connections = 1000\n\
+             max_connections = {max_connections}\n\
              \n\
              [north]\n\
              host = \"127.0.0.1\"\n\
@@ -372,6 +375,7 @@ impl FerryOpts {
             id = toml_str(&self.gateway),
             data_dir = toml_str(&data_dir.display().to_string()),
             max_payload = self.max_payload_bytes,
+            max_connections = self.max_connections,
             north_port = self.north_port,
             keep_alive = self.keep_alive_s,
             ack_timeout = self.ack_timeout_ms,
