@@ -89,6 +89,7 @@ fn main() -> ExitCode {
 /// Logs to stderr through `log.level` (or RUST_LOG), and installs the
 /// layer that turns the embedded broker's connection events into presence.
 fn init_logging(level: &str) {
+    use tracing_subscriber::filter::{FilterExt, FilterFn};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -97,9 +98,13 @@ fn init_logging(level: &str) {
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_log::LogTracer::init();
+    // rumqttd's events are logged, but not inside its spans: it opens one
+    // per publish, and creating them costs more than the rest of routing.
+    let no_broker_spans =
+        FilterFn::new(|meta| !(meta.is_span() && meta.target().starts_with("rumqttd")));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(filter);
+        .with_filter(filter.and(no_broker_spans));
     let _ = tracing_subscriber::registry()
         .with(fmt)
         .with(ferry::south::presence::layer())

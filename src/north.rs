@@ -105,7 +105,11 @@ pub fn start(
     if let Some((user, pass)) = &cfg.credentials {
         opts.set_credentials(user.clone(), pass.clone());
     }
-    let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
+    let (client, mut eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
+    // Uplinks, acks and receipts are small; don't let Nagle hold them back.
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    eventloop.set_network_options(net);
     let (events_tx, events) = mpsc::channel(4096);
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
     let session = Session {

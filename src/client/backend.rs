@@ -78,7 +78,10 @@ impl BackendClient {
             .set_clean_session(!opts.persistent_session)
             .set_max_packet_size(16 << 20, 16 << 20)
             .set_inflight(1000);
-        let (client, eventloop) = AsyncClient::new(mqtt, 65_536);
+        let (client, mut eventloop) = AsyncClient::new(mqtt, 65_536);
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        eventloop.set_network_options(net);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = Task {

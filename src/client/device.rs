@@ -105,7 +105,10 @@ impl DeviceClient {
                 QoS::AtLeastOnce,
                 false,
             ));
-        let (client, eventloop) = AsyncClient::new(mqtt, 1024);
+        let (client, mut eventloop) = AsyncClient::new(mqtt, 1024);
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        eventloop.set_network_options(net);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = Task {

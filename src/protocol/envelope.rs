@@ -155,15 +155,6 @@ pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejectio
     })
 }
 
-/// Where a message stands for the north body.
-pub struct Stamp<'a> {
-    pub gateway: &'a str,
-    pub device: &'a DeviceId,
-    pub stream: &'a str,
-    pub seq: Seq,
-    pub stored_ms: i64,
-}
-
 /// A downlink envelope: the inbox entry to store, and who it is for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DownEnvelope {
@@ -218,7 +209,17 @@ pub fn parse_downlink(
     })
 }
 
-/// The body sent north: the envelope's fields with the gateway's own set.
+/// Where a message stands for the north body (all but its `seq`).
+pub struct Stamp<'a> {
+    pub gateway: &'a str,
+    pub device: &'a DeviceId,
+    pub stream: &'a str,
+    pub stored_ms: i64,
+}
+
+/// The body sent north without its `seq`: the envelope's fields with the
+/// gateway's own set. Built before the store, so the writer thread only
+/// splices the seq in ([`with_seq`]).
 pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
     let mut body = fields.clone();
     for f in GATEWAY_FIELDS {
@@ -226,13 +227,24 @@ pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
     }
     body.insert("gateway".into(), stamp.gateway.into());
     body.insert("device".into(), stamp.device.as_str().into());
-    body.insert("seq".into(), stamp.seq.0.into());
     body.insert("stream".into(), stamp.stream.into());
     body.insert("stored_ts".into(), stamp.stored_ms.into());
     if !matches!(body.get("ts"), Some(Value::Number(_))) {
         body.insert("ts".into(), stamp.stored_ms.into());
     }
     serde_json::to_vec(&body).expect("a JSON map serializes")
+}
+
+/// `{"seq":N,` followed by `body` without its opening brace. `body` is a
+/// non-empty JSON object from [`north_body`] (it always has `gateway`).
+pub fn with_seq(body: &[u8], seq: Seq) -> Vec<u8> {
+    debug_assert!(body.len() > 2 && body[0] == b'{');
+    let mut out = Vec::with_capacity(body.len() + 24);
+    out.extend_from_slice(b"{\"seq\":");
+    out.extend_from_slice(seq.0.to_string().as_bytes());
+    out.push(b',');
+    out.extend_from_slice(&body[1..]);
+    out
 }
 
 #[cfg(test)]
@@ -335,10 +347,10 @@ mod tests {
             gateway: "g1",
             device: &device,
             stream: "alarm",
-            seq: Seq(4),
             stored_ms: 77,
         };
-        let body: Value = serde_json::from_slice(&north_body(&e.fields, &stamp)).unwrap();
+        let body: Value =
+            serde_json::from_slice(&with_seq(&north_body(&e.fields, &stamp), Seq(4))).unwrap();
         assert_eq!(body["seq"], 4);
         assert_eq!(body["device"], "press-7");
         assert_eq!(body["gateway"], "g1");

@@ -38,14 +38,19 @@ use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
 const LINK_CLIENT_ID: &str = "";
-/// Commit log of each device filter the link reads: 16 MiB × 8 segments.
-/// At 300-byte messages that is ~400k messages of slack before a stalled
-/// link could lose anything; memory is only used as traffic fills it.
+/// Commit log of each device filter the link reads: 16 MiB × 4 segments.
+/// At ~300-byte uplinks that is ~200k messages (10 s at 20k/s) of slack
+/// before a stalled link could lose anything. rumqttd keeps a log's
+/// segments once filled, so this is also memory the gateway will hold.
 const LINK_FILTER_SEGMENT: usize = 16 << 20;
-const LINK_FILTER_SEGMENTS: usize = 8;
-/// Every other filter (a device's own ack and inbox topics): 64 KiB × 4.
-const DEVICE_FILTER_SEGMENT: usize = 64 << 10;
-const DEVICE_FILTER_SEGMENTS: usize = 4;
+const LINK_FILTER_SEGMENTS: usize = 4;
+/// Every other filter (each device's own `ack` and `inbox` topics): 8 KiB ×
+/// 3. There is one per device and topic, never freed, so at 10,000 devices
+/// this is up to 480 MiB; what they carry is repaired end to end (devices
+/// resend until `stored`, batches are resent until confirmed), so a device
+/// that falls more than a few segments behind loses nothing that matters.
+const DEVICE_FILTER_SEGMENT: usize = 8 << 10;
+const DEVICE_FILTER_SEGMENTS: usize = 3;
 /// Messages between the link thread and the pipeline.
 const INBOUND_CAPACITY: usize = 16_384;
 const OUTBOUND_CAPACITY: usize = 16_384;

@@ -1,5 +1,3 @@
-use std::sync::Arc;
-
 use super::*;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::parse_uplink;
@@ -14,13 +12,8 @@ fn cfg() -> StoreConfig {
 
 fn intake(device: &str, msg_id: &str) -> Intake {
     let raw = format!(r#"{{"msg_id":"{msg_id}","payload":1}}"#);
-    Intake {
-        gateway: Arc::from("g"),
-        device: DeviceId::new(device).unwrap(),
-        stream: "s".into(),
-        envelope: parse_uplink(raw.as_bytes(), 1024).unwrap(),
-        stored_ms: 1,
-    }
+    let envelope = parse_uplink(raw.as_bytes(), 1024).unwrap();
+    Intake::new("g", DeviceId::new(device).unwrap(), "s".into(), envelope, 1)
 }
 
 async fn put(store: &Store, device: &str, msg_id: &str) -> IntakeOutcome {

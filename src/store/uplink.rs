@@ -3,23 +3,54 @@
 //! the writer's open transaction and returns what its commit will make true.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::ids::{DeviceId, MsgId, Seq};
-use crate::protocol::envelope::{north_body, Envelope, Stamp};
+use crate::protocol::envelope::{north_body, with_seq, Envelope, Stamp};
 use crate::state::MessageState;
 
-/// A validated uplink message on its way in.
+/// A validated uplink message on its way in, its north body built.
 #[derive(Debug, Clone)]
 pub struct Intake {
-    pub gateway: Arc<str>,
     pub device: DeviceId,
+    pub msg_id: MsgId,
     pub stream: String,
-    pub envelope: Envelope,
+    /// The north body without `seq` ([`north_body`]).
+    pub body: Bytes,
     pub stored_ms: i64,
+    pub expires_ms: Option<i64>,
+    pub no_retry: bool,
+}
+
+impl Intake {
+    /// Stamps `envelope` for the store; the JSON work happens here, on the
+    /// caller's thread, not on the store's writer.
+    pub fn new(
+        gateway: &str,
+        device: DeviceId,
+        stream: String,
+        envelope: Envelope,
+        stored_ms: i64,
+    ) -> Intake {
+        let stamp = Stamp {
+            gateway,
+            device: &device,
+            stream: &stream,
+            stored_ms,
+        };
+        let body = Bytes::from(north_body(&envelope.fields, &stamp));
+        Intake {
+            expires_ms: envelope.ttl.map(|t| stored_ms + t.as_millis() as i64),
+            no_retry: !envelope.retry,
+            msg_id: envelope.msg_id,
+            device,
+            stream,
+            body,
+            stored_ms,
+        }
+    }
 }
 
 /// A stored message waiting for the backend.
@@ -147,49 +178,40 @@ pub fn intake(
     seqs: &mut SeqCache,
     msg: Intake,
 ) -> rusqlite::Result<IntakeOutcome> {
-    if let Some(dup) = existing(tx, &msg.device, &msg.envelope.msg_id)? {
+    let seq = Seq(seqs.last(tx, &msg.device)? + 1);
+    let body = Bytes::from(with_seq(&msg.body, seq));
+    let inserted = tx
+        .prepare_cached(
+            "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry)
+             VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8)
+             ON CONFLICT (device, msg_id) DO NOTHING",
+        )?
+        .execute(params![
+            msg.device.as_str(),
+            msg.msg_id.as_str(),
+            seq.0 as i64,
+            msg.stream,
+            &body[..],
+            msg.stored_ms,
+            msg.expires_ms,
+            msg.no_retry,
+        ])?;
+    if inserted == 0 {
+        let dup = existing(tx, &msg.device, &msg.msg_id)?.expect("the conflicting row exists");
         return Ok(IntakeOutcome::Duplicate(dup));
     }
-    let seq = Seq(seqs.last(tx, &msg.device)? + 1);
-    let stamp = Stamp {
-        gateway: &msg.gateway,
-        device: &msg.device,
-        stream: &msg.stream,
-        seq,
-        stored_ms: msg.stored_ms,
-    };
-    let body = Bytes::from(north_body(&msg.envelope.fields, &stamp));
-    let expires_ms = msg
-        .envelope
-        .ttl
-        .map(|t| msg.stored_ms + t.as_millis() as i64);
-    let no_retry = !msg.envelope.retry;
-    tx.prepare_cached(
-        "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry)
-         VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
-        msg.device.as_str(),
-        msg.envelope.msg_id.as_str(),
-        seq.0 as i64,
-        msg.stream,
-        &body[..],
-        msg.stored_ms,
-        expires_ms,
-        no_retry,
-    ])?;
     let id = tx.last_insert_rowid();
     history(tx, id, msg.stored_ms, MessageState::Stored, None)?;
     seqs.in_tx.insert(msg.device.clone(), seq.0);
     Ok(IntakeOutcome::Stored(PendingMessage {
         id,
         device: msg.device,
-        msg_id: msg.envelope.msg_id,
+        msg_id: msg.msg_id,
         seq,
         stream: msg.stream,
         body,
-        expires_ms,
-        no_retry,
+        expires_ms: msg.expires_ms,
+        no_retry: msg.no_retry,
         attempts: 0,
     }))
 }

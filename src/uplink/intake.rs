@@ -130,13 +130,7 @@ async fn accept(
     };
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
-            let intake = Intake {
-                gateway: cfg.gateway.clone(),
-                device: device.clone(),
-                stream,
-                envelope,
-                stored_ms: now_ms(),
-            };
+            let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now_ms());
             let rx = store.intake(intake).await?;
             Ok(Some(Box::pin(async move {
                 Answer::Stored {

@@ -1,3 +1,5 @@
+// ferry: a vendored dependency; its upstream warnings are not ours to fix.
+#![allow(warnings)]
 use std::fmt;
 use std::future::IntoFuture;
 use std::net::SocketAddr;

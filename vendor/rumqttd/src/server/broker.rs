@@ -408,6 +408,9 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
                     continue;
                 }
             };
+            // ferry: receipts are small and latency matters; without this a
+            // receipt can wait for the device's delayed ACK (~40 ms).
+            let _ = stream.set_nodelay(true);
 
             let (network, tenant_id) = match self.tls_accept(stream).await {
                 Ok(o) => o,
