@@ -121,6 +121,9 @@ impl Store {
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        // 16 MiB of page cache (default 2 MiB): the index pages of every
+        // active device stay in memory.
+        conn.pragma_update(None, "cache_size", -16384)?;
         let sync = match cfg.sync {
             SyncMode::Full => "FULL",
             SyncMode::Normal => "NORMAL",
