@@ -19,5 +19,14 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
     fi
 fi
 # The tests start their own Mosquitto on free ports; the packaged service
-# is not needed.
-exec cargo test --locked "$@"
+# is not needed. Benches are not run here (they are long; see
+# docs/BENCHMARKS.md), and there are no doc tests.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --locked --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+sum() { grep -oE "[0-9]+ $1" "$log" | awk '{ n += $1 } END { print n + 0 }'; }
+echo "tests: $(sum passed) passed, $(sum failed) failed"
+exit "$status"
