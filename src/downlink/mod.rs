@@ -318,56 +318,62 @@ impl Downlink {
                 self.scheduler
                     .on_pull(&device, after, limit, Instant::now())
             }
-            Control::Confirm { upto } | Control::Read { upto } => {
-                let read = matches!(control, Control::Read { .. });
+            Control::Confirm { upto } => {
                 let d = device.clone();
-                let rx = self
-                    .store
-                    .down(|reply| DownOp::Advance {
-                        device: d,
-                        upto,
-                        read,
-                        now_ms: now,
-                        reply,
-                    })
-                    .await?;
-                let d = device.clone();
-                self.pending.push(Box::pin(async move {
-                    Done::Moved {
-                        device: d,
-                        result: flatten(rx.await),
-                    }
-                }));
+                self.commit_move(&device, |reply| DownOp::Advance {
+                    device: d,
+                    upto,
+                    read: false,
+                    now_ms: now,
+                    reply,
+                })
+                .await?;
                 // A confirm also says the device is there.
-                if read {
-                    Vec::new()
-                } else {
-                    self.scheduler.on_online(&device)
-                }
+                self.scheduler.on_online(&device)
+            }
+            Control::Read { upto } => {
+                let d = device.clone();
+                self.commit_move(&device, |reply| DownOp::Advance {
+                    device: d,
+                    upto,
+                    read: true,
+                    now_ms: now,
+                    reply,
+                })
+                .await?;
+                Vec::new()
             }
             Control::Nack { seq, reason } => {
                 let d = device.clone();
-                let rx = self
-                    .store
-                    .down(|reply| DownOp::Nack {
-                        device: d,
-                        seq,
-                        reason,
-                        now_ms: now,
-                        reply,
-                    })
-                    .await?;
-                let d = device.clone();
-                self.pending.push(Box::pin(async move {
-                    Done::Moved {
-                        device: d,
-                        result: flatten(rx.await),
-                    }
-                }));
+                self.commit_move(&device, |reply| DownOp::Nack {
+                    device: d,
+                    seq,
+                    reason,
+                    now_ms: now,
+                    reply,
+                })
+                .await?;
                 Vec::new()
             }
         };
         self.execute(actions).await
+    }
+
+    /// Sends a cursor-moving request; its outcome arrives as `Done::Moved`.
+    async fn commit_move(
+        &mut self,
+        device: &DeviceId,
+        op: impl FnOnce(crate::store::Reply<CursorMove>) -> DownOp,
+    ) -> Result<(), StoreError> {
+        let rx = self.store.down(op).await?;
+        let device = device.clone();
+        self.pending.push(Box::pin(async move {
+            Done::Moved {
+                device,
+                result: flatten(rx.await),
+            }
+        }));
+        Ok(())
     }
 
     async fn on_broker(&mut self, ev: BrokerEvent) -> Result<(), StoreError> {

@@ -262,51 +262,73 @@ pub fn advance(
     let upto = upto.min(c.head);
     let mut events = Vec::new();
     if upto > c.delivered_upto {
-        let moved: Vec<(i64, i64)> = tx
-            .prepare_cached(
-                "UPDATE down_delivery SET state = 'delivered', at_ms = ?4
-                 WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = 'stored' RETURNING seq, message_id",
-            )?
-            .query_map(params![device.as_str(), c.delivered_upto.0 as i64, upto.0 as i64, now_ms], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?
-            .collect::<Result<_, _>>()?;
-        for (s, mid) in moved {
-            events.push(DeliveryEvent {
-                device: device.clone(),
-                seq: seq(s),
-                msg_id: message_msg_id(tx, mid)?,
-                state: DeliveryState::Delivered,
-                reason: None,
-            });
-        }
+        let step = Step {
+            cursor: "delivered_upto",
+            from: DeliveryState::Stored,
+            to: DeliveryState::Delivered,
+        };
+        events.extend(step.apply(tx, device, c.delivered_upto, upto, now_ms)?);
         c.delivered_upto = upto;
-        tx.prepare_cached("UPDATE devices SET delivered_upto = ?2 WHERE device = ?1")?
-            .execute(params![device.as_str(), upto.0 as i64])?;
     }
     if read && upto > c.read_upto {
-        let moved: Vec<(i64, i64)> = tx
-            .prepare_cached(
-                "UPDATE down_delivery SET state = 'read', at_ms = ?4
-                 WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = 'delivered' RETURNING seq, message_id",
-            )?
-            .query_map(params![device.as_str(), c.read_upto.0 as i64, upto.0 as i64, now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?;
-        for (s, mid) in moved {
-            events.push(DeliveryEvent {
-                device: device.clone(),
-                seq: seq(s),
-                msg_id: message_msg_id(tx, mid)?,
-                state: DeliveryState::Read,
-                reason: None,
-            });
-        }
+        let step = Step {
+            cursor: "read_upto",
+            from: DeliveryState::Delivered,
+            to: DeliveryState::Read,
+        };
+        events.extend(step.apply(tx, device, c.read_upto, upto, now_ms)?);
         c.read_upto = upto;
-        tx.prepare_cached("UPDATE devices SET read_upto = ?2 WHERE device = ?1")?
-            .execute(params![device.as_str(), upto.0 as i64])?;
     }
     events.sort_by_key(|e| (e.seq, e.state == DeliveryState::Read));
     Ok(CursorMove { cursors: c, events })
+}
+
+/// One cursor's move: deliveries in `from` within the range go to `to`.
+struct Step {
+    /// The `devices` column holding the cursor.
+    cursor: &'static str,
+    from: DeliveryState,
+    to: DeliveryState,
+}
+
+impl Step {
+    /// Moves the deliveries in `(after, upto]` and the cursor to `upto`.
+    fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        device: &DeviceId,
+        after: Seq,
+        upto: Seq,
+        now_ms: i64,
+    ) -> rusqlite::Result<Vec<DeliveryEvent>> {
+        debug_assert!(self.from.can_move_to(self.to));
+        let moved: Vec<(i64, i64)> = tx
+            .prepare_cached(
+                "UPDATE down_delivery SET state = ?5, at_ms = ?4
+                 WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = ?6 RETURNING seq, message_id",
+            )?
+            .query_map(
+                params![device.as_str(), after.0 as i64, upto.0 as i64, now_ms, self.to.as_str(), self.from.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
+            .collect::<Result<_, _>>()?;
+        let mut events = Vec::with_capacity(moved.len());
+        for (s, mid) in moved {
+            events.push(DeliveryEvent {
+                device: device.clone(),
+                seq: seq(s),
+                msg_id: message_msg_id(tx, mid)?,
+                state: self.to,
+                reason: None,
+            });
+        }
+        tx.prepare_cached(&format!(
+            "UPDATE devices SET {} = ?2 WHERE device = ?1",
+            self.cursor
+        ))?
+        .execute(params![device.as_str(), upto.0 as i64])?;
+        Ok(events)
+    }
 }
 
 /// The device can never take delivery `at`: dead-letter it for this device.

@@ -64,7 +64,7 @@ pub enum Op {
     Down(DownOp),
 }
 
-type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+pub type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// Downlink requests (see [`downlink`]).
 pub enum DownOp {
