@@ -104,6 +104,8 @@ fn init_logging(level: &str) {
         FilterFn::new(|meta| !(meta.is_span() && meta.target().starts_with("rumqttd")));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        // Colour only on a terminal, not in the journal or a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter.and(no_broker_spans));
     let _ = tracing_subscriber::registry()
         .with(fmt)
