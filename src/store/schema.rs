@@ -92,6 +92,17 @@ const MIGRATIONS: &[&str] = &[
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
     let current: usize =
         conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
+    if current > MIGRATIONS.len() {
+        // Written by a newer ferry: running on it could corrupt what that
+        // version relies on.
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_MISMATCH),
+            Some(format!(
+                "the store has schema version {current}, newer than this ferry's {}; run the newer ferry",
+                MIGRATIONS.len()
+            )),
+        ));
+    }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
@@ -120,6 +131,14 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(v as usize, latest());
+    }
+
+    #[test]
+    fn a_store_from_a_newer_ferry_is_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "user_version", 99).unwrap();
+        let err = migrate(&mut conn).unwrap_err().to_string();
+        assert!(err.contains("schema version 99"), "{err}");
     }
 
     #[test]
