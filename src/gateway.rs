@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tracing::info;
@@ -69,7 +70,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             window: window(cfg.north.max_inflight),
         }),
         store: store.clone(),
-        north: north_tx,
+        north: north_tx.clone(),
         south: south.outbound.clone(),
         topics: topics.clone(),
     };
@@ -92,7 +93,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     tokio::select! {
         _ = shutdown => {
+            // Pipeline order: stop taking device input (nothing uncommitted
+            // was answered, so devices resend it), then leave north cleanly.
             info!("shutting down");
+            intake_task.abort();
+            north_tx.go_offline(Duration::from_secs(2)).await;
             Ok(())
         }
         r = &mut intake_task => Err(stopped("intake", r)),

@@ -16,12 +16,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use rumqttc::{
-    AsyncClient, ConnectionError, Event, LastWill, MqttOptions, Packet, Publish, QoS,
+    AsyncClient, ConnectionError, Event, LastWill, MqttOptions, Outgoing, Packet, Publish, QoS,
     SubscribeFilter,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
 
 use crate::config::NorthConfig;
@@ -65,6 +66,9 @@ pub struct AckToken {
 pub struct NorthSender {
     client: AsyncClient,
     acks: mpsc::UnboundedSender<AckToken>,
+    status_topic: String,
+    /// Notified once the session has sent its DISCONNECT.
+    closed: Arc<Notify>,
 }
 
 impl NorthSender {
@@ -80,6 +84,22 @@ impl NorthSender {
     /// receive order, and only on the connection the publish came on.
     pub fn ack(&self, token: AckToken) {
         let _ = self.acks.send(token);
+    }
+
+    /// Leaves cleanly: retained status `online: false` (a clean DISCONNECT
+    /// does not fire the last will), then DISCONNECT, waiting at most
+    /// `within` for it to be written.
+    pub async fn go_offline(&self, within: Duration) {
+        let closed = self.closed.notified();
+        let _ = self.client.try_publish(
+            self.status_topic.clone(),
+            QoS::AtLeastOnce,
+            true,
+            status_body(false),
+        );
+        if self.client.try_disconnect().is_ok() {
+            let _ = tokio::time::timeout(within, closed).await;
+        }
     }
 }
 
@@ -112,7 +132,9 @@ pub fn start(
     eventloop.set_network_options(net);
     let (events_tx, events) = mpsc::channel(4096);
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+    let closed = Arc::new(Notify::new());
     let session = Session {
+        closed: closed.clone(),
         client: client.clone(),
         topics: topics.clone(),
         events: events_tx,
@@ -121,10 +143,13 @@ pub fn start(
         epoch: 0,
     };
     tokio::spawn(session.run(eventloop, acks_rx, cfg.host.clone(), cfg.port));
+    let status_topic = topics.north_status();
     (
         NorthSender {
             client,
             acks: acks_tx,
+            status_topic,
+            closed,
         },
         events,
     )
@@ -143,6 +168,7 @@ struct Unacked {
 }
 
 struct Session {
+    closed: Arc<Notify>,
     client: AsyncClient,
     topics: Topics,
     events: mpsc::Sender<NorthEvent>,
@@ -245,6 +271,11 @@ impl Session {
                             return;
                         }
                     }
+                }
+                Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+                    info!("north session closed");
+                    self.closed.notify_waiters();
+                    return;
                 }
                 Ok(_) => {}
                 Err(e) => {
