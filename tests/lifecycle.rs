@@ -54,6 +54,11 @@ async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
         "after a clean exit: {status}\n{}",
         ferry.log_tail()
     );
+    let ts = status["ts"].as_u64().expect("status has ts");
+    assert!(
+        ts >= before_exit,
+        "status ts {ts} predates the exit ({before_exit}): the last will, not a clean exit"
+    );
     assert!(
         ferry.log().contains("north session closed"),
         "{}",
