@@ -1,14 +1,14 @@
 //! The backend side of the protocol. See the module doc of [`crate::client`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS, SubscribeFilter};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
+use super::outbox::Outbox;
 use super::reconnect_delay;
 
 #[derive(Debug, Clone)]
@@ -87,7 +87,7 @@ impl BackendClient {
         let task = Task {
             client,
             base: base.clone(),
-            downs: HashMap::new(),
+            downs: Outbox::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
         };
@@ -161,7 +161,7 @@ struct Task {
     client: AsyncClient,
     base: String,
     /// Downlinks awaiting `stored`: msg_id → (topic, body, devices still missing, last sent).
-    downs: HashMap<String, (String, Bytes, HashSet<String>, Instant)>,
+    downs: Outbox<HashSet<String>>,
     events: mpsc::UnboundedSender<BackendEvent>,
     resend_after: Duration,
 }
@@ -184,10 +184,7 @@ impl Task {
                         let _ = self.client.try_subscribe_many(filters);
                     }
                     Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let pending: Vec<_> = self.downs.values().map(|(t, b, _, _)| (t.clone(), b.clone())).collect();
-                        for (t, b) in pending {
-                            self.publish(t, b);
-                        }
+                        self.resend(true);
                         if self.events.send(BackendEvent::Connected).is_err() {
                             return;
                         }
@@ -207,24 +204,18 @@ impl Task {
                     Some(Command::Publish { topic, body }) => self.publish(topic, body),
                     Some(Command::Down { msg_id, topic, body, to }) => {
                         self.publish(topic.clone(), body.clone());
-                        self.downs.insert(msg_id, (topic, body, to, Instant::now()));
+                        self.downs.insert(msg_id, topic, body, to);
                     }
                     None => return,
                 },
-                _ = resend.tick() => {
-                    let now = Instant::now();
-                    let mut due = Vec::new();
-                    for (t, b, _, at) in self.downs.values_mut() {
-                        if now.duration_since(*at) >= self.resend_after {
-                            *at = now;
-                            due.push((t.clone(), b.clone()));
-                        }
-                    }
-                    for (t, b) in due {
-                        self.publish(t, b);
-                    }
-                }
+                _ = resend.tick() => self.resend(false),
             }
+        }
+    }
+
+    fn resend(&mut self, all: bool) {
+        for (topic, body) in self.downs.due(all) {
+            self.publish(topic, body);
         }
     }
 
@@ -263,7 +254,7 @@ impl Task {
         let Some(msg_id) = r.get("msg_id").and_then(Value::as_str) else {
             return;
         };
-        let Some(entry) = self.downs.get_mut(msg_id) else {
+        let Some(waiting) = self.downs.waiting_mut(msg_id) else {
             return;
         };
         if r.get("status").and_then(Value::as_str) == Some("rejected") {
@@ -271,9 +262,9 @@ impl Task {
             return;
         }
         if let Some(device) = r.get("device").and_then(Value::as_str) {
-            entry.2.remove(device);
+            waiting.remove(device);
         }
-        if entry.2.is_empty() {
+        if waiting.is_empty() {
             self.downs.remove(msg_id);
         }
     }

@@ -1,14 +1,13 @@
 //! The device side of the protocol. See the module doc of [`crate::client`].
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Packet, QoS, SubscribeFilter};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
+use super::outbox::Outbox;
 use super::reconnect_delay;
 
 #[derive(Debug, Clone)]
@@ -116,7 +115,7 @@ impl DeviceClient {
             base,
             handed: opts.cursor,
             confirmed: opts.cursor,
-            unanswered: HashMap::new(),
+            unanswered: Outbox::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
         };
@@ -185,7 +184,7 @@ struct Task {
     /// The last seq the application confirmed.
     confirmed: u64,
     /// Uplinks without a final receipt: msg_id → (topic, body, last sent).
-    unanswered: HashMap<String, (String, Bytes, Instant)>,
+    unanswered: Outbox<()>,
     events: mpsc::UnboundedSender<DeviceEvent>,
     resend_after: Duration,
 }
@@ -214,7 +213,7 @@ impl Task {
                         // From the gateway's cursor: an unconfirmed batch comes
                         // again, and what the application already has is dropped.
                         self.publish(format!("{}/pull", self.base), Bytes::from_static(b"{}"));
-                        self.resend_all();
+                        self.resend(true);
                         if self.events.send(DeviceEvent::Connected).is_err() {
                             return;
                         }
@@ -237,7 +236,7 @@ impl Task {
                 cmd = commands.recv() => match cmd {
                     Some(Command::Send { msg_id, topic, body }) => {
                         self.publish(topic.clone(), body.clone());
-                        self.unanswered.insert(msg_id, (topic, body, Instant::now()));
+                        self.unanswered.insert(msg_id, topic, body, ());
                     }
                     Some(Command::Confirm(upto)) => {
                         self.confirmed = self.confirmed.max(upto);
@@ -247,22 +246,7 @@ impl Task {
                     Some(Command::Publish { topic, body }) => self.publish(topic, body),
                     None => return,
                 },
-                _ = resend.tick(), if connected => {
-                    let now = Instant::now();
-                    let due: Vec<String> = self
-                        .unanswered
-                        .iter()
-                        .filter(|(_, (_, _, at))| now.duration_since(*at) >= self.resend_after)
-                        .map(|(id, _)| id.clone())
-                        .collect();
-                    for id in due {
-                        if let Some((topic, body, at)) = self.unanswered.get_mut(&id) {
-                            *at = now;
-                            let (topic, body) = (topic.clone(), body.clone());
-                            self.publish(topic, body);
-                        }
-                    }
-                }
+                _ = resend.tick(), if connected => self.resend(false),
             }
         }
     }
@@ -273,18 +257,9 @@ impl Task {
             .try_publish(topic, QoS::AtLeastOnce, false, body.to_vec());
     }
 
-    fn resend_all(&mut self) {
-        let now = Instant::now();
-        let all: Vec<_> = self
-            .unanswered
-            .values_mut()
-            .map(|(t, b, at)| {
-                *at = now;
-                (t.clone(), b.clone())
-            })
-            .collect();
-        for (t, b) in all {
-            self.publish(t, b);
+    fn resend(&mut self, all: bool) {
+        for (topic, body) in self.unanswered.due(all) {
+            self.publish(topic, body);
         }
     }
 

@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod device;
+mod outbox;
 
 use std::time::Duration;
 

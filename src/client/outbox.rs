@@ -1,0 +1,85 @@
+//! Messages a client resends until they are answered: uplinks until the
+//! device has a receipt, downlinks until every recipient has `stored`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+struct Entry<W> {
+    topic: String,
+    body: Bytes,
+    /// What the entry still waits for (e.g. devices without `stored`).
+    waiting: W,
+    sent_at: Instant,
+}
+
+/// Keyed by `msg_id`. `W` is what an entry still waits for.
+pub(crate) struct Outbox<W> {
+    entries: HashMap<String, Entry<W>>,
+    resend_after: Duration,
+}
+
+impl<W> Outbox<W> {
+    pub(crate) fn new(resend_after: Duration) -> Outbox<W> {
+        Outbox {
+            entries: HashMap::new(),
+            resend_after,
+        }
+    }
+
+    /// Records a message just sent.
+    pub(crate) fn insert(&mut self, msg_id: String, topic: String, body: Bytes, waiting: W) {
+        self.entries.insert(
+            msg_id,
+            Entry {
+                topic,
+                body,
+                waiting,
+                sent_at: Instant::now(),
+            },
+        );
+    }
+
+    pub(crate) fn waiting_mut(&mut self, msg_id: &str) -> Option<&mut W> {
+        self.entries.get_mut(msg_id).map(|e| &mut e.waiting)
+    }
+
+    pub(crate) fn remove(&mut self, msg_id: &str) {
+        self.entries.remove(msg_id);
+    }
+
+    /// What to send again now: everything (`all`, after a reconnect) or what
+    /// has waited `resend_after` since its last send. Marks them sent.
+    pub(crate) fn due(&mut self, all: bool) -> Vec<(String, Bytes)> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for e in self.entries.values_mut() {
+            if all || now.duration_since(e.sent_at) >= self.resend_after {
+                e.sent_at = now;
+                out.push((e.topic.clone(), e.body.clone()));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_come_due_after_the_resend_delay_until_removed() {
+        let mut o: Outbox<()> = Outbox::new(Duration::from_secs(5));
+        o.insert("m1".into(), "t".into(), Bytes::from_static(b"x"), ());
+        assert!(o.due(false).is_empty());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(o.due(false).len(), 1);
+        assert!(o.due(false).is_empty(), "marked sent");
+        assert_eq!(o.due(true).len(), 1, "a reconnect resends everything");
+        o.remove("m1");
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(o.due(false).is_empty());
+    }
+}
