@@ -27,6 +27,7 @@ use crate::ids::{DeviceId, Seq};
 
 pub use uplink::{
     AttemptRecord, DeadLetter, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
+    EXPIRED_REASON,
 };
 
 /// The database file inside `gateway.data_dir`.
@@ -61,6 +62,11 @@ pub enum Op {
         reply: oneshot::Sender<Result<Vec<PendingMessage>, StoreError>>,
     },
     PendingDevices(oneshot::Sender<Result<Vec<crate::ids::DeviceId>, StoreError>>),
+    /// Dead-letter stored uplinks whose ttl passed by `now_ms`.
+    ExpireDue {
+        now_ms: i64,
+        reply: Reply<Vec<(DeviceId, crate::ids::MsgId, Moved)>>,
+    },
     Down(DownOp),
 }
 
@@ -215,6 +221,20 @@ impl Store {
         Ok(rx)
     }
 
+    /// Dead-letters stored uplinks whose ttl has passed (at most 1,000 per
+    /// call); resolves after the commit to what moved.
+    pub async fn expire_due(
+        &self,
+        now_ms: i64,
+    ) -> Result<
+        oneshot::Receiver<Result<Vec<(DeviceId, crate::ids::MsgId, Moved)>, StoreError>>,
+        StoreError,
+    > {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::ExpireDue { now_ms, reply }).await?;
+        Ok(rx)
+    }
+
     /// Every device with at least one stored, undelivered message.
     pub async fn pending_devices(&self) -> Result<Vec<crate::ids::DeviceId>, StoreError> {
         let (reply, rx) = oneshot::channel();
@@ -300,6 +320,9 @@ impl Writer {
                         reply,
                     } => defer(reply, uplink::pending(&tx, &device, after, limit)?),
                     Op::PendingDevices(reply) => defer(reply, uplink::pending_devices(&tx)?),
+                    Op::ExpireDue { now_ms, reply } => {
+                        defer(reply, uplink::expire_due(&tx, now_ms, 1000)?)
+                    }
                     Op::Down(op) => match op {
                         DownOp::Intake(msg, reply) => defer(reply, downlink::intake(&tx, &msg)?),
                         DownOp::Batch {

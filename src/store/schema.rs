@@ -86,6 +86,10 @@ const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE UNIQUE INDEX down_delivery_by_message ON down_delivery (message_id, device);
     "#,
+    // 3: uplink ttl expiry found by index, for backlogs beyond what is in memory.
+    r#"
+    CREATE INDEX uplink_expiring ON uplink (expires_ms) WHERE state = 'stored' AND expires_ms IS NOT NULL;
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.

@@ -408,3 +408,73 @@ mod down {
         );
     }
 }
+
+#[tokio::test]
+async fn expired_uplinks_are_swept_by_index_wherever_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    let raw = br#"{"msg_id":"t-1","payload":1,"ttl_s":1}"#;
+    let ttl = Intake::new(
+        "g",
+        DeviceId::new("a").unwrap(),
+        "s".into(),
+        parse_uplink(raw, 1024).unwrap(),
+        1,
+    );
+    store.intake(ttl).await.unwrap().await.unwrap().unwrap();
+    put(&store, "a", "no-ttl").await;
+    assert!(store
+        .expire_due(1000)
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .unwrap()
+        .is_empty());
+    let expired = store
+        .expire_due(1001)
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].1.as_str(), "t-1");
+    assert!(
+        store
+            .expire_due(5000)
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty(),
+        "once"
+    );
+    let left = store
+        .pending(DeviceId::new("a").unwrap(), Seq(0), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        left.iter().map(|m| m.msg_id.as_str()).collect::<Vec<_>>(),
+        vec!["no-ttl"]
+    );
+    drop(store);
+    let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let reason: String = conn
+        .query_row(
+            "SELECT reason FROM dead_letter WHERE msg_id = 't-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(reason, EXPIRED_REASON);
+    let plan: String = conn
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT device FROM uplink WHERE state = 'stored' AND expires_ms IS NOT NULL AND expires_ms <= 5",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(plan.contains("uplink_expiring"), "{plan}");
+}

@@ -339,6 +339,46 @@ pub fn pending(
     rows.collect()
 }
 
+/// The reason written for a message whose `ttl_s` ran out.
+pub const EXPIRED_REASON: &str = "expired: ttl_s passed before the backend acked";
+
+/// Dead-letters up to `limit` stored messages whose ttl has passed by
+/// `now_ms`, wherever they are in their device's backlog.
+pub fn expire_due(
+    tx: &Transaction<'_>,
+    now_ms: i64,
+    limit: usize,
+) -> rusqlite::Result<Vec<(DeviceId, MsgId, Moved)>> {
+    let due: Vec<(String, String, u32)> = tx
+        .prepare_cached(
+            "SELECT device, msg_id, attempts FROM uplink
+             WHERE state = 'stored' AND expires_ms IS NOT NULL AND expires_ms <= ?1 LIMIT ?2",
+        )?
+        .query_map(params![now_ms, limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::with_capacity(due.len());
+    for (device, msg_id, attempts) in due {
+        // Only valid ids are ever stored; a bad one would be a hand edit.
+        let (Ok(device), Ok(msg_id)) = (DeviceId::new(device), MsgId::new(msg_id)) else {
+            continue;
+        };
+        let t = Transition {
+            device: device.clone(),
+            msg_id: msg_id.clone(),
+            to: MessageState::Dead,
+            attempts,
+            reason: Some(EXPIRED_REASON.to_string()),
+            at_ms: now_ms,
+        };
+        if let Some(moved) = transition(tx, &t)? {
+            out.push((device, msg_id, moved));
+        }
+    }
+    Ok(out)
+}
+
 pub fn pending_devices(tx: &Transaction<'_>) -> rusqlite::Result<Vec<DeviceId>> {
     let mut stmt =
         tx.prepare_cached("SELECT DISTINCT device FROM uplink WHERE state = 'stored'")?;

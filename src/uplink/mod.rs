@@ -32,7 +32,7 @@ use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
 use crate::south::SouthSender;
 use crate::state::MessageState;
-use crate::store::{PendingMessage, Store, StoreError, Transition};
+use crate::store::{PendingMessage, Store, StoreError, Transition, EXPIRED_REASON};
 use scheduler::{Action, Scheduler};
 
 /// What the engine waits on from the store.
@@ -49,7 +49,12 @@ enum Done {
         limit: usize,
         result: Result<Vec<PendingMessage>, StoreError>,
     },
+    Expired(Result<Vec<(DeviceId, MsgId, crate::store::Moved)>, StoreError>),
 }
+
+/// How often stored messages whose ttl passed are swept, wherever they are
+/// in a backlog (the ones in memory expire on their own timers).
+const EXPIRY_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
 
 type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -72,6 +77,8 @@ pub async fn run_engine(
         engine.scheduler.on_backlog(device);
     }
     let mut pending: FuturesUnordered<DoneFuture> = FuturesUnordered::new();
+    let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let deadline = engine.scheduler.next_deadline();
         let sleep = async {
@@ -111,6 +118,11 @@ pub async fn run_engine(
             },
             Some(done) = pending.next(), if !pending.is_empty() => engine.on_done(done).await,
             _ = sleep => engine.scheduler.on_tick(Instant::now()),
+            _ = sweep.tick() => {
+                let rx = engine.store.expire_due(now_ms()).await?;
+                pending.push(Box::pin(async move { Done::Expired(rx.await.unwrap_or(Err(StoreError::Closed))) }));
+                Vec::new()
+            }
         };
         let mut actions = actions;
         actions.extend(engine.scheduler.poll(Instant::now()));
@@ -173,6 +185,20 @@ impl Engine {
                     self.scheduler.on_store_failed(&device);
                 }
             },
+            Done::Expired(Ok(expired)) => {
+                for (device, msg_id, moved) in expired {
+                    warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = EXPIRED_REASON, "uplink dead-lettered");
+                    self.scheduler.forget(&device, &msg_id);
+                    let receipt = Receipt::failed(&msg_id, moved.seq, EXPIRED_REASON);
+                    self.south
+                        .publish(
+                            self.topics.device_ack(&device),
+                            Bytes::from(receipt.to_bytes()),
+                        )
+                        .await;
+                }
+            }
+            Done::Expired(Err(e)) => warn!(error = %e, "uplink expiry sweep failed"),
             Done::Loaded {
                 device,
                 limit,

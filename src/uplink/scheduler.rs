@@ -25,7 +25,7 @@ use crate::backoff;
 use crate::config::RetryConfig;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::ack::Verdict;
-use crate::store::PendingMessage;
+use crate::store::{PendingMessage, EXPIRED_REASON};
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -263,6 +263,16 @@ impl Scheduler {
         }
     }
 
+    /// The store finished this message by itself (ttl sweep): drop it.
+    pub fn forget(&mut self, device: &DeviceId, msg_id: &MsgId) {
+        if let Some(q) = self.devices.get_mut(device) {
+            if let Some(seq) = q.by_id.get(msg_id).copied() {
+                q.remove(seq);
+                self.dirty.insert(device.clone());
+            }
+        }
+    }
+
     /// A publish could not be queued north: try it again shortly.
     pub fn on_publish_refused(&mut self, device: &DeviceId, seq: Seq, now: Instant) {
         if let Some(e) = self
@@ -413,7 +423,7 @@ impl Scheduler {
                     device: e.msg.device,
                     msg_id: e.msg.msg_id,
                     attempts: e.msg.attempts,
-                    reason: "expired: ttl_s passed before the backend acked".into(),
+                    reason: EXPIRED_REASON.into(),
                 });
                 self.dirty.insert(t.device);
                 continue;

@@ -306,3 +306,14 @@ fn on_backlog_starts_with_a_refill() {
         }]
     );
 }
+
+#[test]
+fn a_message_the_store_expired_is_forgotten() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(cfg());
+    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(2), t0, 0);
+    s.forget(&dev(), &id(1));
+    s.on_link_up(1);
+    assert_eq!(published(&s.poll(t0)), vec![2]);
+}
