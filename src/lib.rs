@@ -15,7 +15,16 @@
 //! - [`uplink`]: the pipeline. Device message → validate → store (dedup,
 //!   seq) → `stored` receipt → north → backend ack → `delivered` receipt,
 //!   with retries, expiry and dead letters.
-//! - [`gateway`]: `run()`, wiring the pieces together.
+//! - [`downlink`]: the other direction. Backend envelope → store (one
+//!   message, one queue entry per device with its own seq) → PUBACK and
+//!   `stored` receipts north → inbox batches from each device's durable
+//!   cursor, one unconfirmed at a time → `confirm`/`read`/`nack` → cursor
+//!   commits → `delivered`/`read`/`failed`/`expired` receipts north.
+//! - [`gateway`]: `run()`, wiring the pieces together: device control
+//!   messages go from the uplink intake to the downlink task; the north
+//!   session's events are split between the two pipelines.
+//! - [`client`]: the library for Rust devices and backends (and the tests
+//!   and benchmarks) that speaks the protocol from the other side.
 
 pub mod backoff;
 pub mod client;
