@@ -44,11 +44,6 @@ impl MessageState {
                 | (MessageState::Stored, MessageState::Dead)
         )
     }
-
-    /// Final states are never left.
-    pub fn is_final(self) -> bool {
-        !matches!(self, MessageState::Stored)
-    }
 }
 
 impl fmt::Display for MessageState {
@@ -155,6 +150,5 @@ mod tests {
             assert_eq!(MessageState::parse(s.as_str()), Some(s));
         }
         assert_eq!(MessageState::parse("lost"), None);
-        assert!(Delivered.is_final() && Dead.is_final() && !Stored.is_final());
     }
 }

@@ -97,14 +97,6 @@ impl DownScheduler {
         }
     }
 
-    pub fn is_online(&self, device: &DeviceId) -> bool {
-        self.devices.get(device).is_some_and(|d| d.online)
-    }
-
-    pub fn online_count(&self) -> usize {
-        self.devices.values().filter(|d| d.online).count()
-    }
-
     pub fn on_online(&mut self, device: &DeviceId) -> Vec<DownAction> {
         let d = self.devices.entry(device.clone()).or_default();
         if d.online {

@@ -33,16 +33,6 @@ pub enum TopicError {
     NoStream(DeviceId),
 }
 
-impl TopicError {
-    /// The device named in the topic, as written, where there is one.
-    pub fn raw_device(&self) -> Option<&str> {
-        match self {
-            TopicError::BadDevice(d, _) => Some(d),
-            _ => None,
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct Topics {
     south: String,
