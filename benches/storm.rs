@@ -96,33 +96,21 @@ impl Default for Args {
 }
 
 fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
-    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
-        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-        v.parse()
-            .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
-    }
     let mut args = Args::default();
-    let mut it = raw.into_iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || inline.clone().or_else(|| it.next());
+    let mut flags = common::Flags::new(raw);
+    while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
-            // cargo passes `--bench` to a harness = false target.
-            "--bench" => {}
-            "--devices" => args.devices = num(&flag, value())?,
-            "--per-device" => args.per_device = num(&flag, value())?,
-            "--batch" => args.batch = num(&flag, value())?,
-            "--payload-bytes" => args.payload_bytes = num(&flag, value())?,
-            "--confirm-timeout-ms" => args.confirm_timeout_ms = num(&flag, value())?,
-            "--timeout-s" => args.timeout = Duration::from_secs(num(&flag, value())?),
-            "--setup-timeout-s" => args.setup_timeout = Duration::from_secs(num(&flag, value())?),
-            "--log-level" => args.log_level = value().ok_or("--log-level needs a value")?,
-            "--save-log" => args.save_log = Some(value().ok_or("--save-log needs a path")?),
+            "--devices" => args.devices = flags.num(&flag)?,
+            "--per-device" => args.per_device = flags.num(&flag)?,
+            "--batch" => args.batch = flags.num(&flag)?,
+            "--payload-bytes" => args.payload_bytes = flags.num(&flag)?,
+            "--confirm-timeout-ms" => args.confirm_timeout_ms = flags.num(&flag)?,
+            "--timeout-s" => args.timeout = Duration::from_secs(flags.num(&flag)?),
+            "--setup-timeout-s" => args.setup_timeout = Duration::from_secs(flags.num(&flag)?),
+            "--log-level" => args.log_level = flags.value(&flag)?,
+            "--save-log" => args.save_log = Some(flags.value(&flag)?),
             "--sync" => {
-                args.sync = value().ok_or("--sync needs a value")?;
+                args.sync = flags.value(&flag)?;
                 if args.sync != "full" && args.sync != "normal" {
                     return Err(format!("--sync: `{}` is not full or normal", args.sync));
                 }

@@ -95,45 +95,33 @@ impl Default for Args {
 }
 
 fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
-    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
-        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-        v.parse()
-            .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
-    }
     let mut args = Args::default();
-    let mut it = raw.into_iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || inline.clone().or_else(|| it.next());
+    let mut flags = common::Flags::new(raw);
+    while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
-            // cargo passes `--bench` to a harness = false target.
-            "--bench" => {}
-            "--devices" => args.devices = num(&flag, value())?,
-            "--messages-per-device" => args.messages_per_device = num(&flag, value())?,
-            "--payload-bytes" => args.payload_bytes = num(&flag, value())?,
-            "--rate" => args.rate = num(&flag, value())?,
-            "--window" => args.window = num(&flag, value())?,
-            "--max-inflight" => args.max_inflight = Some(num(&flag, value())?),
-            "--timeout-s" => args.timeout = Duration::from_secs(num(&flag, value())?),
-            "--quiet-wait-s" => args.quiet_wait = Duration::from_secs(num(&flag, value())?),
+            "--devices" => args.devices = flags.num(&flag)?,
+            "--messages-per-device" => args.messages_per_device = flags.num(&flag)?,
+            "--payload-bytes" => args.payload_bytes = flags.num(&flag)?,
+            "--rate" => args.rate = flags.num(&flag)?,
+            "--window" => args.window = flags.num(&flag)?,
+            "--max-inflight" => args.max_inflight = Some(flags.num(&flag)?),
+            "--timeout-s" => args.timeout = Duration::from_secs(flags.num(&flag)?),
+            "--quiet-wait-s" => args.quiet_wait = Duration::from_secs(flags.num(&flag)?),
             "--client-nodelay" => {
-                args.client_nodelay = match value().as_deref() {
+                args.client_nodelay = match flags.value(&flag).ok().as_deref() {
                     Some("true") => true,
                     Some("false") => false,
                     other => return Err(format!("--client-nodelay: {other:?} is not true|false")),
                 }
             }
             "--sync" => {
-                args.sync = value().ok_or("--sync needs a value")?;
+                args.sync = flags.value(&flag)?;
                 if args.sync != "full" && args.sync != "normal" {
                     return Err(format!("--sync: `{}` is not full or normal", args.sync));
                 }
             }
             "--mode" => {
-                args.mode = match value().as_deref() {
+                args.mode = match flags.value(&flag).ok().as_deref() {
                     Some("both") => Mode::Both,
                     Some("saturation") => Mode::Saturation,
                     Some("paced") => Mode::Paced,

@@ -998,3 +998,54 @@ pub fn write_file(dir: &Path, name: &str, contents: &str) -> PathBuf {
     f.write_all(contents.as_bytes()).expect("write file");
     path
 }
+
+/// Command-line flags for the benchmarks: `--flag value` or `--flag=value`;
+/// cargo's own `--bench` is skipped.
+pub struct Flags<I: Iterator<Item = String>> {
+    raw: I,
+    inline: Option<String>,
+}
+
+impl<I: Iterator<Item = String>> Flags<I> {
+    pub fn new(raw: impl IntoIterator<Item = String, IntoIter = I>) -> Flags<I> {
+        Flags {
+            raw: raw.into_iter(),
+            inline: None,
+        }
+    }
+
+    /// The next flag name.
+    pub fn next_flag(&mut self) -> Option<String> {
+        loop {
+            let arg = self.raw.next()?;
+            if arg == "--bench" {
+                continue;
+            }
+            return Some(match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => {
+                    self.inline = Some(v.to_string());
+                    f.to_string()
+                }
+                _ => {
+                    self.inline = None;
+                    arg
+                }
+            });
+        }
+    }
+
+    /// The value of `flag`, the one just returned by `next_flag`.
+    pub fn value(&mut self, flag: &str) -> Result<String, String> {
+        self.inline
+            .take()
+            .or_else(|| self.raw.next())
+            .ok_or_else(|| format!("{flag} needs a value"))
+    }
+
+    /// The value of `flag` as a number.
+    pub fn num<T: std::str::FromStr>(&mut self, flag: &str) -> Result<T, String> {
+        let v = self.value(flag)?;
+        v.parse()
+            .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
+    }
+}
