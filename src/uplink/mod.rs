@@ -116,7 +116,10 @@ pub async fn run_engine(
                 Some(NorthEvent::Downlink { .. }) => Vec::new(),
                 None => return Ok(()),
             },
-            Some(done) = pending.next(), if !pending.is_empty() => engine.on_done(done).await,
+            Some(done) = pending.next(), if !pending.is_empty() => {
+                engine.on_done(done).await;
+                Vec::new()
+            }
             _ = sleep => engine.scheduler.on_tick(Instant::now()),
             _ = sweep.tick() => {
                 let rx = engine.store.expire_due(now_ms()).await?;
@@ -152,7 +155,7 @@ impl Engine {
         actions
     }
 
-    async fn on_done(&mut self, done: Done) -> Vec<Action> {
+    async fn on_done(&mut self, done: Done) {
         match done {
             Done::Moved {
                 device,
@@ -214,7 +217,6 @@ impl Engine {
                 }
             },
         }
-        Vec::new()
     }
 
     /// Carries out one action; returns what to wait for, if anything.
