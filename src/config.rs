@@ -131,6 +131,8 @@ pub struct RawNorth {
     pub max_inflight: usize,
     /// North topic prefix; the full prefix is `{topic_prefix}/{gateway.id}`.
     pub topic_prefix: String,
+    /// Largest MQTT packet exchanged with the upstream broker, bytes.
+    pub max_packet_bytes: usize,
 }
 
 impl Default for RawNorth {
@@ -145,6 +147,7 @@ impl Default for RawNorth {
             ack_timeout_ms: 10_000,
             max_inflight: 32,
             topic_prefix: "ferry".into(),
+            max_packet_bytes: 16 << 20,
         }
     }
 }
@@ -256,6 +259,8 @@ pub struct NorthConfig {
     pub max_inflight: usize,
     /// `{topic_prefix}/{gateway}`.
     pub prefix: String,
+    /// Largest MQTT packet ferry sends north or accepts from the upstream.
+    pub max_packet_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -323,6 +328,23 @@ impl Config {
             3_600_000,
         )?;
         in_range("north.max_inflight", raw.north.max_inflight, 1, 1000)?;
+        if raw.north.max_packet_bytes < raw.south.max_payload_bytes + 4096 {
+            return Err(ConfigError::new(
+                "north.max_packet_bytes",
+                format!(
+                    "must be at least south.max_payload_bytes + 4096 = {} (got {}): a message \
+                     a device may send must fit in a north packet",
+                    raw.south.max_payload_bytes + 4096,
+                    raw.north.max_packet_bytes
+                ),
+            ));
+        }
+        in_range(
+            "north.max_packet_bytes",
+            raw.north.max_packet_bytes,
+            0,
+            crate::protocol::MQTT_MAX_PACKET,
+        )?;
         topic_segment("north.topic_prefix", &raw.north.topic_prefix)?;
         let client_id = if raw.north.client_id.is_empty() {
             format!("ferry-{gateway}")
@@ -409,6 +431,7 @@ impl Config {
                 ack_timeout: Duration::from_millis(raw.north.ack_timeout_ms),
                 max_inflight: raw.north.max_inflight,
                 prefix,
+                max_packet_bytes: raw.north.max_packet_bytes,
             },
             retry: RetryConfig {
                 base: Duration::from_millis(raw.retry.base_ms),

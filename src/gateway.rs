@@ -77,6 +77,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let intake_cfg = IntakeConfig {
         gateway: Arc::from(cfg.gateway.as_str()),
         max_payload_bytes: cfg.south.max_payload_bytes,
+        max_north_packet: cfg.north.max_packet_bytes,
         controls: controls_tx,
     };
     let mut engine_task = tokio::spawn(run_engine(engine, stored_rx, up_events));

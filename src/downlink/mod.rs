@@ -227,7 +227,9 @@ impl Downlink {
                     msg_id: env.msg_id,
                     body: Bytes::from(env.entry),
                     stored_ms,
-                    expires_ms: env.ttl.map(|t| stored_ms + t.as_millis() as i64),
+                    expires_ms: env
+                        .ttl
+                        .map(|t| stored_ms.saturating_add(t.as_millis() as i64)),
                     to,
                     queue_cap: self.settings.cfg.queue_cap,
                 };

@@ -31,6 +31,41 @@ pub enum TopicError {
     UnknownKind(String),
     #[error("uplink topic has no stream")]
     NoStream(DeviceId),
+    #[error("bad stream: {1}")]
+    BadStream(DeviceId, String),
+}
+
+/// Most levels in an uplink stream (docs/PROTOCOL.md, South).
+pub const MAX_STREAM_LEVELS: usize = 8;
+/// Longest stream level.
+pub const MAX_STREAM_LEVEL_LEN: usize = 64;
+
+/// Checks an uplink stream: 1..=8 levels of `[A-Za-z0-9._-]{1,64}`. A
+/// stream that passes can always be carried in a north topic.
+pub fn check_stream(stream: &str) -> Result<(), String> {
+    let levels = stream.split('/').count();
+    if levels > MAX_STREAM_LEVELS {
+        return Err(format!(
+            "{levels} levels, at most {MAX_STREAM_LEVELS} are allowed"
+        ));
+    }
+    for level in stream.split('/') {
+        if level.len() > MAX_STREAM_LEVEL_LEN {
+            return Err(format!(
+                "a level is {} bytes long, at most {MAX_STREAM_LEVEL_LEN} are allowed",
+                level.len()
+            ));
+        }
+        if let Some(c) = level
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "character {c:?} is not allowed (levels are [A-Za-z0-9._-]{{1,64}})"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +101,7 @@ impl Topics {
             Some(("up", stream))
                 if !stream.is_empty() && stream.split('/').all(|l| !l.is_empty()) =>
             {
+                check_stream(stream).map_err(|e| TopicError::BadStream(device.clone(), e))?;
                 DeviceTopic::Up {
                     stream: stream.to_string(),
                 }
@@ -178,6 +214,25 @@ mod tests {
             t().parse_device("devices/d/up/a//b"),
             Err(TopicError::NoStream(d))
         );
+    }
+
+    #[test]
+    fn stream_levels_follow_the_protocol_rules() {
+        let bad = |topic: &str| matches!(t().parse_device(topic), Err(TopicError::BadStream(..)));
+        assert!(bad("devices/evil/up/a\0b"), "a NUL byte");
+        assert!(bad("devices/d/up/a b"));
+        assert!(bad("devices/d/up/temp+"));
+        assert!(bad("devices/d/up/#"));
+        assert!(bad(&format!("devices/d/up/{}", "x".repeat(65))));
+        assert!(bad(&format!("devices/d/up/{}", "a/".repeat(8) + "b")));
+        assert!(bad(&format!("devices/d/up/{}", "x".repeat(65_000))));
+        assert!(t()
+            .parse_device(&format!(
+                "devices/d/up/{}",
+                vec!["x".repeat(64); 8].join("/")
+            ))
+            .is_ok());
+        assert!(t().parse_device("devices/d/up/line_3/temp.c-1").is_ok());
     }
 
     #[test]

@@ -42,7 +42,9 @@ impl Intake {
         };
         let body = Bytes::from(north_body(&envelope.fields, &stamp));
         Intake {
-            expires_ms: envelope.ttl.map(|t| stored_ms + t.as_millis() as i64),
+            expires_ms: envelope
+                .ttl
+                .map(|t| stored_ms.saturating_add(t.as_millis() as i64)),
             no_retry: !envelope.retry,
             msg_id: envelope.msg_id,
             device,

@@ -17,10 +17,10 @@ use tracing::{debug, warn};
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
 use crate::protocol::control::ControlKind;
-use crate::protocol::envelope::{parse_uplink, RejectCode, Rejection};
-use crate::protocol::now_ms;
+use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::{DeviceTopic, TopicError, Topics};
+use crate::protocol::{now_ms, publish_packet_len};
 use crate::south::{SouthMessage, SouthSender};
 use crate::state::MessageState;
 use crate::store::{DeadLetter, Intake, IntakeOutcome, PendingMessage, Store, StoreError};
@@ -31,6 +31,9 @@ const MAX_UNANSWERED: usize = 16_384;
 pub struct IntakeConfig {
     pub gateway: Arc<str>,
     pub max_payload_bytes: usize,
+    /// `north.max_packet_bytes`: a message whose north packet would be
+    /// larger can never be published, so it is refused at the door.
+    pub max_north_packet: usize,
     /// Where device control messages (confirm, pull, ...) go.
     pub controls: mpsc::Sender<DeviceControl>,
 }
@@ -118,8 +121,13 @@ async fn accept(
             }
             return Ok(None);
         }
-        Err(TopicError::NoStream(device)) => {
-            let rejection = Rejection::new(RejectCode::BadTopic, "uplink topic has no stream");
+        Err(e @ (TopicError::NoStream(_) | TopicError::BadStream(..))) => {
+            let device = match &e {
+                TopicError::NoStream(d) | TopicError::BadStream(d, _) => d.clone(),
+                _ => unreachable!("matched above"),
+            };
+            let mut rejection = Rejection::new(RejectCode::BadTopic, e.to_string());
+            rejection.msg_id = sniff_msg_id(&msg.payload);
             return reject(store, Some(device), rejection, &msg).await.map(Some);
         }
         Err(e) => {
@@ -131,6 +139,18 @@ async fn accept(
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
             let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now_ms());
+            let packet = north_packet_len(topics, &intake);
+            if packet > cfg.max_north_packet {
+                let rejection = Rejection {
+                    code: RejectCode::TooLarge,
+                    detail: format!(
+                        "its north packet would be {packet} bytes > north.max_packet_bytes {}",
+                        cfg.max_north_packet
+                    ),
+                    msg_id: Some(intake.msg_id),
+                };
+                return reject(store, Some(device), rejection, &msg).await.map(Some);
+            }
             let rx = store.intake(intake).await?;
             Ok(Some(Box::pin(async move {
                 Answer::Stored {
@@ -169,6 +189,14 @@ async fn reject(
             result: flatten(rx.await),
         }
     }))
+}
+
+/// The largest the message's north PUBLISH can be once its seq is spliced in.
+fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
+    /// `"seq":` plus a u64 and a comma, in place of nothing.
+    const SEQ_FIELD: usize = 7 + 20;
+    let topic = topics.north_up(&intake.device, &intake.stream);
+    publish_packet_len(topic.len(), intake.body.len() + SEQ_FIELD)
 }
 
 /// The second topic level as written, for the dead-letter row of a bad topic.
