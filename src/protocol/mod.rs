@@ -7,19 +7,6 @@ pub mod envelope;
 pub mod receipt;
 pub mod topics;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn publish_packet_lengths_count_the_variable_header() {
-        assert_eq!(publish_packet_len(1, 0), 2 + 2 + 1 + 2);
-        assert_eq!(publish_packet_len(10, 113), 2 + 127);
-        assert_eq!(publish_packet_len(10, 114), 3 + 128);
-        assert_eq!(publish_packet_len(0, 2_097_151 - 4), 4 + 2_097_151);
-    }
-}
-
 /// The largest MQTT packet there is: the remaining length is at most
 /// 268,435,455, plus 5 bytes of fixed header.
 pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;
@@ -42,4 +29,17 @@ pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_packet_lengths_count_the_variable_header() {
+        assert_eq!(publish_packet_len(1, 0), 2 + 2 + 1 + 2);
+        assert_eq!(publish_packet_len(10, 113), 2 + 127);
+        assert_eq!(publish_packet_len(10, 114), 3 + 128);
+        assert_eq!(publish_packet_len(0, 2_097_151 - 4), 4 + 2_097_151);
+    }
 }
