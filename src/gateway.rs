@@ -11,7 +11,7 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
-use crate::north::NorthEvent;
+use crate::north::{NorthEvent, Tag};
 use crate::protocol::topics::Topics;
 use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
@@ -39,9 +39,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
     let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
     let south = south::start(&cfg.south, &topics)?;
-    // North bodies are the envelope plus a few hundred bytes of stamps.
-    let max_packet = cfg.south.max_payload_bytes * 2 + 64 * 1024;
-    let (north_tx, north_events) = north::start(&cfg.north, &topics, max_packet);
+    let (north_tx, north_events) = north::start(&cfg.north, &topics);
 
     let (stored_tx, stored_rx) = mpsc::channel(8192);
     let (controls_tx, controls_rx) = mpsc::channel(8192);
@@ -51,6 +49,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             cfg: cfg.downlink.clone(),
             groups: cfg.groups.clone(),
             max_payload_bytes: cfg.south.max_payload_bytes,
+            max_attempts: cfg.retry.max_attempts,
         },
         store.clone(),
         north_tx.clone(),
@@ -73,6 +72,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         north: north_tx.clone(),
         south: south.outbound.clone(),
         topics: topics.clone(),
+        epoch: None,
+        acks: Default::default(),
     };
     let intake_cfg = IntakeConfig {
         gateway: Arc::from(cfg.gateway.as_str()),
@@ -118,8 +119,12 @@ fn fan_out(
     tokio::spawn(async move {
         while let Some(ev) = events.recv().await {
             let delivered = match &ev {
-                NorthEvent::Ack(_) => up_tx.send(ev).await.is_ok(),
-                NorthEvent::Downlink { .. } => down_tx.send(ev).await.is_ok(),
+                NorthEvent::Ack(_) | NorthEvent::Refused(Tag::Uplink { .. }) => {
+                    up_tx.send(ev).await.is_ok()
+                }
+                NorthEvent::Downlink { .. } | NorthEvent::Refused(_) | NorthEvent::Published(_) => {
+                    down_tx.send(ev).await.is_ok()
+                }
                 NorthEvent::Up(_) | NorthEvent::Down => {
                     up_tx.send(ev.clone()).await.is_ok() && down_tx.send(ev).await.is_ok()
                 }

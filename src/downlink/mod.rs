@@ -14,9 +14,10 @@
 //! Many devices' confirms land in the store's queue together and are
 //! group-committed: a reconnect storm costs a few fsyncs, not thousands.
 
+mod receipts;
 pub mod scheduler;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -25,13 +26,13 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::DownlinkConfig;
 use crate::ids::{DeviceId, MsgId};
-use crate::north::{AckToken, NorthEvent, NorthSender};
+use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
 use crate::protocol::control::{inbox_batch, parse_control, Control, ControlKind};
-use crate::protocol::envelope::{parse_downlink, RejectCode, Rejection};
+use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::NorthReceipt;
 use crate::protocol::topics::Topics;
@@ -41,6 +42,7 @@ use crate::store::downlink::{
     BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake, DownIntakeOutcome,
 };
 use crate::store::{DeadLetter, DownOp, Store, StoreError};
+use receipts::Receipts;
 use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 
 /// A device the broker saw connect is taken as online after this, unless it
@@ -48,10 +50,11 @@ use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 const CONNECT_GRACE: Duration = Duration::from_millis(500);
 /// How often deliveries of expired messages are swept for offline devices.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
-/// Receipts per message north.
-const RECEIPTS_PER_MESSAGE: usize = 500;
-/// Receipts held while the north link is down; past it the oldest go.
+/// Receipts held until the upstream acknowledges them; past it the oldest
+/// go (they are in memory only).
 const RECEIPTS_HELD: usize = 1_000_000;
+/// A receipts message the session could not take is tried again after this.
+const RECEIPTS_RETRY: Duration = Duration::from_millis(50);
 
 /// A control message from a device.
 #[derive(Debug, Clone)]
@@ -65,6 +68,9 @@ pub struct DownlinkSettings {
     pub cfg: DownlinkConfig,
     pub groups: BTreeMap<String, Vec<DeviceId>>,
     pub max_payload_bytes: usize,
+    /// Times a lone receipt may be refused by the upstream before it is
+    /// dead-lettered (`retry.max_attempts`).
+    pub max_attempts: u32,
 }
 
 enum Done {
@@ -106,9 +112,12 @@ pub struct Downlink {
     south: SouthSender,
     topics: Topics,
     pending: FuturesUnordered<DoneFuture>,
-    /// Receipts not yet handed to the north session.
-    receipts: VecDeque<NorthReceipt>,
-    north_up: bool,
+    /// Receipts north until the upstream acknowledges them.
+    receipts: Receipts,
+    /// The north connection receipts are sent on, while there is one.
+    epoch: Option<u64>,
+    /// When to try sending receipts again after the session was full.
+    receipts_retry: Option<Instant>,
     /// Devices the broker saw connect, by when they count as online.
     grace: BTreeSet<(Instant, DeviceId)>,
     /// The live grace deadline per device; older entries in `grace` are void.
@@ -142,8 +151,9 @@ impl Downlink {
             south,
             topics,
             pending: FuturesUnordered::new(),
-            receipts: VecDeque::new(),
-            north_up: false,
+            receipts: Receipts::new(RECEIPTS_HELD),
+            epoch: None,
+            receipts_retry: None,
             grace: BTreeSet::new(),
             grace_at: HashMap::new(),
         }
@@ -158,6 +168,7 @@ impl Downlink {
             let deadline = [
                 self.scheduler.next_deadline(),
                 self.grace.first().map(|(at, _)| *at),
+                self.receipts_retry,
             ]
             .into_iter()
             .flatten()
@@ -176,13 +187,21 @@ impl Downlink {
             };
             tokio::select! {
                 ev = inputs.north.recv() => match ev {
-                    Some(NorthEvent::Up(_)) => {
-                        self.north_up = true;
+                    Some(NorthEvent::Up(epoch)) => {
+                        self.epoch = Some(epoch);
                         self.flush_receipts();
                     }
-                    Some(NorthEvent::Down) => self.north_up = false,
-                    Some(NorthEvent::Downlink { topic, payload, token }) => self.on_downlink(&topic, payload, token).await?,
-                    Some(NorthEvent::Ack(_)) => {}
+                    Some(NorthEvent::Down) => {
+                        self.epoch = None;
+                        self.receipts.link_down();
+                    }
+                    Some(NorthEvent::Downlink { topic, payload, token, oversize }) => self.on_downlink(&topic, payload, token, oversize).await?,
+                    Some(NorthEvent::Published(Tag::Receipts(id))) => {
+                        self.receipts.published(id);
+                        self.flush_receipts();
+                    }
+                    Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id).await?,
+                    Some(_) => {}
                     None => return Ok(()),
                 },
                 c = inputs.controls.recv() => match c {
@@ -206,21 +225,30 @@ impl Downlink {
         topic: &str,
         payload: Bytes,
         token: AckToken,
+        oversize: Option<usize>,
     ) -> Result<(), StoreError> {
         let stored_ms = now_ms();
-        let parsed =
-            parse_downlink(&payload, self.settings.max_payload_bytes, stored_ms).and_then(|env| {
-                let to = match self.topics.parse_north_down(topic) {
-                    Some(Some(device)) => vec![device.to_string()],
-                    _ => env.to.clone(),
-                };
-                let to = self.resolve(&to).map_err(|detail| Rejection {
-                    code: RejectCode::Malformed,
-                    detail,
-                    msg_id: Some(env.msg_id.clone()),
-                })?;
-                Ok((env, to))
-            });
+        let parsed = match oversize {
+            // Only its head was kept: too large, by name if it can be read.
+            Some(size) => Err(Rejection {
+                code: RejectCode::TooLarge,
+                detail: format!("{size} bytes > north.max_packet_bytes"),
+                msg_id: sniff_msg_id(&payload),
+            }),
+            None => parse_downlink(&payload, self.settings.max_payload_bytes, stored_ms),
+        }
+        .and_then(|env| {
+            let to = match self.topics.parse_north_down(topic) {
+                Some(Some(device)) => vec![device.to_string()],
+                _ => env.to.clone(),
+            };
+            let to = self.resolve(&to).map_err(|detail| Rejection {
+                code: RejectCode::Malformed,
+                detail,
+                msg_id: Some(env.msg_id.clone()),
+            })?;
+            Ok((env, to))
+        });
         match parsed {
             Ok((env, to)) => {
                 let msg = DownIntake {
@@ -409,6 +437,9 @@ impl Downlink {
 
     async fn on_timer(&mut self) -> Result<(), StoreError> {
         let now = Instant::now();
+        if self.receipts_retry.is_some_and(|at| at <= now) {
+            self.flush_receipts();
+        }
         while let Some((at, device)) = self.grace.first().cloned() {
             if at > now {
                 break;
@@ -486,14 +517,12 @@ impl Downlink {
                 let ts = now_ms();
                 let mut actions = Vec::new();
                 for (event, new) in &out.queued {
-                    self.receipts.push_back(NorthReceipt::of(event, ts));
                     if *new {
                         actions.extend(self.scheduler.on_queued(&event.device, event.seq));
                     }
                 }
-                self.receipts
-                    .extend(out.expired.iter().map(|e| NorthReceipt::of(e, ts)));
-                self.flush_receipts();
+                let queued = out.queued.iter().map(|(e, _)| e);
+                self.send_receipts(queued.chain(&out.expired).map(|e| NorthReceipt::of(e, ts)));
                 self.execute(actions).await?;
             }
             Done::Intake { result: Err(e), .. } => {
@@ -508,7 +537,7 @@ impl Downlink {
             } => {
                 self.north.ack(token);
                 let dead_letter = result.ok();
-                self.receipts.push_back(NorthReceipt {
+                self.send_receipts([NorthReceipt {
                     msg_id: msg_id.map(|m| m.to_string()),
                     device,
                     status: "rejected",
@@ -518,8 +547,7 @@ impl Downlink {
                         Some(id) => format!("{reason} (dead letter {id})"),
                         None => reason,
                     }),
-                });
-                self.flush_receipts();
+                }]);
             }
             Done::Cursors {
                 device,
@@ -535,9 +563,7 @@ impl Downlink {
                 result: Ok(read),
             } => {
                 let ts = now_ms();
-                self.receipts
-                    .extend(read.expired.iter().map(|e| NorthReceipt::of(e, ts)));
-                self.flush_receipts();
+                self.send_receipts(read.expired.iter().map(|e| NorthReceipt::of(e, ts)));
                 let span = match (read.entries.first(), read.entries.last()) {
                     (Some(f), Some(l)) => Some((f.seq, l.seq, read.entries.len())),
                     _ => None,
@@ -564,9 +590,7 @@ impl Downlink {
                 result: Ok(moved),
             } => {
                 let ts = now_ms();
-                self.receipts
-                    .extend(moved.events.iter().map(|e| NorthReceipt::of(e, ts)));
-                self.flush_receipts();
+                self.send_receipts(moved.events.iter().map(|e| NorthReceipt::of(e, ts)));
                 let (released, actions) = self.scheduler.on_cursor_moved(&device, moved.cursors);
                 if let Some(o) = released {
                     info!(
@@ -587,9 +611,7 @@ impl Downlink {
                     info!(count = events.len(), "downlink deliveries expired (ttl)");
                 }
                 let ts = now_ms();
-                self.receipts
-                    .extend(events.iter().map(|e| NorthReceipt::of(e, ts)));
-                self.flush_receipts();
+                self.send_receipts(events.iter().map(|e| NorthReceipt::of(e, ts)));
             }
             Done::Cursors {
                 device,
@@ -612,31 +634,61 @@ impl Downlink {
         Ok(())
     }
 
-    /// Hands held receipts to the north session while the link is up.
+    /// Queues receipts north and sends what the link can take.
+    fn send_receipts(&mut self, receipts: impl IntoIterator<Item = NorthReceipt>) {
+        let dropped = self.receipts.extend(receipts);
+        if dropped > 0 {
+            warn!(
+                dropped,
+                total_dropped = self.receipts.dropped,
+                held = self.receipts.held(),
+                "receipts north held past their cap; the oldest were dropped"
+            );
+        }
+        self.flush_receipts();
+    }
+
+    /// Hands receipts to the north session while the link is up.
     fn flush_receipts(&mut self) {
-        while self.receipts.len() > RECEIPTS_HELD {
-            self.receipts.pop_front();
-            debug!("receipt buffer full: oldest receipt dropped");
-        }
-        if !self.north_up {
-            return;
-        }
+        self.receipts_retry = None;
+        let Some(epoch) = self.epoch else { return };
         let topic = self.topics.north_receipts();
-        while !self.receipts.is_empty() {
-            let n = self.receipts.len().min(RECEIPTS_PER_MESSAGE);
-            let chunk: Vec<&NorthReceipt> = self.receipts.range(..n).collect();
-            let body = if n == 1 {
-                serde_json::to_vec(chunk[0])
-            } else {
-                serde_json::to_vec(&chunk)
-            }
-            .expect("receipts serialize");
-            if !self.north.try_publish(topic.clone(), &Bytes::from(body)) {
-                // The session's queue is full; try again with the next event.
+        while let Some((id, body)) = self.receipts.next_message() {
+            if !self
+                .north
+                .publish(topic.clone(), body, Tag::Receipts(id), epoch)
+            {
+                // The session's queue is full; try again shortly.
+                self.receipts.unsend(id);
+                self.receipts_retry = Some(Instant::now() + RECEIPTS_RETRY);
                 return;
             }
-            self.receipts.drain(..n);
         }
+    }
+
+    /// The upstream dropped the link on a receipts message.
+    async fn on_receipts_refused(&mut self, id: u64) -> Result<(), StoreError> {
+        let Some(r) = self.receipts.refused(id, self.settings.max_attempts) else {
+            return Ok(());
+        };
+        let raw = Bytes::from(serde_json::to_vec(&r).expect("a receipt serializes"));
+        let reason = format!(
+            "undeliverable: the upstream broker closed the connection on this receipt {} times",
+            self.settings.max_attempts
+        );
+        error!(msg_id = ?r.msg_id, device = ?r.device, status = r.status, reason = %reason, "receipt north dead-lettered");
+        let dl = DeadLetter {
+            direction: "down",
+            device: r.device,
+            msg_id: r.msg_id,
+            topic: self.topics.north_receipts(),
+            reason,
+            raw,
+            at_ms: now_ms(),
+        };
+        // Fire and forget: the row commits with the next batch.
+        drop(self.store.reject(dl).await?);
+        Ok(())
     }
 }
 

@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::ids::{DeviceId, MsgId};
-use crate::north::{NorthEvent, NorthSender};
-use crate::protocol::ack::parse_acks;
+use crate::north::{NorthEvent, NorthSender, Tag};
+use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
@@ -55,6 +55,9 @@ enum Done {
 /// How often stored messages whose ttl passed are swept, wherever they are
 /// in a backlog (the ones in memory expire on their own timers).
 const EXPIRY_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
+/// Backend acks applied per turn of the loop: a huge ack array is worked
+/// off in pieces, with everything else getting its turn in between.
+const ACK_CHUNK: usize = 1024;
 
 type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -65,6 +68,10 @@ pub struct Engine {
     pub north: NorthSender,
     pub south: SouthSender,
     pub topics: Topics,
+    /// The north connection publishes are made for, while there is one.
+    pub epoch: Option<u64>,
+    /// Parsed backend acks not yet applied.
+    pub acks: std::collections::VecDeque<BackendAck>,
 }
 
 /// Runs until the intake side closes (shutdown) or the store stops.
@@ -103,19 +110,28 @@ pub async fn run_engine(
             ev = north_events.recv() => match ev {
                 Some(NorthEvent::Up(epoch)) => {
                     info!(epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");
+                    engine.epoch = Some(epoch);
                     engine.scheduler.on_link_up(epoch);
                     Vec::new()
                 }
                 Some(NorthEvent::Down) => {
                     warn!("north link down: holding messages until it returns");
+                    engine.epoch = None;
                     engine.scheduler.on_link_down();
                     Vec::new()
                 }
-                Some(NorthEvent::Ack(payload)) => engine.on_acks(&payload),
-                // Downlinks are routed to the downlink engine, never here.
-                Some(NorthEvent::Downlink { .. }) => Vec::new(),
+                Some(NorthEvent::Ack(payload)) => {
+                    engine.parse_acks(&payload);
+                    Vec::new()
+                }
+                Some(NorthEvent::Refused(Tag::Uplink { device, seq })) => {
+                    engine.scheduler.on_refused(&device, seq, Instant::now())
+                }
+                // Downlinks and receipts belong to the downlink pipeline.
+                Some(_) => Vec::new(),
                 None => return Ok(()),
             },
+            _ = std::future::ready(()), if !engine.acks.is_empty() => engine.apply_acks(),
             Some(done) = pending.next(), if !pending.is_empty() => {
                 engine.on_done(done).await;
                 Vec::new()
@@ -138,19 +154,34 @@ pub async fn run_engine(
 }
 
 impl Engine {
-    fn on_acks(&mut self, payload: &Bytes) -> Vec<Action> {
-        let now = Instant::now();
-        let mut actions = Vec::new();
+    /// Queues the acks of one message; malformed elements are logged.
+    fn parse_acks(&mut self, payload: &Bytes) {
+        let mut malformed = 0usize;
+        let mut first_error = None;
         for ack in parse_acks(payload) {
             match ack {
-                Ok(ack) => actions.extend(self.scheduler.on_ack(
-                    &ack.device,
-                    &ack.msg_id,
-                    ack.verdict,
-                    now,
-                )),
-                Err(e) => warn!(error = %e, "ignoring a malformed backend ack"),
+                Ok(ack) => self.acks.push_back(ack),
+                Err(e) => {
+                    malformed += 1;
+                    first_error.get_or_insert(e);
+                }
             }
+        }
+        if let Some(error) = first_error {
+            warn!(error = %error, malformed, "ignoring malformed backend acks");
+        }
+    }
+
+    /// Applies the next [`ACK_CHUNK`] queued acks.
+    fn apply_acks(&mut self) -> Vec<Action> {
+        let now = Instant::now();
+        let mut actions = Vec::new();
+        let n = self.acks.len().min(ACK_CHUNK);
+        for ack in self.acks.drain(..n) {
+            actions.extend(
+                self.scheduler
+                    .on_ack(&ack.device, &ack.msg_id, ack.verdict, now),
+            );
         }
         actions
     }
@@ -224,7 +255,14 @@ impl Engine {
         match action {
             Action::Publish(msg) => {
                 let topic = self.topics.north_up(&msg.device, &msg.stream);
-                if !self.north.try_publish(topic, &msg.body) {
+                let tag = Tag::Uplink {
+                    device: msg.device.clone(),
+                    seq: msg.seq,
+                };
+                let sent = self
+                    .epoch
+                    .is_some_and(|epoch| self.north.publish(topic, msg.body.clone(), tag, epoch));
+                if !sent {
                     self.scheduler
                         .on_publish_refused(&msg.device, msg.seq, Instant::now());
                 }

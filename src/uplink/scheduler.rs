@@ -27,6 +27,9 @@ use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::ack::Verdict;
 use crate::store::{PendingMessage, EXPIRED_REASON};
 
+/// The failed attempt when the upstream closed the link on a message.
+pub const REFUSED: &str = "the upstream broker closed the connection on this message";
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     pub max_inflight: usize,
@@ -288,6 +291,19 @@ impl Scheduler {
                 seq,
             });
         }
+    }
+
+    /// The upstream broker dropped the link on this message while it was
+    /// alone in flight: that attempt failed and counts.
+    pub fn on_refused(&mut self, device: &DeviceId, seq: Seq, now: Instant) -> Vec<Action> {
+        let Some(q) = self.devices.get_mut(device) else {
+            return Vec::new();
+        };
+        if !q.entries.contains_key(&seq) {
+            return Vec::new();
+        }
+        self.dirty.insert(device.clone());
+        Self::count_failure(&self.cfg, &mut self.timers, q, seq, REFUSED.into(), now)
     }
 
     /// The backend's verdict on a message.

@@ -317,3 +317,47 @@ fn a_message_the_store_expired_is_forgotten() {
     s.on_link_up(1);
     assert_eq!(published(&s.poll(t0)), vec![2]);
 }
+
+#[test]
+fn a_refusal_by_the_upstream_counts_as_an_attempt_while_other_messages_flow() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(cfg());
+    s.on_link_up(1);
+    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(2), t0, 0);
+    assert_eq!(published(&s.poll(t0)), vec![1, 2]);
+    let acts = s.on_refused(&dev(), Seq(1), t0);
+    assert!(
+        matches!(&acts[..], [Action::RecordAttempt { attempts: 1, error, .. }] if error == REFUSED),
+        "{acts:?}"
+    );
+    s.on_link_down();
+    s.on_link_up(2);
+    assert_eq!(published(&s.poll(t0)), vec![2], "the refused one backs off");
+    let mut t = t0;
+    let mut killed = None;
+    for _ in 0..10 {
+        t += Duration::from_secs(1);
+        s.on_tick(t);
+        if published(&s.poll(t)).contains(&1) {
+            let acts = s.on_refused(&dev(), Seq(1), t);
+            if let Some(Action::Kill {
+                attempts, reason, ..
+            }) = acts.first()
+            {
+                killed = Some((*attempts, reason.clone()));
+                break;
+            }
+        }
+    }
+    let (attempts, reason) = killed.expect("dead-lettered after max_attempts refusals");
+    assert_eq!(attempts, 3);
+    assert!(
+        reason.starts_with("exhausted: 3 attempts") && reason.contains(REFUSED),
+        "{reason}"
+    );
+    assert!(
+        s.on_refused(&dev(), Seq(1), t).is_empty(),
+        "gone: no more counting"
+    );
+}
