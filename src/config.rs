@@ -97,6 +97,10 @@ pub struct RawSouth {
     pub topic_prefix: String,
     /// Most devices connected at once.
     pub max_connections: usize,
+    /// Longest MQTT keep-alive a device is held to, seconds.
+    pub max_keep_alive_s: u64,
+    /// Most subscriptions one device may hold.
+    pub max_subscriptions: usize,
 }
 
 impl Default for RawSouth {
@@ -106,6 +110,8 @@ impl Default for RawSouth {
             max_payload_bytes: 65536,
             topic_prefix: "devices".into(),
             max_connections: 10_000,
+            max_keep_alive_s: 600,
+            max_subscriptions: 8,
         }
     }
 }
@@ -245,6 +251,9 @@ pub struct SouthConfig {
     pub max_payload_bytes: usize,
     pub topic_prefix: String,
     pub max_connections: usize,
+    /// A device asking for a longer keep-alive, or none, gets this one.
+    pub max_keep_alive: Duration,
+    pub max_subscriptions: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -312,6 +321,18 @@ impl Config {
             raw.south.max_connections,
             1,
             1_000_000,
+        )?;
+        in_range(
+            "south.max_keep_alive_s",
+            raw.south.max_keep_alive_s,
+            5,
+            u16::MAX as u64,
+        )?;
+        in_range(
+            "south.max_subscriptions",
+            raw.south.max_subscriptions,
+            2,
+            10_000,
         )?;
 
         if raw.north.host.trim().is_empty() {
@@ -421,6 +442,8 @@ impl Config {
                 max_payload_bytes: raw.south.max_payload_bytes,
                 topic_prefix: raw.south.topic_prefix,
                 max_connections: raw.south.max_connections,
+                max_keep_alive: Duration::from_secs(raw.south.max_keep_alive_s),
+                max_subscriptions: raw.south.max_subscriptions,
             },
             north: NorthConfig {
                 host: raw.north.host,

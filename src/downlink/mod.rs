@@ -581,7 +581,7 @@ impl Downlink {
                         info!(device = %device, first_seq = first.0, last_seq = last.0, size, bytes = body.len(), more, "downlink batch sent");
                     }
                     self.south
-                        .publish(self.topics.device_inbox(&device), body)
+                        .publish(&device, self.topics.device_inbox(&device), body)
                         .await;
                 }
             }

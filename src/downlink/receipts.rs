@@ -218,7 +218,11 @@ mod tests {
         r.published(b);
         assert_eq!(r.held(), 1200 - PER_MESSAGE);
         r.link_down();
-        assert_eq!(r.next_message().map(|(id, _)| id), Some(a), "resent first, same id");
+        assert_eq!(
+            r.next_message().map(|(id, _)| id),
+            Some(a),
+            "resent first, same id"
+        );
         assert_eq!(r.next_message().map(|(id, _)| id), Some(c));
         r.published(a);
         r.published(c);

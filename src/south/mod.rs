@@ -6,34 +6,51 @@
 //! out, so an external-broker mode can replace it without touching the
 //! pipeline.
 //!
-//! Invariants (see ../shared/notes/RUMQTT.md for the broker facts behind them):
-//! - The link's receive loop runs on its own thread and does nothing but
-//!   move messages into a bounded channel and answer `Unschedule` at once.
-//!   A device's PUBACK only means "in the broker's RAM"; the commit log of
-//!   the device filters is sized so the link can fall far behind before the
-//!   broker would overwrite anything.
+//! Invariants (see ../shared/notes/RUMQTT.md for the broker facts behind
+//! them, and vendor/README.md for the patches they rely on):
+//! - Nothing the broker acknowledged to a device is overwritten before the
+//!   gateway has read it. The link's receive loop only moves messages into
+//!   a bounded channel; when that channel runs low on room, the link holds
+//!   back every device's publishes (unacknowledged) until it has room again,
+//!   so the broker's commit logs never wrap over unread messages.
+//! - Nothing for a device that stays connected and reads is dropped.
+//!   Receipts and inbox batches are delivered straight to the device's
+//!   connection ([`rumqttd::local::LinkTx::deliver`]), in order, never
+//!   through a commit log that could wrap; while a device has more than
+//!   [`DEVICE_QUEUE`] of them unread, its own publishes are held back.
+//! - A publish over `south.max_payload_bytes` never costs the broker more
+//!   than its head: it is skipped on the wire and arrives here marked, to be
+//!   answered `rejected`.
+//! - The broker keeps nothing of a device that left (no session, no
+//!   retained messages, no logs of filters nobody reads), bounds keep-alive
+//!   and subscriptions, and refuses a CONNECT beyond `max_connections` with
+//!   a CONNACK.
 //! - The link's client id is the empty string. rumqttd renames any device
 //!   that connects with an empty id (`rumqtt-{uuid}`), so no device can take
 //!   the link over.
-//! - Sends go through one thread that owns the `LinkTx`, whose publish is a
-//!   blocking channel send that must never run on a tokio worker.
+//! - Sends go through one thread that owns the `LinkTx`, whose sends are
+//!   blocking channel sends that must never run on a tokio worker.
 
 pub mod presence;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
 use rumqttd::protocol::v4::V4;
 use rumqttd::{
-    ConnectionSettings, LinkType, Notification, Router, RouterConfig, Server, ServerSettings,
+    ConnectionSettings, DirectPublish, Forward, LinkType, Notification, Router, RouterConfig,
+    Server, ServerSettings, OVERSIZE_PROPERTY,
 };
 use tokio::sync::mpsc;
-use tracing::{debug, error, warn};
+use tokio::sync::mpsc::error::TrySendError;
+use tracing::{debug, error, info, warn};
 
 use crate::config::SouthConfig;
+use crate::ids::DeviceId;
 use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
@@ -44,16 +61,28 @@ const LINK_CLIENT_ID: &str = "";
 /// segments once filled, so this is also memory the gateway will hold.
 const LINK_FILTER_SEGMENT: usize = 16 << 20;
 const LINK_FILTER_SEGMENTS: usize = 4;
-/// Every other filter (each device's own `ack` and `inbox` topics): 8 KiB ×
-/// 3. There is one per device and topic, never freed, so at 10,000 devices
-/// this is up to 480 MiB; what they carry is repaired end to end (devices
-/// resend until `stored`, batches are resent until confirmed), so a device
-/// that falls more than a few segments behind loses nothing that matters.
-const DEVICE_FILTER_SEGMENT: usize = 8 << 10;
-const DEVICE_FILTER_SEGMENTS: usize = 3;
+/// Every other filter (each device's own `ack` and `inbox`): the gateway
+/// delivers to devices directly, so these logs only exist because the
+/// broker keeps one per subscription; the smallest it allows, freed when
+/// the device leaves.
+const DEVICE_FILTER_SEGMENT: usize = 1024;
+const DEVICE_FILTER_SEGMENTS: usize = 1;
 /// Messages between the link thread and the pipeline.
 const INBOUND_CAPACITY: usize = 16_384;
 const OUTBOUND_CAPACITY: usize = 16_384;
+/// Every device's publishes are held back while the inbound channel has
+/// less room than this, and released once it has twice as much.
+const INBOUND_LOW: usize = INBOUND_CAPACITY / 4;
+/// Receipts and batches waiting for one device beyond what it has in
+/// flight, before its own publishes are held back until it reads them.
+pub const DEVICE_QUEUE: usize = 1000;
+/// Bytes of an oversized publish kept: enough for its `msg_id`.
+const OVERSIZE_HEAD: usize = 4096;
+/// Room for the topic in the broker's packet limit (a valid device topic
+/// is well under it; a longer one is cut short like an oversized payload).
+const TOPIC_ALLOWANCE: usize = 1024;
+/// Deliveries handed to the broker in one event, at most.
+const DELIVER_BATCH: usize = 1024;
 
 /// The topic kinds devices publish on, one link subscription each.
 const DEVICE_KINDS: [&str; 6] = ["up/#", "confirm", "pull", "read", "nack", "status"];
@@ -74,18 +103,27 @@ pub enum SouthError {
 pub struct SouthMessage {
     pub topic: String,
     pub payload: Bytes,
+    /// Its real size, when it was over the broker's limit and only its head
+    /// is in `payload`.
+    pub oversize: Option<usize>,
 }
 
 /// Sends to devices; cheap to clone.
 #[derive(Clone)]
 pub struct SouthSender {
-    tx: mpsc::Sender<(String, Bytes)>,
+    tx: mpsc::Sender<DirectPublish>,
 }
 
 impl SouthSender {
-    /// Queues a publish to devices. Returns false once the south side is gone.
-    pub async fn publish(&self, topic: String, payload: Bytes) -> bool {
-        self.tx.send((topic, payload)).await.is_ok()
+    /// Queues a publish to one device (dropped by the broker if the device
+    /// is not connected and subscribed). False once the south side is gone.
+    pub async fn publish(&self, device: &DeviceId, topic: String, payload: Bytes) -> bool {
+        let publish = DirectPublish {
+            client_id: device.to_string(),
+            topic: Bytes::from(topic),
+            payload,
+        };
+        self.tx.send(publish).await.is_ok()
     }
 }
 
@@ -130,13 +168,14 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             custom_segment: Some(filters),
             initialized_filters: None,
             shared_subscriptions_strategy: Default::default(),
+            ephemeral: true,
+            max_subscriptions: cfg.max_subscriptions,
+            max_direct_queue: DEVICE_QUEUE,
         },
     );
     let router_tx = router.spawn();
 
     let (link_tx, link_rx, _connack) = LinkBuilder::new(LINK_CLIENT_ID, router_tx.clone())
-        // Receipts go to per-device topics nobody may have subscribed yet.
-        .dynamic_filters(true)
         .build()
         .map_err(|e| SouthError::Link(e.to_string()))?;
     let mut link_tx = link_tx;
@@ -164,15 +203,16 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         next_connection_delay_ms: 0,
         connections: ConnectionSettings {
             connection_timeout_ms: 10_000,
-            // Larger than south.max_payload_bytes so an oversize message
-            // reaches the gateway and gets a `rejected` receipt instead of
-            // a disconnect.
-            max_payload_size: (cfg.max_payload_bytes * 4).max(1 << 20),
+            // A larger publish is skipped on the wire and reaches the
+            // gateway as its head, to be answered `rejected`.
+            max_payload_size: cfg.max_payload_bytes + TOPIC_ALLOWANCE,
+            oversize_head: OVERSIZE_HEAD,
             max_inflight_count: 256,
             auth: None,
             external_auth: None,
             // A device publishing outside the protocol's topics is disconnected.
             dynamic_filters: false,
+            max_keep_alive: cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16,
         },
     };
     let mut server = Server::new(settings, router_tx, V4);
@@ -190,24 +230,49 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
     })
 }
 
+/// Moves device publishes from the link into `tx`. While `tx` is low on
+/// room, every device's publishes are held back in the broker (so it never
+/// acknowledges what its logs would have to overwrite), and released once
+/// there is room again.
 fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
+    let mut holding = false;
     loop {
-        match rx.recv() {
+        let next = if holding {
+            // Nothing new comes while held: look at the room now and then.
+            rx.recv_deadline(Instant::now() + Duration::from_millis(20))
+        } else {
+            rx.recv()
+        };
+        if holding && tx.capacity() >= 2 * INBOUND_LOW {
+            holding = false;
+            if rx.hold_remote(false).is_err() {
+                error!("embedded broker link lost");
+                return;
+            }
+            info!("the gateway caught up; devices' publishes are taken again");
+        }
+        match next {
             Ok(Some(Notification::Forward(f))) => {
-                let topic = match String::from_utf8(f.publish.topic.to_vec()) {
-                    Ok(t) => t,
-                    Err(_) => {
-                        warn!("dropping a device publish whose topic is not UTF-8");
-                        continue;
+                let Some(msg) = south_message(f) else {
+                    continue;
+                };
+                if !holding && tx.capacity() < INBOUND_LOW {
+                    holding = true;
+                    warn!("the gateway is behind its devices; their publishes are held back until it catches up");
+                    if rx.hold_remote(true).is_err() {
+                        error!("embedded broker link lost");
+                        return;
+                    }
+                }
+                let msg = match tx.try_send(msg) {
+                    Ok(()) => continue,
+                    Err(TrySendError::Full(msg)) => msg,
+                    Err(TrySendError::Closed(_)) => {
+                        debug!("south receiver closed; link reader stops");
+                        return;
                     }
                 };
-                if tx
-                    .blocking_send(SouthMessage {
-                        topic,
-                        payload: f.publish.payload,
-                    })
-                    .is_err()
-                {
+                if tx.blocking_send(msg).is_err() {
                     debug!("south receiver closed; link reader stops");
                     return;
                 }
@@ -223,6 +288,7 @@ fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
                 return;
             }
             Ok(_) => {}
+            Err(e) if holding && e.is_timeout() => {}
             Err(e) => {
                 error!(error = %e, "embedded broker link lost");
                 return;
@@ -231,9 +297,37 @@ fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
     }
 }
 
-fn send(mut link: LinkTx, mut rx: mpsc::Receiver<(String, Bytes)>) {
-    while let Some((topic, payload)) = rx.blocking_recv() {
-        if let Err(e) = link.publish(topic, payload) {
+/// A forwarded device publish as the pipeline sees it.
+fn south_message(f: Forward) -> Option<SouthMessage> {
+    let Ok(topic) = String::from_utf8(f.publish.topic.to_vec()) else {
+        // The broker only routes UTF-8 topics; this cannot happen.
+        warn!("dropping a device publish whose topic is not UTF-8");
+        return None;
+    };
+    let oversize = f.properties.as_ref().and_then(|p| {
+        p.user_properties
+            .iter()
+            .find(|(k, _)| k == OVERSIZE_PROPERTY)
+            .and_then(|(_, v)| v.parse().ok())
+    });
+    Some(SouthMessage {
+        topic,
+        payload: f.publish.payload,
+        oversize,
+    })
+}
+
+/// Hands queued deliveries to the broker, many per event.
+fn send(mut link: LinkTx, mut rx: mpsc::Receiver<DirectPublish>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < DELIVER_BATCH {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = link.deliver(batch) {
             error!(error = %e, "embedded broker link lost; stopping sends to devices");
             return;
         }

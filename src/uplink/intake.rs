@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,6 +28,9 @@ use crate::store::{DeadLetter, Intake, IntakeOutcome, PendingMessage, Store, Sto
 
 /// Messages sent to the store and not yet answered, at most.
 const MAX_UNANSWERED: usize = 16_384;
+
+/// Device publishes over the broker's limit, counted.
+pub static OVERSIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
 
 pub struct IntakeConfig {
     pub gateway: Arc<str>,
@@ -96,8 +100,16 @@ async fn accept(
     store: &Store,
     msg: SouthMessage,
 ) -> Result<Option<AnswerFuture>, StoreError> {
+    if let Some(size) = msg.oversize {
+        let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+        warn!(topic = %msg.topic, bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
+    }
     let (device, stream) = match topics.parse_device(&msg.topic) {
         Ok((device, DeviceTopic::Up { stream })) => (device, stream),
+        Ok((device, _)) if msg.oversize.is_some() => {
+            warn!(device = %device, topic = %msg.topic, "oversized control message ignored");
+            return Ok(None);
+        }
         Ok((device, kind)) => {
             let kind = match kind {
                 DeviceTopic::Confirm => ControlKind::Confirm,
@@ -136,6 +148,17 @@ async fn accept(
             return reject(store, None, rejection, &msg).await.map(Some);
         }
     };
+    if let Some(size) = msg.oversize {
+        let rejection = Rejection {
+            code: RejectCode::TooLarge,
+            detail: format!(
+                "{size} bytes > south.max_payload_bytes {}",
+                cfg.max_payload_bytes
+            ),
+            msg_id: sniff_msg_id(&msg.payload),
+        };
+        return reject(store, Some(device), rejection, &msg).await.map(Some);
+    }
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
             let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now_ms());
@@ -263,7 +286,11 @@ async fn answer_device(
         }
     };
     south
-        .publish(topics.device_ack(&device), Bytes::from(receipt.to_bytes()))
+        .publish(
+            &device,
+            topics.device_ack(&device),
+            Bytes::from(receipt.to_bytes()),
+        )
         .await;
     match new {
         Some(msg) => engine.send(msg).await.is_ok(),

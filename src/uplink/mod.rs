@@ -154,6 +154,13 @@ pub async fn run_engine(
 }
 
 impl Engine {
+    async fn send_receipt(&self, device: &DeviceId, receipt: Receipt) {
+        let body = Bytes::from(receipt.to_bytes());
+        self.south
+            .publish(device, self.topics.device_ack(device), body)
+            .await;
+    }
+
     /// Queues the acks of one message; malformed elements are logged.
     fn parse_acks(&mut self, payload: &Bytes) {
         let mut malformed = 0usize;
@@ -204,12 +211,7 @@ impl Engine {
                             Receipt::failed(&msg_id, moved.seq, reason)
                         }
                     };
-                    self.south
-                        .publish(
-                            self.topics.device_ack(&device),
-                            Bytes::from(receipt.to_bytes()),
-                        )
-                        .await;
+                    self.send_receipt(&device, receipt).await;
                 }
                 Ok(None) => {
                     debug!(device = %device, msg_id = %msg_id, to = %to, "no move: not stored (already final or unknown)")
@@ -224,12 +226,7 @@ impl Engine {
                     warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = EXPIRED_REASON, "uplink dead-lettered");
                     self.scheduler.forget(&device, &msg_id);
                     let receipt = Receipt::failed(&msg_id, moved.seq, EXPIRED_REASON);
-                    self.south
-                        .publish(
-                            self.topics.device_ack(&device),
-                            Bytes::from(receipt.to_bytes()),
-                        )
-                        .await;
+                    self.send_receipt(&device, receipt).await;
                 }
             }
             Done::Expired(Err(e)) => warn!(error = %e, "uplink expiry sweep failed"),

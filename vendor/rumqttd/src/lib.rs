@@ -23,7 +23,9 @@ use tracing_subscriber::{
 pub use link::alerts;
 pub use link::local;
 pub use link::meters;
-pub use router::{Alert, Forward, IncomingMeter, Meter, Notification, OutgoingMeter, Router};
+pub use router::{
+    Alert, DirectPublish, Forward, IncomingMeter, Meter, Notification, OutgoingMeter, Router,
+};
 use segments::Storage;
 pub use server::{Broker, LinkType, Server};
 
@@ -154,6 +156,17 @@ pub struct ConnectionSettings {
     pub external_auth: Option<AuthHandler>,
     #[serde(default)]
     pub dynamic_filters: bool,
+    /// ferry: the longest keep-alive honoured, in seconds; a client asking
+    /// for more, or for none (0, which is then accepted), is treated as
+    /// asking for this. 0 keeps upstream's behaviour (keep-alive 0 refused).
+    #[serde(default)]
+    pub max_keep_alive: u16,
+    /// ferry: a PUBLISH over `max_payload_size` is skipped on the wire
+    /// instead of failing the connection, and handed on with only the first
+    /// `oversize_head` bytes of its payload and a `ferry-oversize` user
+    /// property giving its real size. 0 keeps upstream's behaviour.
+    #[serde(default)]
+    pub oversize_head: usize,
 }
 
 impl ConnectionSettings {
@@ -179,6 +192,8 @@ impl fmt::Debug for ConnectionSettings {
             .field("auth", &self.auth)
             .field("external_auth", &self.external_auth.is_some())
             .field("dynamic_filters", &self.dynamic_filters)
+            .field("max_keep_alive", &self.max_keep_alive)
+            .field("oversize_head", &self.oversize_head)
             .finish()
     }
 }
@@ -204,7 +219,26 @@ pub struct RouterConfig {
     // defaults to Round Robin
     #[serde(default)]
     pub shared_subscriptions_strategy: Strategy,
+    /// ferry: keep nothing for a client once it leaves: no session (every
+    /// session is clean), no retained messages from clients, and a filter's
+    /// log is freed when its last subscriber goes.
+    #[serde(default)]
+    pub ephemeral: bool,
+    /// ferry: most subscriptions one connection may hold; a SUBSCRIBE
+    /// beyond it gets a failure (0x80) for that filter. 0 = no limit.
+    #[serde(default)]
+    pub max_subscriptions: usize,
+    /// ferry: messages waiting for direct delivery to one connection
+    /// ([`local::LinkTx::deliver`]) before that connection's own publishes
+    /// are held back (not acknowledged) until it has read them. 0 = no
+    /// limit.
+    #[serde(default)]
+    pub max_direct_queue: usize,
 }
+
+/// The user property a skipped oversized publish carries (see
+/// [`ConnectionSettings::oversize_head`]): its real payload size.
+pub const OVERSIZE_PROPERTY: &str = "ferry-oversize";
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct SegmentConfig {

@@ -1,6 +1,6 @@
 use crate::protocol::{
-    Filter, LastWill, LastWillProperties, Packet, Publish, QoS, RetainForwardRule, Subscribe,
-    Unsubscribe,
+    ConnAck, ConnectReturnCode, Filter, LastWill, LastWillProperties, Packet, Publish, QoS,
+    RetainForwardRule, Subscribe, Unsubscribe,
 };
 use crate::router::Ack;
 use crate::router::{
@@ -34,6 +34,16 @@ pub enum LinkError {
     RecvTimeout(#[from] RecvTimeoutError),
     #[error("Timeout = {0}")]
     Elapsed(#[from] tokio::time::error::Elapsed),
+    /// ferry: the router refused the connection with this CONNACK.
+    #[error("Connection refused: {0:?}")]
+    Refused(ConnAck),
+}
+
+impl LinkError {
+    /// ferry: a `recv_deadline` that only ran out of time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, LinkError::RecvTimeout(RecvTimeoutError::Timeout))
+    }
 }
 
 // used to build LinkTx and LinkRx
@@ -49,6 +59,8 @@ pub struct LinkBuilder<'a> {
     dynamic_filters: bool,
     // default to 0, indicating to not use topic alias
     topic_alias_max: u16,
+    // ferry: false by default (local links are never held back)
+    holdable: bool,
 }
 
 impl<'a> LinkBuilder<'a> {
@@ -62,7 +74,14 @@ impl<'a> LinkBuilder<'a> {
             last_will_properties: None,
             dynamic_filters: false,
             topic_alias_max: 0,
+            holdable: false,
         }
+    }
+
+    /// ferry: this connection's publishes may be held back (remote clients).
+    pub fn holdable(mut self, holdable: bool) -> Self {
+        self.holdable = holdable;
+        self
     }
 
     pub fn tenant_id(mut self, tenant_id: Option<String>) -> Self {
@@ -111,6 +130,7 @@ impl<'a> LinkBuilder<'a> {
         connection
             .last_will(self.last_will, self.last_will_properties)
             .topic_alias_max(self.topic_alias_max);
+        connection.holdable = self.holdable;
         let incoming = Incoming::new(connection.client_id.to_owned());
         let (outgoing, link_rx) = Outgoing::new(connection.client_id.to_owned());
         let outgoing_data_buffer = outgoing.buffer();
@@ -129,8 +149,14 @@ impl<'a> LinkBuilder<'a> {
 
         // Right now link identifies failure with dropped rx in router,
         // which is probably ok. We need this here to get id assigned by router
-        let id = match notification {
-            Notification::DeviceAck(Ack::ConnAck(id, ..)) => id,
+        let id = match &notification {
+            // ferry: a refusal carries its CONNACK back to the caller.
+            Notification::DeviceAck(Ack::ConnAck(_, ack, _))
+                if ack.code != ConnectReturnCode::Success =>
+            {
+                return Err(LinkError::Refused(ack.clone()))
+            }
+            Notification::DeviceAck(Ack::ConnAck(id, ..)) => *id,
             _message => return Err(LinkError::NotConnectionAck),
         };
 
@@ -304,6 +330,27 @@ impl LinkTx {
         Ok(len)
     }
 
+    /// ferry: publishes for named clients, each delivered to that client's
+    /// connection directly and in order if it is connected and subscribed
+    /// to a matching filter, and dropped otherwise. Nothing goes through a
+    /// commit log, so nothing is overwritten while a client is slow: its
+    /// queue grows, and past `RouterConfig::max_direct_queue` the client's
+    /// own publishes are held back until it has read.
+    pub fn deliver(&mut self, publishes: Vec<crate::DirectPublish>) -> Result<(), LinkError> {
+        self.router_tx
+            .send((self.connection_id, Event::Direct(publishes)))?;
+        Ok(())
+    }
+
+    /// ferry: hold back (true) or release (false) every remote client's
+    /// publishes: none is acknowledged while held. For a consumer that
+    /// cannot keep up, so the broker never accepts what it would overwrite.
+    pub fn hold_remote(&mut self, hold: bool) -> Result<(), LinkError> {
+        self.router_tx
+            .send((self.connection_id, Event::HoldRemote(hold)))?;
+        Ok(())
+    }
+
     /// Request to get device shadow
     pub fn shadow<S: Into<String>>(&mut self, filter: S) -> Result<(), LinkError> {
         let message = Event::Shadow(ShadowRequest {
@@ -336,7 +383,8 @@ impl LinkRx {
             router_tx,
             router_rx,
             send_buffer: outgoing_data_buffer,
-            cache: VecDeque::with_capacity(100),
+            // ferry: allocated when used.
+            cache: VecDeque::new(),
         }
     }
 
@@ -404,6 +452,14 @@ impl LinkRx {
 
     pub fn ready(&self) -> Result<(), LinkError> {
         self.router_tx.send((self.connection_id, Event::Ready))?;
+        Ok(())
+    }
+
+    /// ferry: as [`LinkTx::hold_remote`], for the side that knows when its
+    /// consumer is behind.
+    pub fn hold_remote(&self, hold: bool) -> Result<(), LinkError> {
+        self.router_tx
+            .send((self.connection_id, Event::HoldRemote(hold)))?;
         Ok(())
     }
 

@@ -1,4 +1,4 @@
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     time::timeout,
@@ -40,6 +40,11 @@ pub struct Network<P> {
     keepalive: Duration,
     /// Protocol
     protocol: P,
+    /// ferry: payload bytes kept of a PUBLISH over `max_incoming_size`
+    /// (0: such a packet fails the connection, as upstream).
+    oversize_head: usize,
+    /// ferry: bytes of a skipped oversized packet still to discard.
+    skip: usize,
 }
 
 impl<P: Protocol> Network<P> {
@@ -60,7 +65,84 @@ impl<P: Protocol> Network<P> {
             // when we call read.
             keepalive: Duration::MAX,
             protocol,
+            oversize_head: 0,
+            skip: 0,
         }
+    }
+
+    /// ferry: skip a PUBLISH over the size limit on the wire, passing on its
+    /// topic, packet id and the first `head` bytes of its payload, marked
+    /// with a [`crate::OVERSIZE_PROPERTY`] user property giving its real
+    /// payload size, instead of failing the connection. MQTT 3.1.1 framing.
+    pub fn set_oversize_head(&mut self, head: usize) {
+        self.oversize_head = head;
+    }
+
+    /// ferry: drops buffered bytes of a packet being skipped.
+    fn discard(&mut self) {
+        let n = self.skip.min(self.read.len());
+        self.read.advance(n);
+        self.skip -= n;
+    }
+
+    /// ferry: the buffered oversized packet (its fixed header is buffered)
+    /// as a marked, cut-short PUBLISH once its head is buffered: `Ok(None)`
+    /// with the bytes still needed until then.
+    fn oversized(&mut self) -> Result<Result<Packet, usize>, Error> {
+        let too_large = |len| Error::Protocol(protocol::Error::PayloadSizeLimitExceeded(len));
+        let byte1 = self.read[0];
+        let mut remaining = 0usize;
+        let mut fixed = 1;
+        loop {
+            let Some(&b) = self.read.get(fixed) else {
+                return Ok(Err(1));
+            };
+            remaining |= ((b & 0x7f) as usize) << (7 * (fixed - 1));
+            fixed += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+            if fixed > 4 {
+                return Err(Error::Protocol(protocol::Error::MalformedRemainingLength));
+            }
+        }
+        if byte1 >> 4 != 3 {
+            return Err(too_large(remaining));
+        }
+        let qos = (byte1 >> 1) & 0b11;
+        if self.read.len() < fixed + 2 {
+            return Ok(Err(fixed + 2 - self.read.len()));
+        }
+        let topic_len = u16::from_be_bytes([self.read[fixed], self.read[fixed + 1]]) as usize;
+        let header = 2 + topic_len + if qos > 0 { 2 } else { 0 };
+        if header > remaining {
+            return Err(Error::Protocol(protocol::Error::MalformedPacket));
+        }
+        let want = fixed + remaining.min(header + self.oversize_head);
+        if self.read.len() < want {
+            return Ok(Err(want - self.read.len()));
+        }
+        let mut packet = self.read.split_to(want).freeze();
+        packet.advance(fixed + 2);
+        let topic = packet.split_to(topic_len);
+        let pkid = if qos > 0 { packet.get_u16() } else { 0 };
+        let size = remaining - header;
+        self.skip = fixed + remaining - want;
+        self.discard();
+        tracing::info!(bytes = size, limit = self.max_incoming_size, "oversized publish skipped; its head is passed on");
+        let publish = protocol::Publish {
+            dup: byte1 & 0b1000 != 0,
+            qos: protocol::qos(qos).ok_or(Error::Protocol(protocol::Error::InvalidQoS(qos)))?,
+            retain: false,
+            topic,
+            pkid,
+            payload: packet,
+        };
+        let properties = protocol::PublishProperties {
+            user_properties: vec![(crate::OVERSIZE_PROPERTY.to_owned(), size.to_string())],
+            ..Default::default()
+        };
+        Ok(Ok(Packet::Publish(publish, Some(properties))))
     }
 
     pub fn set_keepalive(&mut self, keepalive: u16) {
@@ -94,14 +176,25 @@ impl<P: Protocol> Network<P> {
     /// Waits on network for 1 packet
     pub async fn read(&mut self) -> Result<Packet, Error> {
         loop {
-            let required = match Protocol::read_mut(
-                &mut self.protocol,
-                &mut self.read,
-                self.max_incoming_size,
-            ) {
-                Ok(packet) => return Ok(packet),
-                Err(protocol::Error::InsufficientBytes(required)) => required,
-                Err(e) => return Err(e.into()),
+            self.discard();
+            let required = if self.skip > 0 {
+                1
+            } else {
+                match Protocol::read_mut(
+                    &mut self.protocol,
+                    &mut self.read,
+                    self.max_incoming_size,
+                ) {
+                    Ok(packet) => return Ok(packet),
+                    Err(protocol::Error::InsufficientBytes(required)) => required,
+                    Err(protocol::Error::PayloadSizeLimitExceeded(_)) if self.oversize_head > 0 => {
+                        match self.oversized()? {
+                            Ok(packet) => return Ok(packet),
+                            Err(required) => required,
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             };
 
             // read more packets until a frame can be created. This function
@@ -114,10 +207,23 @@ impl<P: Protocol> Network<P> {
     /// after the connection is established to read a bunch of incoming packets
     pub fn readv(&mut self, packets: &mut VecDeque<Packet>) -> Result<usize, Error> {
         loop {
-            match self
+            self.discard();
+            if self.skip > 0 {
+                return Ok(packets.len());
+            }
+            let read = match self
                 .protocol
                 .read_mut(&mut self.read, self.max_incoming_size)
             {
+                Err(protocol::Error::PayloadSizeLimitExceeded(_)) if self.oversize_head > 0 => {
+                    match self.oversized()? {
+                        Ok(packet) => Ok(packet),
+                        Err(_) => return Ok(packets.len()),
+                    }
+                }
+                other => other,
+            };
+            match read {
                 Ok(packet) => {
                     packets.push_back(packet);
                     let connection_buffer_length = packets.len();

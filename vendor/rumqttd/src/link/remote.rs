@@ -93,14 +93,24 @@ impl<P: Protocol> RemoteLink<P> {
         // the Will Delay Interval has passed or the Session ends, whichever happens first
         let will_delay_interval = min(session_expiry, delay_interval);
 
-        let (link_tx, link_rx, notification) = LinkBuilder::new(client_id, router_tx)
+        let built = LinkBuilder::new(client_id, router_tx)
             .tenant_id(tenant_id)
             .clean_session(clean_session)
             .last_will(lastwill)
             .last_will_properties(lastwill_props)
             .dynamic_filters(dynamic_filters)
             .topic_alias_max(topic_alias_max.unwrap_or(0))
-            .build()?;
+            .holdable(true)
+            .build();
+        let (link_tx, link_rx, notification) = match built {
+            Ok(link) => link,
+            // ferry: tell the client it was refused before closing.
+            Err(LinkError::Refused(ack)) => {
+                network.write(Packet::ConnAck(ack.clone(), None)).await?;
+                return Err(LinkError::Refused(ack).into());
+            }
+            Err(e) => return Err(e.into()),
+        };
 
         let id = link_rx.id();
         Span::current().record("connection_id", id);
@@ -120,7 +130,8 @@ impl<P: Protocol> RemoteLink<P> {
             network,
             link_tx,
             link_rx,
-            notifications: VecDeque::with_capacity(100),
+            // ferry: allocated when used.
+            notifications: VecDeque::new(),
             will_delay_interval,
         })
     }
@@ -199,7 +210,9 @@ where
 
     // When keep_alive feature is disabled client can live forever, which is not good in
     // distributed broker context so currenlty we don't allow it.
-    if connect.keep_alive == 0 {
+    // ferry: unless a longest keep-alive is set, which then stands in for 0
+    // (see `effective_keep_alive`).
+    if connect.keep_alive == 0 && config.max_keep_alive == 0 {
         return Err(Error::ZeroKeepAlive);
     }
 
@@ -220,6 +233,17 @@ where
 
     // Ok((connect, props, lastwill, lastwill_props))
     Ok(packet)
+}
+
+/// ferry: the keep-alive a connection is held to: what it asked for, but
+/// at most `max` seconds, and `max` when it asked for none (0). `max == 0`
+/// means no limit.
+pub(crate) fn effective_keep_alive(asked: u16, max: u16) -> u16 {
+    match (asked, max) {
+        (asked, 0) => asked,
+        (0, max) => max,
+        (asked, max) => asked.min(max),
+    }
 }
 
 async fn handle_auth(
@@ -283,7 +307,19 @@ mod tests {
             auth: None,
             external_auth: None,
             dynamic_filters: false,
+            max_keep_alive: 0,
+            oversize_head: 0,
         }
+    }
+
+    #[test]
+    fn keep_alive_is_capped_and_zero_stands_for_the_cap() {
+        use super::effective_keep_alive;
+        assert_eq!(effective_keep_alive(30, 0), 30);
+        assert_eq!(effective_keep_alive(0, 0), 0);
+        assert_eq!(effective_keep_alive(30, 600), 30);
+        assert_eq!(effective_keep_alive(65535, 600), 600);
+        assert_eq!(effective_keep_alive(0, 600), 600);
     }
 
     fn login() -> Login {

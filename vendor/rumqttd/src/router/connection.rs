@@ -33,6 +33,10 @@ pub struct Connection {
     pub(crate) broker_topic_aliases: Option<BrokerAliases>,
     /// subscription IDs for a connection
     pub(crate) subscription_ids: HashMap<Filter, usize>,
+    /// ferry: QoS of each subscription, for direct deliveries.
+    pub(crate) subscription_qos: HashMap<Filter, u8>,
+    /// ferry: a remote client whose publishes may be held back.
+    pub(crate) holdable: bool,
 }
 
 impl Connection {
@@ -66,6 +70,8 @@ impl Connection {
             topic_aliases: HashMap::new(),
             broker_topic_aliases: None,
             subscription_ids: HashMap::new(),
+            subscription_qos: HashMap::new(),
+            holdable: false,
         }
     }
 

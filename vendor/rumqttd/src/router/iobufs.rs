@@ -16,6 +16,9 @@ use crate::{
 use super::{Forward, IncomingMeter, OutgoingMeter};
 
 const MAX_INFLIGHT: usize = 100;
+/// ferry: the filter index direct publishes are recorded under in flight
+/// (no log; their cursor is `None`, so no retransmission map names them).
+const DIRECT_FILTER: FilterIdx = FilterIdx::MAX;
 const MAX_PKID: u16 = MAX_INFLIGHT as u16;
 
 #[derive(Debug)]
@@ -26,15 +29,25 @@ pub struct Incoming {
     pub(crate) buffer: Arc<Mutex<VecDeque<Packet>>>,
     /// incoming metrics
     pub(crate) meter: IncomingMeter,
+    /// ferry: publishes held back, unacknowledged, while `holding`.
+    pub(crate) held: VecDeque<Packet>,
+    /// ferry: bytes of payload in `held`.
+    pub(crate) held_bytes: usize,
+    /// ferry: this client's publishes are being held back.
+    pub(crate) holding: bool,
 }
 
 impl Incoming {
     #[inline]
     pub(crate) fn new(client_id: String) -> Self {
         Self {
-            buffer: Arc::new(Mutex::new(VecDeque::with_capacity(MAX_CHANNEL_CAPACITY))),
+            // ferry: allocated when used, not up front per connection.
+            buffer: Arc::new(Mutex::new(VecDeque::new())),
             meter: Default::default(),
             client_id,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            holding: false,
         }
     }
 
@@ -62,6 +75,8 @@ pub struct Outgoing {
     inflight_buffer: VecDeque<(u16, FilterIdx, Option<Cursor>)>,
     /// PubRels waiting for PubComp
     pub(crate) unacked_pubrels: VecDeque<u16>,
+    /// ferry: direct publishes (and their QoS) waiting for a free slot.
+    pub(crate) direct: VecDeque<(crate::protocol::Publish, u8)>,
     /// Last packet id
     last_pkid: u16,
     /// Metrics of outgoing messages of this connection
@@ -72,19 +87,18 @@ impl Outgoing {
     #[inline]
     pub(crate) fn new(client_id: String) -> (Self, Receiver<()>) {
         let (handle, rx) = flume::bounded(MAX_CHANNEL_CAPACITY);
-        let data_buffer = VecDeque::with_capacity(MAX_CHANNEL_CAPACITY);
-        let inflight_buffer = VecDeque::with_capacity(MAX_INFLIGHT);
-        let unacked_pubrels = VecDeque::with_capacity(MAX_INFLIGHT);
-
-        // Ensure that there won't be any new allocations
-        assert!(MAX_INFLIGHT <= inflight_buffer.capacity());
-        assert!(MAX_CHANNEL_CAPACITY <= data_buffer.capacity());
+        // ferry: allocated when used, not up front per connection (an idle
+        // device cost tens of KiB in these alone).
+        let data_buffer = VecDeque::new();
+        let inflight_buffer = VecDeque::new();
+        let unacked_pubrels = VecDeque::new();
 
         let outgoing = Self {
             client_id,
             data_buffer: Arc::new(Mutex::new(data_buffer)),
             inflight_buffer,
             unacked_pubrels,
+            direct: VecDeque::new(),
             handle,
             last_pkid: 0,
             meter: Default::default(),
@@ -160,6 +174,30 @@ impl Outgoing {
         }
 
         (buffer_count, inflight_count)
+    }
+
+    /// ferry: moves queued direct publishes into flight while there is
+    /// room; true if any moved.
+    pub(crate) fn flush_direct(&mut self) -> bool {
+        let mut moved = false;
+        while let Some((_, qos)) = self.direct.front() {
+            if *qos > 0 && self.free_slots() == 0 {
+                break;
+            }
+            let (publish, qos) = self.direct.pop_front().expect("front exists");
+            let forward = Forward {
+                cursor: None,
+                size: 0,
+                publish,
+                properties: None,
+            };
+            self.push_forwards(std::iter::once(forward), qos, DIRECT_FILTER);
+            moved = true;
+        }
+        if moved {
+            self.handle.try_send(()).ok();
+        }
+        moved
     }
 
     // Returns (unsolicited, outoforder) flags

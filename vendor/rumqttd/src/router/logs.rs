@@ -17,6 +17,9 @@ use std::time::Instant;
 
 type PubWithProp = (Publish, Option<PublishProperties>);
 
+/// ferry: topics whose matching filters are cached, at most.
+const MAX_CACHED_TOPICS: usize = 10_000;
+
 #[derive(Clone)]
 pub struct PublishData {
     pub publish: Publish,
@@ -128,6 +131,11 @@ impl DataLog {
         match &self.publish_filters.get(topic) {
             Some(v) => Some(v.to_vec()),
             None => {
+                // ferry: the topic → filters cache is only a cache; it must
+                // not grow with every topic clients ever publish on.
+                if self.publish_filters.len() >= MAX_CACHED_TOPICS {
+                    self.publish_filters.clear();
+                }
                 let v: Vec<usize> = self
                     .filter_indexes
                     .iter()
@@ -182,7 +190,10 @@ impl DataLog {
         // arrives in `Router::handle_device_payload`, it first calls the function
         // `next_native_offset` which creates a new commitlog if one doesn't exist. So any new
         // reads will definitely happen on a valid filter.
-        let data = self.native.get(filter_idx).unwrap();
+        // ferry: a freed filter is an error to report, not a panic.
+        let data = self.native.get(filter_idx).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("no log at index {filter_idx}"))
+        })?;
         let mut o = Vec::new();
         // TODO: `readv` is infallible but its current return type does not
         // reflect that. Consequently, this method is also infallible.
@@ -241,8 +252,58 @@ impl DataLog {
         // filter as `request` is "done", that is, the subscriber has caught up. In other words,
         // there has been atleast 1 call to `native_readv` for the same filter, which means if
         // `native_readv` hasn't paniced, so this won't panic either.
-        let data = self.native.get_mut(request.filter_idx).unwrap();
-        data.waiters.register(id, request);
+        // ferry: a request for a freed filter has nothing left to wait for.
+        if let Some(data) = self.native.get_mut(request.filter_idx) {
+            data.waiters.register(id, request);
+        }
+    }
+
+    /// ferry: cleanup a connection from the waiters of its own filters only.
+    pub fn clean_filters<'a>(
+        &mut self,
+        id: ConnectionId,
+        filters: impl IntoIterator<Item = &'a Filter>,
+    ) -> Vec<DataRequest> {
+        let mut inflight = Vec::new();
+        for filter in filters {
+            let data_filter = filter
+                .strip_prefix("$share/")
+                .and_then(|s| s.split_once('/'))
+                .map_or(filter.as_str(), |(_, f)| f);
+            let Some(idx) = self.filter_indexes.get(data_filter) else {
+                continue;
+            };
+            if let Some(data) = self.native.get_mut(*idx) {
+                inflight.append(&mut data.waiters.remove(id));
+            }
+        }
+        inflight
+    }
+
+    /// ferry: a connection subscribed to the filter at `idx`.
+    pub fn subscribed(&mut self, idx: FilterIdx) {
+        if let Some(data) = self.native.get_mut(idx) {
+            data.subscribers += 1;
+        }
+    }
+
+    /// ferry: a connection's subscription to `filter` ended; returns the
+    /// filter's index if nobody subscribes to it any more.
+    pub fn unsubscribed(&mut self, filter: &str) -> Option<FilterIdx> {
+        let idx = *self.filter_indexes.get(filter)?;
+        let data = self.native.get_mut(idx)?;
+        data.subscribers = data.subscribers.saturating_sub(1);
+        (data.subscribers == 0).then_some(idx)
+    }
+
+    /// ferry: frees the log of a filter nobody subscribes to.
+    pub fn remove_filter(&mut self, filter: &str) {
+        if let Some(idx) = self.filter_indexes.remove(filter) {
+            self.native.try_remove(idx);
+            // Cached topic → filter lists may name the freed index, which
+            // the slab will hand out again.
+            self.publish_filters.clear();
+        }
     }
 
     /// Cleanup a connection from all the waiters
@@ -313,6 +374,8 @@ pub struct Data<T> {
     pub log: CommitLog<T>,
     pub waiters: Waiters<DataRequest>,
     meter: SubscriptionMeter,
+    /// ferry: connections subscribed to this filter.
+    subscribers: usize,
 }
 
 impl<T> Data<T>
@@ -337,13 +400,15 @@ where
         // max_segment_size: usize, max_mem_segments: usize
         let log = CommitLog::new(max_segment_size, max_mem_segments).unwrap();
 
-        let waiters = Waiters::with_capacity(10);
+        // ferry: allocated when used, not up front for every filter.
+        let waiters = Waiters::with_capacity(0);
         let metrics = SubscriptionMeter::default();
         Data {
             filter: filter.to_owned(),
             log,
             waiters,
             meter: metrics,
+            subscribers: 0,
         }
     }
 
@@ -380,8 +445,9 @@ impl AckLog {
     /// New log
     pub fn new() -> AckLog {
         AckLog {
-            committed: VecDeque::with_capacity(100),
-            recorded: VecDeque::with_capacity(100),
+            // ferry: allocated when used, not up front per connection.
+            committed: VecDeque::new(),
+            recorded: VecDeque::new(),
         }
     }
 

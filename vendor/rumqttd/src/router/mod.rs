@@ -65,6 +65,23 @@ pub enum Event {
     PrintStatus(Print),
     /// Publish Will message
     PublishWill((String, Option<String>)),
+    /// ferry: publishes for named clients, delivered to their connections
+    /// directly, never through a commit log (see `LinkTx::deliver`).
+    Direct(Vec<DirectPublish>),
+    /// ferry: hold (true) or release (false) every remote client's
+    /// publishes (see `LinkTx::hold_remote`).
+    HoldRemote(bool),
+}
+
+/// ferry: a publish for one client, delivered only if it is connected and
+/// subscribed to a filter that matches the topic, at the QoS of that
+/// subscription (at most 1). It waits in the connection's own queue, in
+/// order, until the client has room for it; it is never overwritten.
+#[derive(Debug, Clone)]
+pub struct DirectPublish {
+    pub client_id: String,
+    pub topic: Bytes,
+    pub payload: Bytes,
 }
 
 /// Notification from router to connection

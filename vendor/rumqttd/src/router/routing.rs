@@ -25,8 +25,8 @@ use super::logs::{AckLog, DataLog};
 use super::scheduler::{ScheduleReason, Scheduler};
 use super::shared_subs::SharedGroup;
 use super::{
-    packetid, Connection, DataRequest, Event, FilterIdx, Meter, Notification, Print, RouterMeter,
-    ShadowRequest, MAX_CHANNEL_CAPACITY, MAX_SCHEDULE_ITERATIONS,
+    packetid, Connection, DataRequest, DirectPublish, Event, FilterIdx, Meter, Notification, Print,
+    RouterMeter, ShadowRequest, MAX_CHANNEL_CAPACITY, MAX_SCHEDULE_ITERATIONS,
 };
 
 #[derive(Error, Debug)]
@@ -102,7 +102,17 @@ pub struct Router {
     shared_subscriptions: HashMap<String, SharedGroup>,
     /// Will messages per client_id
     last_wills: HashMap<String, (LastWill, Option<LastWillProperties>)>,
+    /// ferry: every remote client's publishes are held back.
+    hold_remote: bool,
+    /// ferry: direct publishes for clients not connected or not subscribed.
+    pub direct_dropped: u64,
 }
+
+/// ferry: most publishes held back for one client before it is disconnected
+/// (MQTT packet ids allow no more unacknowledged QoS 1 publishes).
+const MAX_HELD: usize = 65_535;
+/// ferry: most payload bytes held back for one client.
+const MAX_HELD_BYTES: usize = 64 << 20;
 
 impl Router {
     pub fn new(router_id: RouterId, config: RouterConfig) -> Router {
@@ -143,6 +153,8 @@ impl Router {
             cache: Some(VecDeque::with_capacity(MAX_CHANNEL_CAPACITY)),
             shared_subscriptions: HashMap::new(),
             last_wills: HashMap::new(),
+            hold_remote: false,
+            direct_dropped: 0,
         }
     }
 
@@ -261,9 +273,14 @@ impl Router {
                 #[cfg(feature = "validate-tenant-prefix")]
                 _tenant_id,
             ),
+            Event::Direct(publishes) => self.handle_direct(publishes),
+            Event::HoldRemote(hold) => self.hold_all(hold),
         }
     }
 
+    // ferry: what a misbehaving client does (bad packets, acks out of
+    // order, publishes nobody can take) is logged as a warning below, not an
+    // error: it is the client's fault, and the broker carries on.
     fn handle_new_connection(
         &mut self,
         mut connection: Connection,
@@ -272,7 +289,7 @@ impl Router {
     ) {
         let client_id = outgoing.client_id.clone();
         if let Err(err) = validate_clientid(&client_id) {
-            error!("Invalid client_id: {}", err);
+            warn!("Invalid client_id: {}", err);
             return;
         };
 
@@ -285,7 +302,9 @@ impl Router {
 
             let connection_id = self.connection_map.get(&client_id);
             if let Some(connection_id) = connection_id {
-                error!(
+                // ferry: a device reconnecting before its old connection timed
+                // out is normal.
+                info!(
                     "Duplicate client_id, dropping previous connection with connection_id: {}",
                     connection_id
                 );
@@ -294,14 +313,31 @@ impl Router {
         }
 
         if self.connections.len() >= self.config.max_connections {
-            error!("no space for new connection");
-            // let ack = ConnectionAck::Failure("No space for new connection".to_owned());
-            // let message = Notification::ConnectionAck(ack);
+            // ferry: refuse with a CONNACK the client can read (3, server
+            // unavailable), not a silently closed socket.
+            warn!(
+                max_connections = self.config.max_connections,
+                "no space for new connection; CONNECT refused"
+            );
+            let ack = ConnAck {
+                session_present: false,
+                code: ConnectReturnCode::ServiceUnavailable,
+            };
+            outgoing
+                .data_buffer
+                .lock()
+                .push_back(Notification::DeviceAck(super::Ack::ConnAck(usize::MAX, ack, None)));
+            outgoing.handle.try_send(()).ok();
             return;
         }
 
         // Retrieve previous connection state from graveyard
-        let saved = self.graveyard.retrieve(&client_id);
+        // ferry: an ephemeral broker keeps no sessions.
+        let saved = if self.config.ephemeral {
+            None
+        } else {
+            self.graveyard.retrieve(&client_id)
+        };
         let clean_session = connection.clean;
         let previous_session = saved.as_ref().is_some_and(|s| s.session_state.is_some());
         // for qos2 pending pubrels
@@ -413,7 +449,8 @@ impl Router {
         let client_id = match &self.obufs.get(id) {
             Some(v) => v.client_id.clone(),
             None => {
-                error!("no-connection id {} is already gone", id);
+                // ferry: a second Disconnect for one connection is normal.
+                debug!("no-connection id {} is already gone", id);
                 return;
             }
         };
@@ -433,7 +470,8 @@ impl Router {
             let outgoing = match self.obufs.get_mut(id) {
                 Some(v) => v,
                 None => {
-                    error!("no-connection id {} is already gone", id);
+                    // ferry: a second Disconnect for one connection is normal.
+                debug!("no-connection id {} is already gone", id);
                     return;
                 }
             };
@@ -463,7 +501,12 @@ impl Router {
         // connection in readyqueue and allow 'consume()' method to deal with this
         // self.readyqueue.remove(id);
 
-        let inflight_data_requests = self.datalog.clean(id);
+        let inflight_data_requests = if self.config.ephemeral {
+            // ferry: waiters of a connection sit only in its own filters.
+            self.datalog.clean_filters(id, &connection.subscriptions)
+        } else {
+            self.datalog.clean(id)
+        };
         let retransmissions = outgoing.retransmission_map();
 
         // Remove connections from all groups and
@@ -478,7 +521,12 @@ impl Router {
         for filter in connection.subscriptions.iter() {
             if let Some(connections) = self.subscription_map.get_mut(filter) {
                 connections.remove(&id);
+                // ferry: no empty entries left behind.
+                if connections.is_empty() {
+                    self.subscription_map.remove(filter);
+                }
             }
+            self.release_filter(filter);
         }
 
         // Add disconnection event to metrics
@@ -495,7 +543,9 @@ impl Router {
         }
 
         // Save state for persistent sessions
-        if !connection.clean {
+        if self.config.ephemeral {
+            // ferry: nothing of a departed client is kept.
+        } else if !connection.clean {
             // Add inflight data requests back to tracker
             inflight_data_requests
                 .into_iter()
@@ -532,12 +582,113 @@ impl Router {
 
     /// Handles new incoming data on a topic
     fn handle_device_payload(&mut self, id: ConnectionId) {
+        // ferry: once a hold ends, the publishes it held are handled at once.
+        while self.handle_device_payload_once(id) {}
+    }
+
+    /// ferry: whether `id`'s publishes are held back now, updating its state.
+    /// A client is held while every remote client is (`hold_remote`), or
+    /// while it has `max_direct_queue` or more direct publishes waiting, and
+    /// until they are down to half of that.
+    fn update_hold(&mut self, id: ConnectionId) -> bool {
+        let Some(holdable) = self.connections.get(id).map(|c| c.holdable) else {
+            return false;
+        };
+        let max = self.config.max_direct_queue;
+        let queued = self.obufs.get(id).map_or(0, |o| o.direct.len());
+        let Some(incoming) = self.ibufs.get_mut(id) else {
+            return false;
+        };
+        let was = incoming.holding;
+        let behind = max > 0 && if was { queued > max / 2 } else { queued >= max };
+        incoming.holding = holdable && (self.hold_remote || behind);
+        if incoming.holding != was {
+            debug!(queued, holding = incoming.holding, "client's publishes held back / released");
+        }
+        incoming.holding
+    }
+
+    /// ferry: direct publishes for named clients (see `DirectPublish`).
+    fn handle_direct(&mut self, publishes: Vec<DirectPublish>) {
+        let mut touched = Vec::new();
+        for d in publishes {
+            let Some(&id) = self.connection_map.get(&d.client_id) else {
+                self.direct_dropped += 1;
+                debug!(client_id = d.client_id, "direct publish for a client not connected dropped");
+                continue;
+            };
+            let Some(connection) = self.connections.get(id) else {
+                continue;
+            };
+            let topic = std::str::from_utf8(&d.topic).unwrap_or_default();
+            let qos = connection
+                .subscriptions
+                .iter()
+                .filter(|f| protocol::matches(topic, f))
+                .filter_map(|f| connection.subscription_qos.get(f))
+                .max()
+                .copied();
+            let Some(qos) = qos else {
+                self.direct_dropped += 1;
+                debug!(client_id = d.client_id, topic, "direct publish for a client not subscribed dropped");
+                continue;
+            };
+            let qos = qos.min(1);
+            let publish = Publish {
+                dup: false,
+                qos: protocol::qos(qos).unwrap_or(QoS::AtMostOnce),
+                retain: false,
+                topic: d.topic,
+                pkid: 0,
+                payload: d.payload,
+            };
+            if let Some(outgoing) = self.obufs.get_mut(id) {
+                outgoing.direct.push_back((publish, qos));
+                if touched.last() != Some(&id) {
+                    touched.push(id);
+                }
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for id in touched {
+            if let Some(outgoing) = self.obufs.get_mut(id) {
+                outgoing.flush_direct();
+            }
+        }
+    }
+
+    /// ferry: releases (false) or holds (true) every remote client.
+    fn hold_all(&mut self, hold: bool) {
+        if self.hold_remote == hold {
+            return;
+        }
+        self.hold_remote = hold;
+        info!(hold, "remote clients' publishes held back / released");
+        if !hold {
+            let held: Vec<ConnectionId> = self
+                .ibufs
+                .iter()
+                .filter(|(_, i)| !i.held.is_empty())
+                .map(|(id, _)| id)
+                .collect();
+            for id in held {
+                self.handle_device_payload(id);
+            }
+        }
+    }
+
+    /// Handles what a connection sent; true if a hold ended and the
+    /// publishes it held should be handled now.
+    fn handle_device_payload_once(&mut self, id: ConnectionId) -> bool {
+        let holding = self.update_hold(id);
         // TODO: Retun errors and move error handling to the caller
         let incoming = match self.ibufs.get_mut(id) {
             Some(v) => v,
             None => {
-                error!("no-connection id {} is already gone", id);
-                return;
+                // ferry: a second Disconnect for one connection is normal.
+                debug!("no-connection id {} is already gone", id);
+                return false;
             }
         };
 
@@ -547,6 +698,13 @@ impl Router {
 
         // Instead of exchanging, we should just append new incoming packets inside cache
         let mut packets = incoming.exchange(self.cache.take().unwrap());
+        // ferry: what was held goes first, in order, once the hold is over.
+        if !holding && !incoming.held.is_empty() {
+            let mut held = std::mem::take(&mut incoming.held);
+            incoming.held_bytes = 0;
+            held.append(&mut packets);
+            packets = held;
+        }
 
         let mut force_ack = false;
         let mut new_data = false;
@@ -557,6 +715,24 @@ impl Router {
 
         for packet in packets.drain(0..) {
             match packet {
+                // ferry: held back, not acknowledged: the client resends what
+                // it never had acknowledged if it leaves meanwhile. A client
+                // that neither reads nor waits for acknowledgements is
+                // disconnected before it can hold more than the limits.
+                Packet::Publish(publish, properties) if holding => {
+                    let incoming = self.ibufs.get_mut(id).unwrap();
+                    incoming.held_bytes += publish.payload.len() + publish.topic.len();
+                    incoming.held.push_back(Packet::Publish(publish, properties));
+                    if incoming.held.len() > MAX_HELD || incoming.held_bytes > MAX_HELD_BYTES {
+                        warn!(
+                            held = incoming.held.len(),
+                            bytes = incoming.held_bytes,
+                            "client neither reads its messages nor waits for acknowledgements; disconnected"
+                        );
+                        disconnect = true;
+                        break;
+                    }
+                }
                 Packet::Publish(publish, properties) => {
                     let span = tracing::error_span!("publish", topic = ?publish.topic, pkid = publish.pkid);
                     let _guard = span.enter();
@@ -624,7 +800,7 @@ impl Router {
                         }
                         Err(e) => {
                             // Disconnect on bad publishes
-                            error!(
+                            warn!(
                                 reason = ?e, "Failed to append to commitlog"
                             );
                             self.router_meters.failed_publishes += 1;
@@ -640,7 +816,7 @@ impl Router {
 
                     let meter = &mut self.ibufs.get_mut(id).unwrap().meter;
                     if let Err(e) = meter.register_publish(&publish) {
-                        error!(
+                        warn!(
                             reason = ?e, "Failed to write to incoming meter"
                         );
                     };
@@ -655,8 +831,19 @@ impl Router {
                             tracing::info_span!("subscribe", topic = f.path, pkid = subscribe.pkid);
                         let _guard = span.enter();
 
-                        info!("Adding subscription on topic {}", f.path);
                         let connection = self.connections.get_mut(id).unwrap();
+                        // ferry: a connection holds a bounded number of
+                        // subscriptions; past it, a failure for the filter.
+                        let max = self.config.max_subscriptions;
+                        if max > 0
+                            && connection.subscriptions.len() >= max
+                            && !connection.subscriptions.contains(&f.path)
+                        {
+                            warn!(max, "Subscription refused: the connection holds its limit");
+                            return_codes.push(SubscribeReasonCode::Failure);
+                            continue;
+                        }
+                        info!("Adding subscription on topic {}", f.path);
 
                         if let Err(e) = validate_subscription(connection, f) {
                             warn!(reason = ?e,"Subscription cannot be validated: {}", e);
@@ -676,7 +863,7 @@ impl Router {
                         let subscription_id = props.as_ref().and_then(|p| p.id);
 
                         if subscription_id == Some(0) {
-                            error!("Subscription identifier can't be 0");
+                            warn!("Subscription identifier can't be 0");
                             disconnect = true;
                             disconnect_reason = Some(DisconnectReasonCode::ProtocolError);
                             break;
@@ -708,6 +895,7 @@ impl Router {
                     force_ack = true;
                 }
                 Packet::Unsubscribe(unsubscribe, _) => {
+                    let mut released = Vec::new();
                     let connection = self.connections.get_mut(id).unwrap();
                     let pkid = unsubscribe.pkid;
                     for filter in &unsubscribe.filters {
@@ -746,6 +934,7 @@ impl Router {
 
                             // remove the subscription id
                             connection.subscription_ids.remove(filter);
+                            connection.subscription_qos.remove(filter);
 
                             let unsuback = UnsubAck {
                                 pkid,
@@ -757,7 +946,15 @@ impl Router {
                             self.scheduler.untrack(id, filter);
                             self.datalog.remove_waiters_for_id(id, filter);
                             force_ack = true;
+                            // ferry: free what nobody subscribes to any more.
+                            if connection_ids.is_empty() {
+                                self.subscription_map.remove(filter);
+                            }
+                            released.push(filter.clone());
                         }
+                    }
+                    for filter in released {
+                        self.release_filter(&filter);
                     }
                 }
                 Packet::PubAck(puback, _) => {
@@ -767,10 +964,12 @@ impl Router {
                     let outgoing = self.obufs.get_mut(id).unwrap();
                     let pkid = puback.pkid;
                     if outgoing.register_ack(pkid).is_none() {
-                        error!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                        warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
                         disconnect = true;
                         break;
                     }
+                    // ferry: a slot is free for the next direct publish.
+                    outgoing.flush_direct();
 
                     self.scheduler.reschedule(id, ScheduleReason::IncomingAck);
                 }
@@ -781,7 +980,7 @@ impl Router {
                     let outgoing = self.obufs.get_mut(id).unwrap();
                     let pkid = pubrec.pkid;
                     if outgoing.register_ack(pkid).is_none() {
-                        error!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                        warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
                         disconnect = true;
                         break;
                     }
@@ -835,7 +1034,7 @@ impl Router {
                         }
                         Err(e) => {
                             // Disconnect on bad publishes
-                            error!(
+                            warn!(
                                 reason = ?e, "Failed to append to commitlog"
                             );
                             self.router_meters.failed_publishes += 1;
@@ -852,7 +1051,7 @@ impl Router {
                     let outgoing = self.obufs.get_mut(id).unwrap();
                     let pkid = pubcomp.pkid;
                     if outgoing.register_pubcomp(pkid).is_none() {
-                        error!(
+                        warn!(
                             pkid,
                             "ack received for pkid {}, but the pkid didn't exists!", pkid
                         );
@@ -904,7 +1103,13 @@ impl Router {
         // 1 - 4. Hence we use a flag instead of diconnecting immediately
         if disconnect {
             self.handle_disconnection(id, disconnect_reason);
+            return false;
         }
+
+        // ferry: a hold that just ended releases what it held.
+        holding
+            && !self.update_hold(id)
+            && self.ibufs.get(id).is_some_and(|i| !i.held.is_empty())
     }
 
     /// Apply filter and prepare this connection to receive subscription data
@@ -956,6 +1161,10 @@ impl Router {
                 .subscription_ids
                 .insert(filter_path.clone(), subscription_id);
         }
+        // ferry: for direct deliveries.
+        connection
+            .subscription_qos
+            .insert(filter_path.clone(), filter.qos as u8);
 
         // check is group is None because retained messages aren't sent
         // for shared subscriptions
@@ -965,6 +1174,8 @@ impl Router {
         // call to `insert(_)` returns `true` if it didn't contain the filter_path already
         // i.e. its a new subscription
         if connection.subscriptions.insert(filter_path.clone()) {
+            // ferry: one more subscriber of the filter's log.
+            self.datalog.subscribed(filter_idx);
             let request = DataRequest {
                 filter: filter_path.clone(),
                 filter_idx,
@@ -1003,7 +1214,7 @@ impl Router {
         let outgoing = match self.obufs.get_mut(id) {
             Some(v) => v,
             None => {
-                error!("Connection is already disconnected");
+                debug!("Connection is already disconnected");
                 return Some(());
             }
         };
@@ -1092,6 +1303,23 @@ impl Router {
         Some(())
     }
 
+    /// ferry: one subscriber of `filter` (as subscribed: `$share/...`
+    /// included) is gone; an ephemeral broker frees the filter's log with
+    /// its last subscriber. Nothing is lost: a later subscriber would start
+    /// at the log's end anyway.
+    fn release_filter(&mut self, filter: &str) {
+        let data_filter = match extract_group(filter) {
+            Some((_, f)) => f,
+            None => filter.to_owned(),
+        };
+        if let Some(idx) = self.datalog.unsubscribed(&data_filter) {
+            if self.config.ephemeral {
+                self.notifications.retain(|(_, r)| r.filter_idx != idx);
+                self.datalog.remove_filter(&data_filter);
+            }
+        }
+    }
+
     pub fn handle_last_will(
         &mut self,
         client_id: String,
@@ -1140,7 +1368,7 @@ impl Router {
             }
             Err(e) => {
                 // Disconnect on bad publishes
-                error!(
+                warn!(
                     reason = ?e, "Failed to append to commitlog"
                 );
                 self.router_meters.failed_publishes += 1;
@@ -1204,7 +1432,7 @@ fn append_to_commitlog(
         .as_ref()
         .is_some_and(|p| !p.subscription_identifiers.is_empty())
     {
-        error!("A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
+        warn!("A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
         return Err(RouterError::Disconnect(
             DisconnectReasonCode::MalformedPacket,
         ));
@@ -1227,7 +1455,9 @@ fn append_to_commitlog(
         }
     }
 
-    if publish.payload.is_empty() {
+    // ferry: an ephemeral broker keeps no retained messages of clients.
+    if datalog.config.ephemeral {
+    } else if publish.payload.is_empty() {
         datalog.remove_from_retained_publishes(topic.to_owned());
     } else if publish.retain {
         datalog.insert_to_retained_publishes(publish.clone(), properties.clone(), topic.to_owned());
@@ -1279,7 +1509,7 @@ fn append_will_message(
         .as_ref()
         .is_some_and(|p| !p.subscription_identifiers.is_empty())
     {
-        error!("A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
+        warn!("A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
         return Err(RouterError::Disconnect(
             DisconnectReasonCode::MalformedPacket,
         ));
@@ -1298,7 +1528,9 @@ fn append_will_message(
         }
     }
 
-    if publish.payload.is_empty() {
+    // ferry: an ephemeral broker keeps no retained messages of clients.
+    if datalog.config.ephemeral {
+    } else if publish.payload.is_empty() {
         datalog.remove_from_retained_publishes(topic.to_owned());
     } else if publish.retain {
         datalog.insert_to_retained_publishes(publish.clone(), properties.clone(), topic.to_owned());
@@ -1338,7 +1570,7 @@ fn validate_and_set_topic_alias(
     alias: u16,
 ) -> Result<(), RouterError> {
     if alias == 0 || alias > TOPIC_ALIAS_MAX {
-        error!("Alias must be greater than 0 and <={TOPIC_ALIAS_MAX}");
+        warn!("Alias must be greater than 0 and <={TOPIC_ALIAS_MAX}");
         return Err(RouterError::Disconnect(
             DisconnectReasonCode::TopicAliasInvalid,
         ));
@@ -1347,7 +1579,7 @@ fn validate_and_set_topic_alias(
     if publish.topic.is_empty() {
         // if publish topic is empty, publisher must have set a valid alias
         let Some(alias_topic) = connection.topic_aliases.get(&alias) else {
-            error!("Empty topic name with invalid alias");
+            warn!("Empty topic name with invalid alias");
             return Err(RouterError::Disconnect(DisconnectReasonCode::ProtocolError));
         };
         // set the publish topic before further processing

@@ -27,16 +27,18 @@ impl<T> Segment<T>
 where
     T: Storage + Clone,
 {
+    // ferry: segments grow as they fill; a preallocated 1024-entry segment
+    // per filter was most of the memory a connected device cost.
     pub(crate) fn with_offset(absolute_offset: u64) -> Self {
         Self {
-            data: Vec::with_capacity(1024),
+            data: Vec::new(),
             absolute_offset,
             total_size: 0,
         }
     }
     pub(crate) fn new() -> Self {
         Self {
-            data: Vec::with_capacity(1024),
+            data: Vec::new(),
             absolute_offset: 0,
             total_size: 0,
         }

@@ -519,16 +519,28 @@ async fn remote<P: Protocol>(
         config.max_inflight_count,
         protocol,
     );
+    network.set_oversize_head(config.oversize_head);
 
     let dynamic_filters = config.dynamic_filters;
 
-    let connect_packet = match mqtt_connect(config, &mut network).await {
+    let max_keep_alive = config.max_keep_alive;
+    let mut connect_packet = match mqtt_connect(config, &mut network).await {
         Ok(p) => p,
         Err(e) => {
-            error!(error=?e, "Error while handling MQTT connect packet");
+            // ferry: a client that goes away or times out before its CONNECT
+            // is an ordinary event, not an error of the broker.
+            warn!(error=?e, "Error while handling MQTT connect packet");
             return;
         }
     };
+    // ferry: hold the connection to the longest keep-alive allowed.
+    if let Packet::Connect(connect, ..) = &mut connect_packet {
+        let effective = remote::effective_keep_alive(connect.keep_alive, max_keep_alive);
+        if effective != connect.keep_alive {
+            info!(asked = connect.keep_alive, effective, "keep-alive capped");
+            connect.keep_alive = effective;
+        }
+    }
 
     let (mut client_id, clean_session) = match &connect_packet {
         Packet::Connect(ref connect, _, _, _, _) => {
@@ -557,7 +569,9 @@ async fn remote<P: Protocol>(
         } else {
             AwaitingWill::Cancel
         };
-        sender.try_send(awaiting_will).unwrap();
+        // ferry: the old connection's will handler may be gone already;
+        // that is no reason to panic a connection task.
+        let _ = sender.try_send(awaiting_will);
     }
 
     let (will_tx, will_rx) = flume::bounded::<AwaitingWill>(1);
@@ -579,7 +593,9 @@ async fn remote<P: Protocol>(
     {
         Ok(l) => l,
         Err(e) => {
-            error!(error=?e, "Remote link error");
+            // ferry: a refused CONNECT (e.g. no room) is logged where it is
+            // refused; here it is only the end of this task.
+            info!(error=?e, "Remote link error");
             return;
         }
     };
@@ -588,24 +604,26 @@ async fn remote<P: Protocol>(
     let will_delay_interval = link.will_delay_interval;
     let mut send_disconnect = true;
 
+    // ferry: a device going away (closed, reset, timed out, taken over) is
+    // an ordinary event: info, not error. A protocol violation is a warning.
     match link.start().await {
         // Connection got closed. This shouldn't usually happen.
-        Ok(_) => error!("connection-stop"),
+        Ok(_) => warn!("connection-stop"),
         // No need to send a disconnect message when disconnection
         // originated internally in the router.
         Err(remote::Error::Link(e)) => {
-            error!(error=?e, "router-drop");
+            info!(error=?e, "router-drop");
             send_disconnect = false;
         }
-        // Connection was closed by peer
-        Err(remote::Error::Network(network::Error::Io(err)) | remote::Error::Io(err))
-            if err.kind() == io::ErrorKind::ConnectionAborted =>
-        {
-            info!(error=?err, "disconnected");
+        Err(
+            remote::Error::Network(network::Error::Io(_) | network::Error::KeepAlive(_))
+            | remote::Error::Io(_),
+        ) => {
+            info!("disconnected");
         }
         // Any other error
         Err(e) => {
-            error!(error=?e, "disconnected");
+            warn!(error=?e, "disconnected");
         }
     };
 
