@@ -8,8 +8,9 @@
 //! forever while nothing else moves. So:
 //! - every publish handed to rumqttc is followed to its PUBACK by packet id;
 //! - when a connection drops with publishes unacknowledged, the oldest of
-//!   them (the broker acks in order, so it is the one it choked on, or
-//!   stands in front of it) becomes a *suspect*;
+//!   them become *suspects*: the broker acks in order, so the one it choked
+//!   on is among them, and the PUBACKs it sent just before closing are often
+//!   lost with the connection (a reset discards what was not read yet);
 //! - a suspect is only ever sent as a *probe*: alone, once nothing else is
 //!   in flight, with everything else held back until its PUBACK;
 //! - a drop while a probe is alone in flight, soon after it was written, is
@@ -36,6 +37,10 @@ pub const STRIKE_WINDOW: Duration = Duration::from_secs(5);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Suspects remembered; the oldest is forgotten beyond this.
 const MAX_SUSPECTS: usize = 64;
+/// Unacknowledged publishes a drop makes suspects, oldest first. Each costs
+/// one round trip on the next connection; if the culprit was further back,
+/// the next drop finds it among the next ones.
+const SUSPECTS_PER_DROP: usize = 16;
 
 /// What a publish is, so its fate can be told to its owner.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -215,13 +220,18 @@ impl Flow {
             _ => None,
         };
         if strike.is_none() {
-            if let Some((_, oldest)) = self.written.front() {
-                if !self.suspects.contains(oldest) {
-                    if self.suspects.len() >= MAX_SUSPECTS {
-                        self.suspects.pop_front();
-                    }
-                    self.suspects.push_back(oldest.clone());
+            let oldest: Vec<Tag> = self
+                .written
+                .iter()
+                .map(|(_, tag)| tag.clone())
+                .filter(|tag| !self.suspects.contains(tag))
+                .take(SUSPECTS_PER_DROP)
+                .collect();
+            for tag in oldest {
+                if self.suspects.len() >= MAX_SUSPECTS {
+                    self.suspects.pop_front();
                 }
+                self.suspects.push_back(tag);
             }
         }
         self.epoch = None;

@@ -206,10 +206,22 @@ struct Unacked {
 enum Link {
     /// Connecting, or waiting to reconnect.
     Down,
-    /// Connected since `at`; `subscribed` once the SubAck came.
-    Connected { at: Instant, subscribed: bool },
+    /// Connected since `at`.
+    Connected { at: Instant, stage: Stage },
     /// DISCONNECT requested; the session ends when it is written.
     Closing,
+}
+
+/// How far a new connection got.
+#[derive(PartialEq)]
+enum Stage {
+    /// Waiting for the SubAck.
+    Subscribing,
+    /// Subscribed; the retained `online: true` is out, alone, so that a
+    /// drop is never blamed on it when pipeline traffic follows.
+    Announcing,
+    /// `Up` was told: the pipeline publishes.
+    Up,
 }
 
 struct Session {
@@ -274,7 +286,7 @@ impl Session {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                     link = Link::Connected {
                         at: Instant::now(),
-                        subscribed: false,
+                        stage: Stage::Subscribing,
                     };
                     self.epoch += 1;
                     self.flow.connected(self.epoch);
@@ -293,9 +305,9 @@ impl Session {
                     }
                 }
                 Ok(Event::Incoming(Packet::SubAck(_))) => {
-                    if let Link::Connected { subscribed, .. } = &mut link {
-                        if !*subscribed {
-                            *subscribed = true;
+                    if let Link::Connected { stage, .. } = &mut link {
+                        if *stage == Stage::Subscribing {
+                            *stage = Stage::Announcing;
                             self.flow.submit(Outgoing {
                                 topic: self.topics.north_status(),
                                 body: Bytes::from(status_body(true)),
@@ -303,21 +315,29 @@ impl Session {
                                 tag: Tag::Status,
                                 epoch: self.epoch,
                             });
-                            if !self.emit(NorthEvent::Up(self.epoch)).await {
-                                return;
-                            }
                         }
                     }
                 }
                 Ok(Event::Outgoing(Sent::Publish(pkid))) => self.flow.written(pkid, Instant::now()),
                 Ok(Event::Outgoing(Sent::AwaitAck(pkid))) => self.flow.collision(pkid),
-                Ok(Event::Incoming(Packet::PubAck(ack))) => {
-                    if let Some(tag @ Tag::Receipts(_)) = self.flow.acked(ack.pkid) {
+                Ok(Event::Incoming(Packet::PubAck(ack))) => match self.flow.acked(ack.pkid) {
+                    Some(tag @ Tag::Receipts(_)) => {
                         if !self.emit(NorthEvent::Published(tag)).await {
                             return;
                         }
                     }
-                }
+                    Some(Tag::Status) => {
+                        if let Link::Connected { stage, .. } = &mut link {
+                            if *stage == Stage::Announcing {
+                                *stage = Stage::Up;
+                                if !self.emit(NorthEvent::Up(self.epoch)).await {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                },
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     if !self.on_publish(p).await {
                         return;
@@ -339,27 +359,34 @@ impl Session {
                     // What was received on the lost connection is sent again
                     // by the broker; its acks must not go out on the next one.
                     self.unacked.clear();
-                    if let Some(tag) = self.flow.lost(Instant::now()) {
+                    let strike = self.flow.lost(Instant::now());
+                    if let Some(tag) = &strike {
                         warn!(tag = ?tag, error = %e, "the upstream broker dropped the link on this message");
-                        if !self.emit(NorthEvent::Refused(tag)).await {
+                        if !self.emit(NorthEvent::Refused(tag.clone())).await {
                             return;
                         }
                     }
                     let was = std::mem::replace(&mut link, Link::Down);
-                    if let Link::Connected { at, subscribed } = was {
+                    if let Link::Connected { at, stage } = was {
                         if at.elapsed() >= STABLE_AFTER {
                             failures = 0;
                         }
-                        if subscribed && !self.emit(NorthEvent::Down).await {
+                        if stage == Stage::Up && !self.emit(NorthEvent::Down).await {
                             return;
                         }
-                    }
-                    if matches!(was, Link::Closing) {
+                    } else if matches!(was, Link::Closing) {
                         self.closed.notify_waiters();
                         return;
                     }
-                    let delay = reconnect_delay(failures);
-                    failures = failures.saturating_add(1);
+                    // A drop explained by one message is no reason to wait
+                    // longer: that message backs off on its own. Any other
+                    // early death makes the next wait longer.
+                    let delay = if strike.is_some() {
+                        reconnect_delay(0)
+                    } else {
+                        failures = failures.saturating_add(1);
+                        reconnect_delay(failures - 1)
+                    };
                     log_error(&e, &self.host, self.port, failures, delay);
                     tokio::time::sleep(delay).await;
                 }

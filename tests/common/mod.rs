@@ -30,7 +30,7 @@ const MOSQUITTO_START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after every event-loop error (rumqttc reconnects with no backoff).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 /// Largest MQTT packet the test clients send or accept.
-const MAX_PACKET: usize = 1 << 20;
+const MAX_PACKET: usize = 8 << 20;
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
@@ -148,8 +148,17 @@ impl Mosquitto {
         Mosquitto::start_on(free_port())
     }
 
+    /// Starts a broker on a free port with extra config lines.
+    pub fn start_with(extra: &[&str]) -> Mosquitto {
+        Mosquitto::start_configured(free_port(), extra)
+    }
+
     /// Starts a broker on `port`.
     pub fn start_on(port: u16) -> Mosquitto {
+        Mosquitto::start_configured(port, &[])
+    }
+
+    fn start_configured(port: u16, extra: &[&str]) -> Mosquitto {
         let binary = mosquitto_binary();
         let dir = tempfile::Builder::new()
             .prefix("ferry-mosquitto-")
@@ -168,8 +177,9 @@ impl Mosquitto {
              log_type warning\n\
              log_type notice\n\
              log_type information\n\
-             connection_messages true\n",
-            log = log.display()
+             connection_messages true\n{extra}",
+            log = log.display(),
+            extra = extra.iter().map(|l| format!("{l}\n")).collect::<String>()
         );
         fs::write(dir.path().join("mosquitto.conf"), config).expect("write mosquitto.conf");
         let mut m = Mosquitto {
@@ -288,6 +298,12 @@ pub struct FerryOpts {
     pub max_payload_bytes: u64,
     /// `south.max_connections`.
     pub max_connections: usize,
+    /// `south.max_keep_alive_s`.
+    pub max_keep_alive_s: u64,
+    /// `south.max_subscriptions`.
+    pub max_subscriptions: usize,
+    /// `north.max_packet_bytes`.
+    pub north_max_packet_bytes: u64,
     pub ack_timeout_ms: u64,
     pub max_inflight: u32,
     pub keep_alive_s: u64,
@@ -311,6 +327,9 @@ impl Default for FerryOpts {
             north_port: 1884,
             max_payload_bytes: 65536,
             max_connections: 1000,
+            max_keep_alive_s: 600,
+            max_subscriptions: 8,
+            north_max_packet_bytes: 16 << 20,
             ack_timeout_ms: 2000,
             max_inflight: 32,
             keep_alive_s: 5,
@@ -348,6 +367,8 @@ impl FerryOpts {
              max_payload_bytes = {max_payload}\n\
              topic_prefix = \"devices\"\n\
              max_connections = {max_connections}\n\
+             max_keep_alive_s = {max_keep_alive}\n\
+             max_subscriptions = {max_subscriptions}\n\
              \n\
              [north]\n\
              host = \"127.0.0.1\"\n\
@@ -359,6 +380,7 @@ impl FerryOpts {
              ack_timeout_ms = {ack_timeout}\n\
              max_inflight = {max_inflight}\n\
              topic_prefix = \"ferry\"\n\
+             max_packet_bytes = {north_max_packet}\n\
              \n\
              [retry]\n\
              base_ms = {base}\n\
@@ -376,6 +398,9 @@ impl FerryOpts {
             data_dir = toml_str(&data_dir.display().to_string()),
             max_payload = self.max_payload_bytes,
             max_connections = self.max_connections,
+            max_keep_alive = self.max_keep_alive_s,
+            max_subscriptions = self.max_subscriptions,
+            north_max_packet = self.north_max_packet_bytes,
             north_port = self.north_port,
             keep_alive = self.keep_alive_s,
             ack_timeout = self.ack_timeout_ms,
@@ -1048,4 +1073,205 @@ impl<I: Iterator<Item = String>> Flags<I> {
         v.parse()
             .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
     }
+}
+
+// ---------------------------------------------------------------------------
+// Raw MQTT: one TCP socket, packets written and read by hand
+// ---------------------------------------------------------------------------
+
+/// A bare MQTT 3.1.1 client: it sends exactly what it is told, reads only
+/// when asked, and acknowledges nothing by itself. For the edges a real
+/// client library would smooth over (keep-alive 0, a device that stops
+/// reading, a packet over the broker's limit, a refused CONNECT).
+pub struct RawMqtt {
+    stream: tokio::net::TcpStream,
+    buf: bytes::BytesMut,
+    next_pkid: u16,
+}
+
+impl RawMqtt {
+    /// TCP connect and CONNECT; the CONNACK, or why there is none.
+    pub async fn try_connect(
+        port: u16,
+        client_id: &str,
+        keep_alive: u16,
+    ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("tcp connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let mut raw = RawMqtt {
+            stream,
+            buf: bytes::BytesMut::new(),
+            next_pkid: 0,
+        };
+        let mut connect = rumqttc::Connect::new(client_id);
+        connect.keep_alive = keep_alive;
+        connect.clean_session = true;
+        raw.send(rumqttc::Packet::Connect(connect)).await;
+        match raw.recv(CONNECT_TIMEOUT).await {
+            Some(rumqttc::Packet::ConnAck(ack)) => Ok((raw, ack)),
+            Some(other) => Err(format!("expected CONNACK, got {other:?}")),
+            None => Err("no CONNACK: the socket closed or nothing came".into()),
+        }
+    }
+
+    /// Connects and insists on an accepted session.
+    pub async fn connect(port: u16, client_id: &str, keep_alive: u16) -> RawMqtt {
+        let (raw, ack) = RawMqtt::try_connect(port, client_id, keep_alive)
+            .await
+            .unwrap_or_else(|e| panic!("{client_id}: {e}"));
+        assert_eq!(
+            ack.code,
+            rumqttc::ConnectReturnCode::Success,
+            "{client_id} refused"
+        );
+        raw
+    }
+
+    pub fn next_pkid(&mut self) -> u16 {
+        self.next_pkid = self.next_pkid % u16::MAX + 1;
+        self.next_pkid
+    }
+
+    fn encode(packet: &rumqttc::Packet, out: &mut bytes::BytesMut) {
+        packet
+            .write(out, usize::MAX)
+            .unwrap_or_else(|e| panic!("encode {packet:?}: {e}"));
+    }
+
+    /// Writes one packet.
+    pub async fn send(&mut self, packet: rumqttc::Packet) {
+        self.send_many(std::iter::once(packet)).await;
+    }
+
+    /// Writes many packets in one go (the socket write may block until the
+    /// broker reads).
+    pub async fn send_many(&mut self, packets: impl IntoIterator<Item = rumqttc::Packet>) {
+        use tokio::io::AsyncWriteExt;
+        let mut out = bytes::BytesMut::new();
+        for p in packets {
+            RawMqtt::encode(&p, &mut out);
+        }
+        self.stream.write_all(&out).await.expect("raw write");
+    }
+
+    /// A QoS 1 PUBLISH with a fresh packet id.
+    pub fn publish(&mut self, topic: &str, payload: impl Into<Vec<u8>>) -> rumqttc::Packet {
+        let mut p = rumqttc::Publish::new(topic, QoS::AtLeastOnce, payload);
+        p.pkid = self.next_pkid();
+        rumqttc::Packet::Publish(p)
+    }
+
+    /// SUBSCRIBE at QoS 1; returns the SUBACK's codes.
+    pub async fn subscribe(&mut self, filters: &[String]) -> Vec<rumqttc::SubscribeReasonCode> {
+        let mut sub = rumqttc::Subscribe::new_many(
+            filters
+                .iter()
+                .map(|f| rumqttc::SubscribeFilter::new(f.clone(), QoS::AtLeastOnce)),
+        );
+        sub.pkid = self.next_pkid();
+        self.send(rumqttc::Packet::Subscribe(sub)).await;
+        loop {
+            match self.recv(CONNECT_TIMEOUT).await {
+                Some(rumqttc::Packet::SubAck(ack)) => return ack.return_codes,
+                Some(_) => continue,
+                None => panic!("no SUBACK"),
+            }
+        }
+    }
+
+    /// The next packet; `None` on timeout or a closed socket.
+    pub async fn recv(&mut self, timeout: Duration) -> Option<rumqttc::Packet> {
+        use tokio::io::AsyncReadExt;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match rumqttc::Packet::read(&mut self.buf, MAX_PACKET) {
+                Ok(p) => return Some(p),
+                Err(rumqttc::Error::InsufficientBytes(_)) => {}
+                Err(e) => panic!("raw read: {e}"),
+            }
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Whether the broker closed the socket within `timeout` (packets that
+    /// arrive meanwhile are discarded).
+    pub async fn closed_within(&mut self, timeout: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut scratch = [0u8; 4096];
+        loop {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut scratch)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Reads for `timeout`, acknowledging every QoS 1 PUBLISH and handing
+    /// its payload to `on_publish` until it returns true.
+    pub async fn read_publishes(
+        &mut self,
+        timeout: Duration,
+        mut on_publish: impl FnMut(&rumqttc::Publish) -> bool,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match self.recv(left).await {
+                Some(rumqttc::Packet::Publish(p)) => {
+                    if p.qos == QoS::AtLeastOnce {
+                        self.send(rumqttc::Packet::PubAck(rumqttc::PubAck::new(p.pkid)))
+                            .await;
+                    }
+                    if on_publish(&p) {
+                        return true;
+                    }
+                }
+                Some(_) => {}
+                None => return false,
+            }
+        }
+    }
+}
+
+/// Resident memory of a process, KiB (`VmRSS` in /proc).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Raises this process's open-file limit to its hard limit (children, such
+/// as ferry, inherit it); returns the new limit.
+pub fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        lim.rlim_cur
+    }
+}
+
+/// How often ferry's log says it connected north.
+pub fn north_connects(log: &str) -> usize {
+    log.matches("north connected").count()
 }

@@ -57,7 +57,7 @@ fn publishes_for_a_gone_connection_are_dropped() {
 }
 
 #[test]
-fn a_drop_makes_the_oldest_unacked_publish_a_suspect_probed_alone_next_time() {
+fn a_drop_makes_the_unacked_publishes_suspects_probed_alone_next_time() {
     let now = Instant::now();
     let mut f = Flow::new(100);
     f.connected(1);
@@ -68,13 +68,14 @@ fn a_drop_makes_the_oldest_unacked_publish_a_suspect_probed_alone_next_time() {
     send_all(&mut f, &mut pkid, now);
     f.acked(1);
     assert_eq!(f.lost(now), None, "no probe was out: no strike");
+    assert!(!f.is_suspect(&up("a", 1)), "acked");
     assert!(f.is_suspect(&up("a", 2)));
-    assert!(!f.is_suspect(&up("a", 3)));
+    assert!(f.is_suspect(&up("a", 4)));
 
     f.connected(2);
     f.submit(out(up("b", 1), 2));
     f.submit(out(up("a", 2), 2));
-    f.submit(out(up("a", 3), 2));
+    f.submit(out(up("b", 2), 2));
     assert_eq!(
         send_all(&mut f, &mut pkid, now).len(),
         1,
@@ -93,7 +94,7 @@ fn a_drop_makes_the_oldest_unacked_publish_a_suspect_probed_alone_next_time() {
     );
     assert_eq!(f.acked(pkid), Some(up("a", 2)));
     assert!(!f.is_suspect(&up("a", 2)), "an acked probe is cleared");
-    assert_eq!(send_all(&mut f, &mut pkid, now).len(), 1, "a-3 flows again");
+    assert_eq!(send_all(&mut f, &mut pkid, now).len(), 1, "b-2 flows again");
 }
 
 #[test]
@@ -180,4 +181,19 @@ fn a_publish_the_client_could_not_take_goes_first_next_time() {
     let o = f.next_to_send().unwrap();
     f.refused_by_client(o);
     assert_eq!(f.next_to_send().unwrap().tag, up("a", 1));
+}
+
+#[test]
+fn a_drop_makes_at_most_sixteen_suspects() {
+    let now = Instant::now();
+    let mut f = Flow::new(100);
+    f.connected(1);
+    for seq in 1..=40 {
+        f.submit(out(up("a", seq), 1));
+    }
+    let mut pkid = 0;
+    send_all(&mut f, &mut pkid, now);
+    f.lost(now);
+    let suspects: Vec<u64> = (1..=40).filter(|s| f.is_suspect(&up("a", *s))).collect();
+    assert_eq!(suspects, (1..=16).collect::<Vec<_>>());
 }
