@@ -321,10 +321,10 @@ impl Session {
                 Ok(Event::Outgoing(Sent::Publish(pkid))) => self.flow.written(pkid, Instant::now()),
                 Ok(Event::Outgoing(Sent::AwaitAck(pkid))) => self.flow.collision(pkid),
                 Ok(Event::Incoming(Packet::PubAck(ack))) => match self.flow.acked(ack.pkid) {
-                    Some(tag @ Tag::Receipts(_)) => {
-                        if !self.emit(NorthEvent::Published(tag)).await {
-                            return;
-                        }
+                    Some(tag @ Tag::Receipts(_))
+                        if !self.emit(NorthEvent::Published(tag)).await =>
+                    {
+                        return;
                     }
                     Some(Tag::Status) => {
                         if let Link::Connected { stage, .. } = &mut link {
