@@ -320,24 +320,23 @@ impl Session {
                 }
                 Ok(Event::Outgoing(Sent::Publish(pkid))) => self.flow.written(pkid, Instant::now()),
                 Ok(Event::Outgoing(Sent::AwaitAck(pkid))) => self.flow.collision(pkid),
-                Ok(Event::Incoming(Packet::PubAck(ack))) => match self.flow.acked(ack.pkid) {
-                    Some(tag @ Tag::Receipts(_))
-                        if !self.emit(NorthEvent::Published(tag)).await =>
-                    {
-                        return;
-                    }
-                    Some(Tag::Status) => {
-                        if let Link::Connected { stage, .. } = &mut link {
-                            if *stage == Stage::Announcing {
-                                *stage = Stage::Up;
-                                if !self.emit(NorthEvent::Up(self.epoch)).await {
-                                    return;
-                                }
-                            }
+                Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                    let event = match (self.flow.acked(ack.pkid), &mut link) {
+                        (Some(tag @ Tag::Receipts(_)), _) => Some(NorthEvent::Published(tag)),
+                        (Some(Tag::Status), Link::Connected { stage, .. })
+                            if *stage == Stage::Announcing =>
+                        {
+                            *stage = Stage::Up;
+                            Some(NorthEvent::Up(self.epoch))
+                        }
+                        _ => None,
+                    };
+                    if let Some(event) = event {
+                        if !self.emit(event).await {
+                            return;
                         }
                     }
-                    _ => {}
-                },
+                }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     if !self.on_publish(p).await {
                         return;
