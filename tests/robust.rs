@@ -126,7 +126,7 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
         );
     };
     assert_eq!(status(mine[0]), "stored", "stored first: {mine:?}");
-    assert_eq!(status(&failed), "failed", "{failed}");
+    assert_eq!(status(failed), "failed", "{failed}");
     let reason = failed["reason"].as_str().unwrap_or("");
     assert!(
         reason.starts_with(&format!("exhausted: {attempts} attempts"))
