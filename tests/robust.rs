@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto};
+use common::{boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt};
 use serde_json::{json, Value};
 
 const SECS_10: Duration = Duration::from_secs(10);
@@ -177,4 +177,184 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
         .await;
     assert_eq!(ids_with(&got, "delivered").len(), last.len());
     assert_eq!(north_connects(&ferry.log()), settled, "no more drops");
+}
+
+/// A client on the upstream broker reading `ferry/{gateway}/receipts`.
+async fn receipts_reader(mq_port: u16, gateway: &str) -> RawMqtt {
+    let mut raw = RawMqtt::connect(mq_port, &format!("receipts-{gateway}"), 30).await;
+    raw.subscribe(&[format!("ferry/{gateway}/receipts")]).await;
+    raw
+}
+
+/// Receipts north (arrays split) until `done` holds or `timeout` passes.
+async fn north_receipts_until(
+    raw: &mut RawMqtt,
+    all: &mut Vec<Value>,
+    timeout: Duration,
+    mut done: impl FnMut(&[Value]) -> bool,
+) -> bool {
+    if done(all) {
+        return true;
+    }
+    raw.read_publishes(timeout, |p| {
+        match serde_json::from_slice::<Value>(&p.payload) {
+            Ok(Value::Array(items)) => all.extend(items),
+            Ok(one) => all.push(one),
+            Err(_) => {}
+        }
+        done(all)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link() {
+    let mq = Mosquitto::start();
+    let gw = "gw-bigup";
+    let ferry = Ferry::start(FerryOpts {
+        north_max_packet_bytes: 1 << 20,
+        ..FerryOpts::new(gw, mq.port)
+    });
+    let mut backend = Backend::connect(mq.port, gw).await;
+    let mut receipts = receipts_reader(mq.port, gw).await;
+    let mut device = Device::connect(ferry.south_port, "d1").await;
+    let boot = boot_id();
+
+    // One ack array of over 528 kB: twenty real acks among 9,500 others.
+    let ids = publish_many(&device, &boot, "u", 20).await;
+    let north = backend
+        .messages_until(SECS_30, |all| all.len() >= ids.len())
+        .await;
+    assert_eq!(north.len(), ids.len());
+    let mut acks: Vec<Value> = (0..9500)
+        .map(|i| json!({"device": "ghost", "msg_id": format!("ghost-{i:06}"), "status": "ok"}))
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        acks.insert(i * 400, json!({"device": "d1", "msg_id": id, "status": "ok"}));
+    }
+    let array = serde_json::to_vec(&acks).unwrap();
+    assert!(array.len() > 528_000, "{} bytes", array.len());
+    backend.publish_ack_raw(array).await;
+    let got = device
+        .receipts_until(SECS_30, |all| ids_with(all, "delivered").len() == ids.len())
+        .await;
+    assert_eq!(ids_with(&got, "delivered").len(), ids.len(), "{got:?}");
+
+    // A 200 kB downlink (over south.max_payload_bytes) and a 2 MiB one (over
+    // north.max_packet_bytes): both rejected by msg_id, each exactly once.
+    let big = serde_json::to_vec(&json!({"msg_id": "big-down", "payload": "b".repeat(200_000)}))
+        .unwrap();
+    let huge = serde_json::to_vec(&json!({"msg_id": "huge-down", "payload": "h".repeat(2 << 20)}))
+        .unwrap();
+    backend
+        .publish_raw(&format!("ferry/{gw}/down/d1"), big)
+        .await;
+    backend
+        .publish_raw(&format!("ferry/{gw}/down/d1"), huge)
+        .await;
+    let mut all = Vec::new();
+    let rejected = |all: &[Value], id: &str| {
+        all.iter()
+            .filter(|r| r["msg_id"] == id && status(r) == "rejected")
+            .count()
+    };
+    let both = north_receipts_until(&mut receipts, &mut all, SECS_30, |all| {
+        rejected(all, "big-down") == 1 && rejected(all, "huge-down") == 1
+    })
+    .await;
+    assert!(both, "{all:?}\n{}", ferry.log_tail());
+    for r in all.iter().filter(|r| status(r) == "rejected") {
+        assert!(
+            r["reason"].as_str().unwrap_or("").starts_with("too_large"),
+            "{r}"
+        );
+        assert_eq!(r["device"], "d1", "{r}");
+    }
+    let log = ferry.log();
+    assert!(
+        log.contains("north message over north.max_packet_bytes acknowledged")
+            && log.contains("total=1"),
+        "logged and counted"
+    );
+    assert_eq!(
+        ferry.query_i64(
+            "SELECT COUNT(*) FROM dead_letter WHERE direction = 'down' AND reason LIKE 'too_large%'",
+            []
+        ),
+        2
+    );
+
+    // Traffic goes on, both ways, on the first connection.
+    let ok = serde_json::to_vec(&json!({"msg_id": "small-down", "payload": "hello"})).unwrap();
+    backend
+        .publish_raw(&format!("ferry/{gw}/down/d1"), ok)
+        .await;
+    let stored = north_receipts_until(&mut receipts, &mut all, SECS_30, |all| {
+        all.iter().any(|r| r["msg_id"] == "small-down" && status(r) == "stored")
+    })
+    .await;
+    assert!(stored, "{all:?}");
+    let more = publish_many(&device, &boot, "v", 5).await;
+    let north = backend
+        .messages_until(SECS_30, |all| all.len() >= more.len())
+        .await;
+    assert_eq!(north.len(), more.len());
+    // Nothing was redelivered: still exactly one rejection each.
+    north_receipts_until(&mut receipts, &mut all, Duration::from_millis(500), |_| false).await;
+    assert_eq!(rejected(&all, "big-down"), 1);
+    assert_eq!(rejected(&all, "huge-down"), 1);
+    assert_eq!(north_connects(&ferry.log()), 1, "the north link never dropped");
+}
+
+/// An envelope as bytes.
+fn envelope(id: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"msg_id": id, "payload": {"v": 1}})).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_pipelined_uplinks_with_the_north_link_down_all_get_stored() {
+    // Nothing listens upstream: every message waits in the store.
+    let ferry = Ferry::start(FerryOpts::new("gw-burst", common::free_port()));
+    let mut device = Device::connect(ferry.south_port, "burst").await;
+    let boot = boot_id();
+    let n = 2000;
+    let topic = device.up_topic("t");
+    for i in 0..n {
+        device
+            .publish_raw(&topic, envelope(&format!("{boot}-{i}")))
+            .await;
+    }
+    let got = device
+        .receipts_until(SECS_60, |all| ids_with(all, "stored").len() == n)
+        .await;
+    assert_eq!(ids_with(&got, "stored").len(), n, "{} receipts", got.len());
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM uplink WHERE state = 'stored'", []),
+        n as i64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_stops_reading_for_three_seconds_still_gets_every_receipt() {
+    let ferry = Ferry::start(FerryOpts::new("gw-pause", common::free_port()));
+    let mut raw = RawMqtt::connect(ferry.south_port, "pauser", 60).await;
+    raw.subscribe(&["devices/pauser/ack".to_string()]).await;
+    let boot = boot_id();
+    let n = 2000;
+    let publishes: Vec<_> = (0..n)
+        .map(|i| raw.publish("devices/pauser/up/t", envelope(&format!("{boot}-{i}"))))
+        .collect();
+    raw.send_many(publishes).await;
+    // Reads nothing at all for three seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut stored = HashSet::new();
+    raw.read_publishes(SECS_60, |p| {
+        let r: Value = serde_json::from_slice(&p.payload).unwrap();
+        if status(&r) == "stored" {
+            stored.insert(r["msg_id"].as_str().unwrap().to_string());
+        }
+        stored.len() == n
+    })
+    .await;
+    assert_eq!(stored.len(), n, "stored receipts for {} of {n}", stored.len());
 }

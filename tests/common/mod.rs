@@ -972,6 +972,15 @@ impl Backend {
         self.messages_until(window, |_| false).await
     }
 
+    /// Publishes raw bytes on any topic at QoS 1.
+    pub async fn publish_raw(&self, topic: &str, body: Vec<u8>) {
+        self.session
+            .client
+            .publish(topic, QoS::AtLeastOnce, false, body)
+            .await
+            .expect("queue publish");
+    }
+
     /// Publishes raw bytes on `ferry/{gateway}/ack`.
     pub async fn publish_ack_raw(&self, body: Vec<u8>) {
         self.session
