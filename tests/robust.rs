@@ -230,7 +230,10 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
         .map(|i| json!({"device": "ghost", "msg_id": format!("ghost-{i:06}"), "status": "ok"}))
         .collect();
     for (i, id) in ids.iter().enumerate() {
-        acks.insert(i * 400, json!({"device": "d1", "msg_id": id, "status": "ok"}));
+        acks.insert(
+            i * 400,
+            json!({"device": "d1", "msg_id": id, "status": "ok"}),
+        );
     }
     let array = serde_json::to_vec(&acks).unwrap();
     assert!(array.len() > 528_000, "{} bytes", array.len());
@@ -242,8 +245,8 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
 
     // A 200 kB downlink (over south.max_payload_bytes) and a 2 MiB one (over
     // north.max_packet_bytes): both rejected by msg_id, each exactly once.
-    let big = serde_json::to_vec(&json!({"msg_id": "big-down", "payload": "b".repeat(200_000)}))
-        .unwrap();
+    let big =
+        serde_json::to_vec(&json!({"msg_id": "big-down", "payload": "b".repeat(200_000)})).unwrap();
     let huge = serde_json::to_vec(&json!({"msg_id": "huge-down", "payload": "h".repeat(2 << 20)}))
         .unwrap();
     backend
@@ -290,7 +293,8 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
         .publish_raw(&format!("ferry/{gw}/down/d1"), ok)
         .await;
     let stored = north_receipts_until(&mut receipts, &mut all, SECS_30, |all| {
-        all.iter().any(|r| r["msg_id"] == "small-down" && status(r) == "stored")
+        all.iter()
+            .any(|r| r["msg_id"] == "small-down" && status(r) == "stored")
     })
     .await;
     assert!(stored, "{all:?}");
@@ -300,10 +304,17 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
         .await;
     assert_eq!(north.len(), more.len());
     // Nothing was redelivered: still exactly one rejection each.
-    north_receipts_until(&mut receipts, &mut all, Duration::from_millis(500), |_| false).await;
+    north_receipts_until(&mut receipts, &mut all, Duration::from_millis(500), |_| {
+        false
+    })
+    .await;
     assert_eq!(rejected(&all, "big-down"), 1);
     assert_eq!(rejected(&all, "huge-down"), 1);
-    assert_eq!(north_connects(&ferry.log()), 1, "the north link never dropped");
+    assert_eq!(
+        north_connects(&ferry.log()),
+        1,
+        "the north link never dropped"
+    );
 }
 
 /// An envelope as bytes.
@@ -356,5 +367,71 @@ async fn a_device_that_stops_reading_for_three_seconds_still_gets_every_receipt(
         stored.len() == n
     })
     .await;
-    assert_eq!(stored.len(), n, "stored receipts for {} of {n}", stored.len());
+    assert_eq!(
+        stored.len(),
+        n,
+        "stored receipts for {} of {n}",
+        stored.len()
+    );
+}
+
+/// Connects `ids` as devices (ack and inbox subscribed, `online` said),
+/// at most `parallel` connecting at once.
+async fn connect_devices(port: u16, ids: Vec<String>, parallel: usize) -> Vec<RawMqtt> {
+    use futures_util::stream::{self, StreamExt};
+    stream::iter(ids)
+        .map(|id| async move {
+            let mut raw = RawMqtt::connect(port, &id, 60).await;
+            let codes = raw
+                .subscribe(&[format!("devices/{id}/ack"), format!("devices/{id}/inbox")])
+                .await;
+            assert!(codes
+                .iter()
+                .all(|c| !matches!(c, rumqttc::SubscribeReasonCode::Failure)));
+            let online = raw.publish(&format!("devices/{id}/status"), &br#"{"online":true}"#[..]);
+            raw.send(online).await;
+            raw
+        })
+        .buffer_unordered(parallel)
+        .collect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_returns_to_its_first_round_after_twenty_thousand_devices_come_and_go() {
+    common::raise_fd_limit();
+    let ferry = Ferry::start(FerryOpts {
+        max_connections: 6000,
+        ..FerryOpts::new("gw-churn", common::free_port())
+    });
+    let pid = ferry.pid().expect("ferry runs");
+    let rounds = 4;
+    let per_round = 5000;
+    let mut after = Vec::new();
+    for round in 0..rounds {
+        let ids = (0..per_round)
+            .map(|i| format!("churn-{round}-{i}"))
+            .collect::<Vec<_>>();
+        let devices = connect_devices(ferry.south_port, ids, 200).await;
+        let connected = common::rss_kib(pid).unwrap();
+        for mut d in devices {
+            d.send(rumqttc::Packet::Disconnect).await;
+        }
+        // Let the broker and the pipeline see every device leave.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let left = common::rss_kib(pid).unwrap();
+        eprintln!(
+            "round {round}: {connected} KiB with {per_round} connected, {left} KiB after they left"
+        );
+        after.push(left);
+    }
+    let growth = after[rounds - 1] as i64 - after[0] as i64;
+    assert!(
+        growth < 64 * 1024,
+        "RSS after each round (KiB): {after:?}: grew {growth} KiB"
+    );
+    assert!(
+        !ferry.log().contains(" ERROR "),
+        "a device leaving is no error"
+    );
 }

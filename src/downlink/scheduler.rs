@@ -9,8 +9,12 @@
 //!   device stays online.
 //! - Realtime is catch-up: a new message for a caught-up, online device
 //!   is sent by the same read-from-cursor path.
-//! - Every read carries a generation; a read answered after the device's
-//!   situation changed (confirm, pull, offline) is dropped, not sent.
+//! - Every read carries a generation, unique across devices and time; a
+//!   read answered after the device's situation changed (confirm, pull,
+//!   offline) is dropped, not sent.
+//! - A device that goes offline is forgotten (its cursors are read again
+//!   when it returns), so memory does not grow with every device that ever
+//!   connected.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -76,6 +80,14 @@ pub struct DownScheduler {
     cfg: DownConfig,
     devices: HashMap<DeviceId, Device>,
     timers: BTreeSet<(Instant, DeviceId)>,
+    /// The next generation handed out, to any device.
+    next_gen: u64,
+}
+
+/// A generation never handed out before.
+fn fresh(next_gen: &mut u64) -> u64 {
+    *next_gen += 1;
+    *next_gen
 }
 
 /// What to do with a batch that was read.
@@ -94,11 +106,28 @@ impl DownScheduler {
             cfg,
             devices: HashMap::new(),
             timers: BTreeSet::new(),
+            next_gen: 0,
         }
     }
 
+    /// The device's state, made (with a fresh generation) if it has none.
+    fn entry(&mut self, device: &DeviceId) -> &mut Device {
+        let next_gen = &mut self.next_gen;
+        self.devices
+            .entry(device.clone())
+            .or_insert_with(|| Device {
+                gen: fresh(next_gen),
+                ..Device::default()
+            })
+    }
+
+    /// Devices it holds state for (online, or being read for).
+    pub fn tracked(&self) -> usize {
+        self.devices.len()
+    }
+
     pub fn on_online(&mut self, device: &DeviceId) -> Vec<DownAction> {
-        let d = self.devices.entry(device.clone()).or_default();
+        let d = self.entry(device);
         if d.online {
             return Vec::new();
         }
@@ -109,28 +138,22 @@ impl DownScheduler {
     /// The device (re)subscribed to its inbox: a batch sent before this may
     /// never have reached it, so start again from the cursor.
     pub fn on_subscribed(&mut self, device: &DeviceId, now: Instant) -> Vec<DownAction> {
-        let d = self.devices.entry(device.clone()).or_default();
+        let gen = fresh(&mut self.next_gen);
+        let d = self.entry(device);
         d.subscribed_at = Some(now);
         if d.online && (d.outstanding.is_some() || d.reading.is_some()) {
             d.outstanding = None;
             d.reading = None;
-            d.gen += 1;
+            d.gen = gen;
         }
         d.online = true;
         self.next(device)
     }
 
+    /// The device is gone: everything about it is forgotten; a read still
+    /// out for it is dropped when it comes back.
     pub fn on_offline(&mut self, device: &DeviceId) {
-        if let Some(d) = self.devices.get_mut(device) {
-            d.online = false;
-            d.outstanding = None;
-            d.reading = None;
-            d.pull = None;
-            d.pulled = false;
-            d.subscribed_at = None;
-            d.gen += 1;
-            d.resends = 0;
-        }
+        self.devices.remove(device);
     }
 
     pub fn on_cursors(&mut self, device: &DeviceId, c: Cursors) -> Vec<DownAction> {
@@ -170,7 +193,9 @@ impl DownScheduler {
         let limit = limit
             .unwrap_or(self.cfg.batch_size)
             .clamp(1, self.cfg.batch_size);
-        let d = self.devices.entry(device.clone()).or_default();
+        let batch_size = self.cfg.batch_size;
+        let gen = fresh(&mut self.next_gen);
+        let d = self.entry(device);
         d.online = true;
         // A device that connects often says `status` and `pull` at once: a
         // pull from the cursor while a read from the cursor is out and
@@ -178,7 +203,7 @@ impl DownScheduler {
         let from_cursor = d
             .cursors
             .is_some_and(|c| after.is_none_or(|a| a == c.delivered_upto));
-        if from_cursor && d.outstanding.is_none() && limit == self.cfg.batch_size {
+        if from_cursor && d.outstanding.is_none() && limit == batch_size {
             if let Some((_, from)) = d.reading {
                 if Some(from) == d.cursors.map(|c| c.delivered_upto) {
                     d.pulled = true;
@@ -189,7 +214,7 @@ impl DownScheduler {
         // Likewise when that batch went out after the device subscribed, or
         // an instant ago, on this very connection (going offline clears
         // it): it is the pull's answer.
-        if let (true, Some(o)) = (from_cursor && limit == self.cfg.batch_size, d.outstanding) {
+        if let (true, Some(o)) = (from_cursor && limit == batch_size, d.outstanding) {
             let after_subscribe = d.subscribed_at.is_some_and(|s| o.sent_at >= s);
             let recent = now.saturating_duration_since(o.sent_at) < PULL_JOINS_WITHIN;
             let fresh = o.resends == 0 && (after_subscribe || recent);
@@ -201,7 +226,7 @@ impl DownScheduler {
             }
         }
         d.outstanding = None;
-        d.gen += 1;
+        d.gen = gen;
         d.reading = None;
         if d.cursors.is_none() {
             d.pull = Some((after, limit));
@@ -248,7 +273,7 @@ impl DownScheduler {
         };
         if released.is_some() || d.reading.is_some() {
             // A read from the old cursor would resend confirmed messages.
-            d.gen += 1;
+            d.gen = fresh(&mut self.next_gen);
             d.reading = None;
             d.resends = 0;
         }
@@ -318,7 +343,7 @@ impl DownScheduler {
             }
             d.outstanding = None;
             d.resends += 1;
-            d.gen += 1;
+            d.gen = fresh(&mut self.next_gen);
             let actions = self.next(&device);
             out.push((device, o, actions));
         }

@@ -55,12 +55,13 @@ use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
 const LINK_CLIENT_ID: &str = "";
-/// Commit log of each device filter the link reads: 16 MiB × 4 segments.
-/// At ~300-byte uplinks that is ~200k messages (10 s at 20k/s) of slack
-/// before a stalled link could lose anything. rumqttd keeps a log's
-/// segments once filled, so this is also memory the gateway will hold.
-const LINK_FILTER_SEGMENT: usize = 16 << 20;
-const LINK_FILTER_SEGMENTS: usize = 4;
+/// Commit log of each device filter the link reads: 256 KiB × 256 segments.
+/// The link is the only reader, and what it has read is freed a segment at
+/// a time, so the log holds what is unread (plus at most a segment): the
+/// capacity is slack, not memory. At ~300-byte uplinks 64 MiB is ~200k
+/// messages; the link holds devices back long before (see the module doc).
+const LINK_FILTER_SEGMENT: usize = 256 << 10;
+const LINK_FILTER_SEGMENTS: usize = 256;
 /// Every other filter (each device's own `ack` and `inbox`): the gateway
 /// delivers to devices directly, so these logs only exist because the
 /// broker keeps one per subscription; the smallest it allows, freed when

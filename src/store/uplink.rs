@@ -127,6 +127,9 @@ pub struct AttemptRecord {
     pub at_ms: i64,
 }
 
+/// Devices whose last uplink seq is kept in memory, at most (about).
+const MAX_CACHED_SEQS: usize = 65_536;
+
 /// The last uplink seq per device, as committed and as this transaction has it.
 #[derive(Default)]
 pub struct SeqCache {
@@ -165,6 +168,11 @@ impl SeqCache {
     }
 
     pub fn committed(&mut self) {
+        // A cache, not a record: beyond this many devices it starts again
+        // from the table, so it does not grow with every device ever seen.
+        if self.committed.len() > MAX_CACHED_SEQS {
+            self.committed.clear();
+        }
         self.committed.extend(self.in_tx.drain());
     }
 

@@ -511,10 +511,11 @@ impl Scheduler {
                 });
             }
             if q.entries.is_empty() && !q.more_in_store && !q.refilling {
-                // Keep `loaded_upto` so a late duplicate cannot be re-added,
-                // but free the queue's maps.
-                q.entries = BTreeMap::new();
-                q.by_id = HashMap::new();
+                // Nothing left: forget the device, so memory does not grow
+                // with every device that ever sent. (A store notice still
+                // queued for a message a refill already sent would send it
+                // once more; the backend drops the duplicate.)
+                self.devices.remove(&device);
             }
         }
         actions

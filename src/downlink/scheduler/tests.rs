@@ -103,11 +103,15 @@ fn going_offline_stops_resends_and_drops_reads_in_flight() {
         Verdict::Drop
     );
     assert!(s.on_tick(t0 + Duration::from_secs(60)).is_empty());
-    let acts = s.on_online(&dev());
+    assert_eq!(s.tracked(), 0, "an offline device is forgotten");
+    let acts = online(&mut s, 2, 0);
+    let (after, _, new_gen) = read_of(&acts).unwrap();
+    assert_eq!(after, 0, "back online: from the cursor again");
+    assert_ne!(new_gen, gen, "generations are never reused");
     assert_eq!(
-        read_of(&acts).map(|r| r.0),
-        Some(0),
-        "back online: from the cursor again"
+        s.on_read(&dev(), gen, Some((Seq(1), Seq(2), 2)), Seq(2), false, t0),
+        Verdict::Drop,
+        "a read from before is still dropped"
     );
 }
 

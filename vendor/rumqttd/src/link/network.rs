@@ -10,6 +10,12 @@ use std::{
 };
 use tokio::time::{error::Elapsed, Duration};
 
+/// ferry: initial buffer sizes per connection, and the size past which an
+/// emptied buffer is given back.
+const READ_BUFFER: usize = 4 * 1024;
+const WRITE_BUFFER: usize = 1024;
+const SHRINK_ABOVE: usize = 64 * 1024;
+
 use crate::protocol::{self, Packet, Protocol};
 
 #[derive(Debug, thiserror::Error)]
@@ -56,8 +62,10 @@ impl<P: Protocol> Network<P> {
     ) -> Network<P> {
         Network {
             socket,
-            read: BytesMut::with_capacity(10 * 1024),
-            write: BytesMut::with_capacity(10 * 1024),
+            // ferry: 20 KiB per idle connection was most of what one cost;
+            // buffers grow for bursts and shrink back after them.
+            read: BytesMut::with_capacity(READ_BUFFER),
+            write: BytesMut::with_capacity(WRITE_BUFFER),
             max_incoming_size,
             max_connection_buffer_len,
             // Overwritten by keepalive value in connect packet, otherwise we
@@ -240,7 +248,7 @@ impl<P: Protocol> Network<P> {
     pub async fn write(&mut self, packet: Packet) -> Result<(), Error> {
         Protocol::write(&self.protocol, packet, &mut self.write)?;
         self.socket.write_all(&self.write).await?;
-        self.write.clear();
+        self.reset_write();
         Ok(())
     }
 
@@ -249,8 +257,17 @@ impl<P: Protocol> Network<P> {
             Protocol::write(&self.protocol, packet, &mut self.write)?;
         }
         self.socket.write_all(&self.write).await?;
-        self.write.clear();
+        self.reset_write();
         Ok(())
+    }
+
+    /// ferry: empties the write buffer, giving back what a burst grew it to.
+    fn reset_write(&mut self) {
+        if self.write.capacity() > SHRINK_ABOVE {
+            self.write = BytesMut::with_capacity(WRITE_BUFFER);
+        } else {
+            self.write.clear();
+        }
     }
 }
 

@@ -17,9 +17,6 @@ use std::time::Instant;
 
 type PubWithProp = (Publish, Option<PublishProperties>);
 
-/// ferry: topics whose matching filters are cached, at most.
-const MAX_CACHED_TOPICS: usize = 10_000;
-
 #[derive(Clone)]
 pub struct PublishData {
     pub publish: Publish,
@@ -40,11 +37,16 @@ impl From<PubWithProp> for PublishData {
 // TODO: remove this from here
 impl Storage for PublishData {
     // TODO: calculate size of publish properties as well!
+    // ferry: counts the entry itself too, so a log of many tiny messages is
+    // bounded by the memory it really takes.
     fn size(&self) -> usize {
         let publish = &self.publish;
-        4 + publish.topic.len() + publish.payload.len()
+        ENTRY_OVERHEAD + publish.topic.len() + publish.payload.len()
     }
 }
+
+/// ferry: memory a log entry takes besides its topic and payload.
+const ENTRY_OVERHEAD: usize = std::mem::size_of::<PublishData>() + 64;
 
 /// Stores 'device' data and 'actions' data in native commitlog
 /// organized by subscription filter. Device data is replicated
@@ -62,8 +64,16 @@ pub struct DataLog {
     /// Map of subscription filter name to filter index
     filter_indexes: HashMap<Filter, FilterIdx>,
     retained_publishes: HashMap<Topic, PublishData>,
-    /// List of filters associated with a topic
-    publish_filters: HashMap<Topic, Vec<FilterIdx>>,
+    /// ferry: the filters with wildcards. A topic's filters are the exact
+    /// filter equal to it (found in `filter_indexes`) and the wildcard ones
+    /// that match, so matching costs the wildcard filters only, not every
+    /// device's own filters, and no per-topic cache grows with every topic.
+    wildcards: Vec<(Filter, FilterIdx)>,
+}
+
+/// ferry: whether a filter has wildcards.
+fn is_wildcard(filter: &str) -> bool {
+    filter.contains(['+', '#'])
 }
 
 impl DataLog {
@@ -71,7 +81,7 @@ impl DataLog {
         let mut native = Slab::new();
         let mut filter_indexes = HashMap::new();
         let retained_publishes = HashMap::new();
-        let publish_filters = HashMap::new();
+        let mut wildcards = Vec::new();
 
         if let Some(warmup_filters) = config.initialized_filters.clone() {
             for filter in warmup_filters {
@@ -80,6 +90,9 @@ impl DataLog {
                 // Add commitlog to datalog and add datalog index to filter to
                 // datalog index map
                 let idx = native.insert(data);
+                if is_wildcard(&filter) {
+                    wildcards.push((filter.clone(), idx));
+                }
                 filter_indexes.insert(filter, idx);
             }
         }
@@ -87,7 +100,7 @@ impl DataLog {
         Ok(DataLog {
             config,
             native,
-            publish_filters,
+            wildcards,
             filter_indexes,
             retained_publishes,
         })
@@ -128,32 +141,23 @@ impl DataLog {
     // TODO: Currently returning a Option<Vec> instead of Option<&Vec> due to Rust borrow checker
     // limitation
     pub fn matches(&mut self, topic: &str) -> Option<Vec<usize>> {
-        match &self.publish_filters.get(topic) {
-            Some(v) => Some(v.to_vec()),
-            None => {
-                // ferry: the topic → filters cache is only a cache; it must
-                // not grow with every topic clients ever publish on.
-                if self.publish_filters.len() >= MAX_CACHED_TOPICS {
-                    self.publish_filters.clear();
-                }
-                let v: Vec<usize> = self
-                    .filter_indexes
-                    .iter()
-                    .filter(|(filter, _)| matches(topic, filter))
-                    .map(|(_, filter_idx)| *filter_idx)
-                    .collect();
-
-                if !v.is_empty() {
-                    self.publish_filters.insert(topic.to_owned(), v.clone());
-                }
-
-                Some(v)
-            }
-        }
+        let mut v: Vec<usize> = self
+            .filter_indexes
+            .get(topic)
+            .filter(|_| !is_wildcard(topic))
+            .copied()
+            .into_iter()
+            .collect();
+        v.extend(
+            self.wildcards
+                .iter()
+                .filter(|(filter, _)| matches(topic, filter))
+                .map(|(_, filter_idx)| *filter_idx),
+        );
+        Some(v)
     }
 
     pub fn next_native_offset(&mut self, filter: &str) -> (FilterIdx, Offset) {
-        let publish_filters = &mut self.publish_filters;
         let filter_indexes = &mut self.filter_indexes;
 
         let (filter_idx, data) = match filter_indexes.get(filter) {
@@ -165,12 +169,8 @@ impl DataLog {
                 // datalog index map
                 let idx = self.native.insert(data);
                 self.filter_indexes.insert(filter.to_owned(), idx);
-
-                // Match new filter to existing topics and add to publish_filters if it matches
-                for (topic, filters) in publish_filters.iter_mut() {
-                    if matches(topic, filter) {
-                        filters.push(idx);
-                    }
+                if is_wildcard(filter) {
+                    self.wildcards.push((filter.to_owned(), idx));
                 }
 
                 (idx, self.native.get(idx).unwrap())
@@ -296,13 +296,22 @@ impl DataLog {
         (data.subscribers == 0).then_some(idx)
     }
 
+    /// ferry: a log with a single subscriber keeps nothing that subscriber
+    /// has read (segments before its cursor are freed), so memory follows
+    /// what is unread, not the log's capacity.
+    pub fn trim_read(&mut self, idx: FilterIdx, cursor: Offset) {
+        if let Some(data) = self.native.get_mut(idx) {
+            if data.subscribers == 1 {
+                data.log.trim_before(cursor.0);
+            }
+        }
+    }
+
     /// ferry: frees the log of a filter nobody subscribes to.
     pub fn remove_filter(&mut self, filter: &str) {
         if let Some(idx) = self.filter_indexes.remove(filter) {
             self.native.try_remove(idx);
-            // Cached topic → filter lists may name the freed index, which
-            // the slab will hand out again.
-            self.publish_filters.clear();
+            self.wildcards.retain(|(_, i)| *i != idx);
         }
     }
 
@@ -514,6 +523,7 @@ mod test {
             custom_segment: None,
             initialized_filters: None,
             shared_subscriptions_strategy: Strategy::RoundRobin,
+            ..Default::default()
         };
         let mut data = DataLog::new(config).unwrap();
         data.next_native_offset("topic/a");
@@ -521,7 +531,7 @@ mod test {
 
         data.next_native_offset("topic/+");
 
-        assert_eq!(data.publish_filters.get("topic/a").unwrap().len(), 2);
+        assert_eq!(data.matches("topic/a").unwrap().len(), 2);
     }
 
     #[test]
@@ -534,13 +544,12 @@ mod test {
             custom_segment: None,
             initialized_filters: None,
             shared_subscriptions_strategy: Strategy::RoundRobin,
+            ..Default::default()
         };
         let mut data = DataLog::new(config).unwrap();
         data.next_native_offset("+/+");
 
-        data.matches("topic/a");
-
-        assert_eq!(data.publish_filters.get("topic/a").unwrap().len(), 1);
+        assert_eq!(data.matches("topic/a").unwrap().len(), 1);
     }
 
     //     #[test]

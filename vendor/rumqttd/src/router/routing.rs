@@ -1442,6 +1442,13 @@ fn append_to_commitlog(
         validate_and_set_topic_alias(&mut publish, connection, alias)?;
     };
 
+    // ferry: the log keeps its own copy of what it holds, not a slice that
+    // pins the client's whole network read buffer for as long as it lives.
+    if datalog.config.ephemeral {
+        publish.topic = bytes::Bytes::copy_from_slice(&publish.topic);
+        publish.payload = bytes::Bytes::copy_from_slice(&publish.payload);
+    }
+
     let topic = std::str::from_utf8(&publish.topic)?;
 
     // Ensure that only clients associated with a tenant can publish to tenant's topic
@@ -1767,6 +1774,10 @@ fn forward_device_data(
     let filter_idx = request.filter_idx;
     request.read_count += publishes.len();
     request.cursor = next;
+    // ferry: an ephemeral broker keeps no data its only reader has read.
+    if datalog.config.ephemeral && shared_group.is_none() {
+        datalog.trim_read(filter_idx, next);
+    }
     // println!("{:?} {:?} {}", start, next, request.read_count);
 
     if publishes.is_empty() {

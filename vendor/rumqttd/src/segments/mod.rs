@@ -162,6 +162,15 @@ where
         }
     }
 
+    /// ferry: drops every full segment before segment `index` (the active
+    /// one always stays), for a log whose only reader has read past them.
+    pub fn trim_before(&mut self, index: u64) {
+        while self.head < index && self.segments.len() > 1 {
+            self.segments.pop_front();
+            self.head += 1;
+        }
+    }
+
     #[inline]
     pub fn last(&self) -> Option<T> {
         self.active_segment().last()
