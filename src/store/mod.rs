@@ -6,21 +6,29 @@
 //! - Ops are group-committed: the writer takes everything queued (up to
 //!   `store.max_batch`), applies it in one transaction, commits (one fsync
 //!   with `synchronous=FULL`) and only then answers any of them. A reply is
-//!   therefore proof of a commit; a failed commit answers every op in the
-//!   batch with an error and nothing is announced.
+//!   therefore proof of a commit.
+//! - A commit that fails for a passing reason (disk full, I/O error, a lock)
+//!   is tried again, the same batch, until it succeeds: nobody is answered
+//!   meanwhile, the queue fills and intake stops, so the broker holds the
+//!   devices back. Nothing is lost and nothing waits for a reconnect.
+//! - A database that turns out corrupt stops the writer; every asker, and
+//!   the gateway's exit, names the cause.
 //! - Per-device sequence numbers are assigned inside the same transaction
 //!   as the message they number.
 
 pub mod downlink;
 mod schema;
 mod uplink;
+mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::thread;
+use std::time::Instant;
 
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, error};
+use tracing::info;
 
 use crate::config::{StoreConfig, SyncMode};
 use crate::ids::{DeviceId, Seq};
@@ -42,6 +50,10 @@ pub enum StoreError {
     },
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("the database {path} is corrupt: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("the store stopped: {0}")]
+    Stopped(String),
     #[error("the store writer has stopped")]
     Closed,
 }
@@ -110,6 +122,8 @@ pub enum DownOp {
 #[derive(Clone)]
 pub struct Store {
     tx: mpsc::Sender<Op>,
+    /// Why the writer stopped, once it has.
+    stopped: Arc<OnceLock<String>>,
 }
 
 impl Store {
@@ -137,22 +151,33 @@ impl Store {
         conn.pragma_update(None, "synchronous", sync)?;
         conn.pragma_update(None, "busy_timeout", 5000)?;
         conn.set_prepared_statement_cache_capacity(64);
+        check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
 
         let (tx, rx) = mpsc::channel(cfg.max_batch * 4);
         let max_batch = cfg.max_batch;
+        let stopped = Arc::new(OnceLock::new());
+        let writer = writer::Writer::new(conn, stopped.clone());
         thread::Builder::new()
             .name("ferry-store".into())
-            .spawn(move || Writer::new(conn).run(rx, max_batch))
+            .spawn(move || writer.run(rx, max_batch))
             .map_err(|e| StoreError::DataDir {
                 path: data_dir.to_path_buf(),
                 source: e,
             })?;
-        Ok(Store { tx })
+        Ok(Store { tx, stopped })
     }
 
     async fn send(&self, op: Op) -> Result<(), StoreError> {
-        self.tx.send(op).await.map_err(|_| StoreError::Closed)
+        self.tx.send(op).await.map_err(|_| self.closed())
+    }
+
+    /// Why nothing more can be asked: the writer's cause, if it gave one.
+    fn closed(&self) -> StoreError {
+        match self.stopped.get() {
+            Some(cause) => StoreError::Stopped(cause.clone()),
+            None => StoreError::Closed,
+        }
     }
 
     /// Queues an uplink message; the receiver resolves after its commit.
@@ -207,7 +232,7 @@ impl Store {
             reply,
         })
         .await?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        rx.await.map_err(|_| self.closed())?
     }
 
     /// Sends a downlink request built around its reply channel; the
@@ -239,144 +264,41 @@ impl Store {
     pub async fn pending_devices(&self) -> Result<Vec<crate::ids::DeviceId>, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.send(Op::PendingDevices(reply)).await?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        rx.await.map_err(|_| self.closed())?
     }
 }
 
-/// A reply held back until its batch commits: it gets the commit's error,
-/// if any, and answers its asker with the value or the error.
-type Deferred = Box<dyn FnOnce(Option<&rusqlite::Error>) + Send>;
-
-fn defer<T: Send + 'static>(reply: oneshot::Sender<Result<T, StoreError>>, value: T) -> Deferred {
-    Box::new(move |err| {
-        // A dropped receiver means its asker went away; the commit stands.
-        let _ = reply.send(match err {
-            None => Ok(value),
-            Some(e) => Err(StoreError::Sqlite(clone_err(e))),
-        });
-    })
-}
-
-fn clone_err(e: &rusqlite::Error) -> rusqlite::Error {
-    match e {
-        rusqlite::Error::SqliteFailure(code, msg) => {
-            rusqlite::Error::SqliteFailure(*code, msg.clone())
-        }
-        other => rusqlite::Error::InvalidParameterName(other.to_string()),
-    }
-}
-
-struct Writer {
-    conn: Connection,
-    seqs: uplink::SeqCache,
-}
-
-impl Writer {
-    fn new(conn: Connection) -> Writer {
-        Writer {
-            conn,
-            seqs: uplink::SeqCache::default(),
-        }
-    }
-
-    fn run(mut self, mut rx: mpsc::Receiver<Op>, max_batch: usize) {
-        let mut batch = Vec::with_capacity(max_batch);
-        while let Some(first) = rx.blocking_recv() {
-            batch.push(first);
-            while batch.len() < max_batch {
-                match rx.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
+/// Refuses a database SQLite finds damaged, naming what is wrong: it is
+/// found at start, not by the first message that touches a bad page.
+fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let started = Instant::now();
+    let corrupt = |detail: String| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let problems: Vec<String> = conn
+        .prepare("PRAGMA quick_check(5)")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                corrupt(e.to_string())
             }
-            self.commit_batch(&mut batch);
-        }
-        debug!("store writer stopped: every handle dropped");
+            _ => StoreError::Sqlite(e),
+        })?;
+    if problems != ["ok"] {
+        let found = problems.join("; ").replace('\n', " ");
+        return Err(corrupt(format!(
+            "database disk image is malformed ({found})"
+        )));
     }
-
-    /// Applies `batch` in one transaction; answers only after the commit.
-    fn commit_batch(&mut self, batch: &mut Vec<Op>) {
-        let size = batch.len();
-        let mut replies = Vec::with_capacity(size);
-        let result = (|| -> rusqlite::Result<()> {
-            let tx = self.conn.transaction()?;
-            for op in batch.drain(..) {
-                // Reads are answered after the commit too, so nobody acts on
-                // a row that a failed commit would take back.
-                let deferred = match op {
-                    Op::Intake(msg, reply) => {
-                        defer(reply, uplink::intake(&tx, &mut self.seqs, msg)?)
-                    }
-                    Op::Reject(dl, reply) => defer(reply, uplink::dead_letter(&tx, &dl)?),
-                    Op::Transition(t, reply) => defer(reply, uplink::transition(&tx, &t)?),
-                    Op::Attempt(rec) => {
-                        uplink::record_attempt(&tx, &rec)?;
-                        continue;
-                    }
-                    Op::Pending {
-                        device,
-                        after,
-                        limit,
-                        reply,
-                    } => defer(reply, uplink::pending(&tx, &device, after, limit)?),
-                    Op::PendingDevices(reply) => defer(reply, uplink::pending_devices(&tx)?),
-                    Op::ExpireDue { now_ms, reply } => {
-                        defer(reply, uplink::expire_due(&tx, now_ms, 1000)?)
-                    }
-                    Op::Down(op) => match op {
-                        DownOp::Intake(msg, reply) => defer(reply, downlink::intake(&tx, &msg)?),
-                        DownOp::Batch {
-                            device,
-                            after,
-                            limit,
-                            now_ms,
-                            reply,
-                        } => defer(
-                            reply,
-                            downlink::read_batch(&tx, &device, after, limit, now_ms)?,
-                        ),
-                        DownOp::Advance {
-                            device,
-                            upto,
-                            read,
-                            now_ms,
-                            reply,
-                        } => defer(reply, downlink::advance(&tx, &device, upto, read, now_ms)?),
-                        DownOp::Nack {
-                            device,
-                            seq,
-                            reason,
-                            now_ms,
-                            reply,
-                        } => defer(reply, downlink::nack(&tx, &device, seq, &reason, now_ms)?),
-                        DownOp::Cursors { device, reply } => {
-                            defer(reply, downlink::cursors(&tx, &device)?)
-                        }
-                        DownOp::Sweep { now_ms, reply } => {
-                            defer(reply, downlink::sweep_expired(&tx, now_ms)?)
-                        }
-                    },
-                };
-                replies.push(deferred);
-            }
-            self.seqs.flush(&tx)?;
-            tx.commit()
-        })();
-        match result {
-            Ok(()) => {
-                self.seqs.committed();
-                replies.into_iter().for_each(|r| r(None));
-            }
-            Err(e) => {
-                error!(error = %e, batch = size, "store commit failed; nothing in the batch is announced");
-                self.seqs.rolled_back();
-                // Ops not yet applied when the error struck are dropped with
-                // their reply channels, which their askers see as a failure.
-                batch.clear();
-                replies.into_iter().for_each(|r| r(Some(&e)));
-            }
-        }
-    }
+    info!(
+        took_ms = started.elapsed().as_millis() as u64,
+        "store checked"
+    );
+    Ok(())
 }
 
 #[cfg(test)]

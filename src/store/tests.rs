@@ -478,3 +478,30 @@ async fn expired_uplinks_are_swept_by_index_wherever_they_are() {
         .unwrap();
     assert!(plan.contains("uplink_expiring"), "{plan}");
 }
+
+#[tokio::test]
+async fn a_damaged_database_is_refused_at_open_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &cfg()).unwrap();
+        for i in 0..200 {
+            put(&store, "a", &format!("m{i}")).await;
+        }
+    }
+    // Checkpoint the WAL into the main file, then scribble over its pages
+    // (not the header, which would only make it "not a database").
+    let path = dir.path().join(DB_FILE);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "wal_checkpoint", "TRUNCATE")
+        .unwrap();
+    drop(conn);
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 3 * 4096, "{} bytes", bytes.len());
+    for b in &mut bytes[4096 + 100..3 * 4096] {
+        *b = 0x5a;
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let err = Store::open(dir.path(), &cfg()).err().expect("refused");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("is corrupt"), "{err}");
+}

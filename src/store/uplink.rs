@@ -186,7 +186,7 @@ impl SeqCache {
 pub fn intake(
     tx: &Transaction<'_>,
     seqs: &mut SeqCache,
-    msg: Intake,
+    msg: &Intake,
 ) -> rusqlite::Result<IntakeOutcome> {
     let seq = Seq(seqs.last(tx, &msg.device)? + 1);
     let body = Bytes::from(with_seq(&msg.body, seq));
@@ -200,7 +200,7 @@ pub fn intake(
             msg.device.as_str(),
             msg.msg_id.as_str(),
             seq.0 as i64,
-            msg.stream,
+            &msg.stream,
             &body[..],
             msg.stored_ms,
             msg.expires_ms,
@@ -215,10 +215,10 @@ pub fn intake(
     seqs.in_tx.insert(msg.device.clone(), seq.0);
     Ok(IntakeOutcome::Stored(PendingMessage {
         id,
-        device: msg.device,
-        msg_id: msg.msg_id,
+        device: msg.device.clone(),
+        msg_id: msg.msg_id.clone(),
         seq,
-        stream: msg.stream,
+        stream: msg.stream.clone(),
         body,
         expires_ms: msg.expires_ms,
         no_retry: msg.no_retry,

@@ -318,6 +318,8 @@ pub struct FerryOpts {
     /// Raw lines appended after the last section (`[log]`): start them
     /// with a section header of their own.
     pub extra_toml: Vec<String>,
+    /// `gateway.data_dir`; a fresh temp dir when `None`.
+    pub data_dir: Option<PathBuf>,
 }
 
 impl Default for FerryOpts {
@@ -341,6 +343,7 @@ impl Default for FerryOpts {
             store_max_batch: 2048,
             log_level: "info".to_string(),
             extra_toml: Vec::new(),
+            data_dir: None,
         }
     }
 }
@@ -459,7 +462,10 @@ impl Ferry {
             .tempdir()
             .expect("temp dir for ferry");
         let south_port = free_port();
-        let data_dir = dir.path().join("data");
+        let data_dir = opts
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data"));
         let config_path = dir.path().join("ferry.toml");
         fs::write(&config_path, opts.render(south_port, &data_dir)).expect("write ferry.toml");
         let mut ferry = Ferry {
@@ -1283,4 +1289,60 @@ pub fn raise_fd_limit() -> u64 {
 /// How often ferry's log says it connected north.
 pub fn north_connects(log: &str) -> usize {
     log.matches("north connected").count()
+}
+
+/// A small tmpfs mounted for one test (a disk that can fill up); unmounted
+/// on drop. Mounting needs root, as `.ci/run` has.
+pub struct Tmpfs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(size_mib: u64) -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-tmpfs-")
+            .tempdir()
+            .expect("temp dir for a tmpfs");
+        let path = dir.path().join("disk");
+        fs::create_dir(&path).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test fills a disk: it mounts a {size_mib} MiB tmpfs and so must run as root \
+             (as `bash .ci/run` does); mount said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { path, _dir: dir }
+    }
+
+    /// Writes a file of zeros until the disk is full; returns its path.
+    pub fn fill(&self) -> PathBuf {
+        let ballast = self.path.join("ballast");
+        let mut f = File::create(&ballast).expect("create ballast");
+        let chunk = vec![0u8; 64 << 10];
+        loop {
+            if f.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        // What is left is smaller than a chunk: take it too.
+        for _ in 0..(64 << 10) {
+            if f.write_all(&[0u8; 1]).is_err() {
+                break;
+            }
+        }
+        let _ = f.sync_all();
+        ballast
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
 }

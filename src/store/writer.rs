@@ -1,0 +1,344 @@
+//! The writer thread: the only user of the SQLite connection.
+//!
+//! It takes what is queued (up to `store.max_batch` ops), applies it in one
+//! transaction and commits; only then are the ops answered, in order. A
+//! batch is applied from borrowed ops, so a commit that fails for a passing
+//! reason (disk full, I/O error, busy) is simply applied and committed again
+//! after a pause, until it goes through. A corrupt database stops the
+//! writer: every op is answered with the cause, which the handles keep.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, ErrorCode, Transaction};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use super::{downlink, uplink, DownOp, Op, Reply, StoreError};
+
+/// Pauses between attempts at a batch whose commit failed for a passing
+/// reason: 100 ms doubling to 5 s.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// A failing store is reported again this often while it lasts.
+const REPORT_EVERY: Duration = Duration::from_secs(30);
+
+/// Answers one op (consumed) with the value its application produced.
+type Answer = Box<dyn FnOnce(Op) + Send>;
+
+/// What a failed commit means.
+enum Failure {
+    /// Disk full, I/O, locks: try the same batch again later.
+    Passing,
+    /// The database is damaged: stop.
+    Fatal,
+    /// Anything else (a bug in a statement): the batch fails.
+    Batch,
+}
+
+fn classify(e: &rusqlite::Error) -> Failure {
+    match e.sqlite_error_code() {
+        Some(
+            ErrorCode::DiskFull
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::OutOfMemory
+            | ErrorCode::CannotOpen,
+        ) => Failure::Passing,
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => Failure::Fatal,
+        _ => Failure::Batch,
+    }
+}
+
+pub(super) struct Writer {
+    conn: Connection,
+    seqs: uplink::SeqCache,
+    stopped: Arc<OnceLock<String>>,
+}
+
+impl Writer {
+    pub(super) fn new(conn: Connection, stopped: Arc<OnceLock<String>>) -> Writer {
+        Writer {
+            conn,
+            seqs: uplink::SeqCache::default(),
+            stopped,
+        }
+    }
+
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Op>, max_batch: usize) {
+        let mut batch = Vec::with_capacity(max_batch);
+        while let Some(first) = rx.blocking_recv() {
+            batch.push(first);
+            while batch.len() < max_batch {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            if !self.commit_batch(&mut batch) {
+                // Answer whatever is still queued with the cause, then stop.
+                rx.close();
+                let cause = self.stopped.get().cloned().unwrap_or_default();
+                while let Ok(op) = rx.try_recv() {
+                    fail(op, &StoreError::Stopped(cause.clone()));
+                }
+                return;
+            }
+        }
+        debug!("store writer stopped: every handle dropped");
+    }
+
+    /// Commits `batch` (emptying it) and answers it; false if the store
+    /// must stop.
+    fn commit_batch(&mut self, batch: &mut Vec<Op>) -> bool {
+        let mut pause = RETRY_FIRST;
+        let mut failing_since: Option<Instant> = None;
+        let mut reported = Instant::now();
+        loop {
+            match self.apply(batch) {
+                Ok(answers) => {
+                    self.seqs.committed();
+                    if let Some(since) = failing_since {
+                        info!(
+                            failed_for_ms = since.elapsed().as_millis() as u64,
+                            batch = batch.len(),
+                            "store commits again"
+                        );
+                    }
+                    for (op, answer) in batch.drain(..).zip(answers) {
+                        answer(op);
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    self.seqs.rolled_back();
+                    match classify(&e) {
+                        Failure::Passing => {
+                            let now = Instant::now();
+                            if failing_since.is_none() || reported.elapsed() >= REPORT_EVERY {
+                                warn!(error = %e, batch = batch.len(), retry_in_ms = pause.as_millis() as u64, "store commit failed; the batch is held and tried again, nothing is answered meanwhile");
+                                reported = now;
+                            }
+                            failing_since.get_or_insert(now);
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(RETRY_MAX);
+                        }
+                        Failure::Fatal => {
+                            let cause = format!("the database is damaged: {e}");
+                            error!(error = %e, "store stopped: the database is damaged");
+                            let _ = self.stopped.set(cause.clone());
+                            for op in batch.drain(..) {
+                                fail(op, &StoreError::Stopped(cause.clone()));
+                            }
+                            return false;
+                        }
+                        Failure::Batch => {
+                            error!(error = %e, batch = batch.len(), "store commit failed; nothing in the batch is announced");
+                            for op in batch.drain(..) {
+                                fail(op, &StoreError::Sqlite(clone_err(&e)));
+                            }
+                            return true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies every op in one transaction and commits it.
+    fn apply(&mut self, batch: &[Op]) -> rusqlite::Result<Vec<Answer>> {
+        let tx = self.conn.transaction()?;
+        let mut answers = Vec::with_capacity(batch.len());
+        for op in batch {
+            // Reads are answered after the commit too, so nobody acts on a
+            // row that a failed commit would take back.
+            answers.push(apply_one(&tx, &mut self.seqs, op)?);
+        }
+        self.seqs.flush(&tx)?;
+        tx.commit()?;
+        Ok(answers)
+    }
+}
+
+fn apply_one(
+    tx: &Transaction<'_>,
+    seqs: &mut uplink::SeqCache,
+    op: &Op,
+) -> rusqlite::Result<Answer> {
+    Ok(match op {
+        Op::Intake(msg, _) => {
+            let v = uplink::intake(tx, seqs, msg)?;
+            Box::new(move |op| {
+                if let Op::Intake(_, reply) = op {
+                    send(reply, v)
+                }
+            })
+        }
+        Op::Reject(dl, _) => {
+            let v = uplink::dead_letter(tx, dl)?;
+            Box::new(move |op| {
+                if let Op::Reject(_, reply) = op {
+                    send(reply, v)
+                }
+            })
+        }
+        Op::Transition(t, _) => {
+            let v = uplink::transition(tx, t)?;
+            Box::new(move |op| {
+                if let Op::Transition(_, reply) = op {
+                    send(reply, v)
+                }
+            })
+        }
+        Op::Attempt(rec) => {
+            uplink::record_attempt(tx, rec)?;
+            Box::new(|_| {})
+        }
+        Op::Pending {
+            device,
+            after,
+            limit,
+            ..
+        } => {
+            let v = uplink::pending(tx, device, *after, *limit)?;
+            Box::new(move |op| {
+                if let Op::Pending { reply, .. } = op {
+                    send(reply, v)
+                }
+            })
+        }
+        Op::PendingDevices(_) => {
+            let v = uplink::pending_devices(tx)?;
+            Box::new(move |op| {
+                if let Op::PendingDevices(reply) = op {
+                    send(reply, v)
+                }
+            })
+        }
+        Op::ExpireDue { now_ms, .. } => {
+            let v = uplink::expire_due(tx, *now_ms, 1000)?;
+            Box::new(move |op| {
+                if let Op::ExpireDue { reply, .. } = op {
+                    send(reply, v)
+                }
+            })
+        }
+        Op::Down(down) => apply_down(tx, down)?,
+    })
+}
+
+fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
+    /// An answer that takes the reply out of the down op it was made for.
+    fn answer<T: Send + 'static>(v: T, take: fn(DownOp) -> Option<Reply<T>>) -> Answer {
+        Box::new(move |op| {
+            if let Op::Down(down) = op {
+                if let Some(reply) = take(down) {
+                    send(reply, v)
+                }
+            }
+        })
+    }
+    Ok(match op {
+        DownOp::Intake(msg, _) => answer(downlink::intake(tx, msg)?, |op| match op {
+            DownOp::Intake(_, reply) => Some(reply),
+            _ => None,
+        }),
+        DownOp::Batch {
+            device,
+            after,
+            limit,
+            now_ms,
+            ..
+        } => answer(
+            downlink::read_batch(tx, device, *after, *limit, *now_ms)?,
+            |op| match op {
+                DownOp::Batch { reply, .. } => Some(reply),
+                _ => None,
+            },
+        ),
+        DownOp::Advance {
+            device,
+            upto,
+            read,
+            now_ms,
+            ..
+        } => answer(
+            downlink::advance(tx, device, *upto, *read, *now_ms)?,
+            |op| match op {
+                DownOp::Advance { reply, .. } => Some(reply),
+                _ => None,
+            },
+        ),
+        DownOp::Nack {
+            device,
+            seq,
+            reason,
+            now_ms,
+            ..
+        } => answer(
+            downlink::nack(tx, device, *seq, reason, *now_ms)?,
+            |op| match op {
+                DownOp::Nack { reply, .. } => Some(reply),
+                _ => None,
+            },
+        ),
+        DownOp::Cursors { device, .. } => answer(downlink::cursors(tx, device)?, |op| match op {
+            DownOp::Cursors { reply, .. } => Some(reply),
+            _ => None,
+        }),
+        DownOp::Sweep { now_ms, .. } => {
+            answer(downlink::sweep_expired(tx, *now_ms)?, |op| match op {
+                DownOp::Sweep { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
+    })
+}
+
+/// A dropped receiver means its asker went away; the commit stands.
+fn send<T>(reply: Reply<T>, v: T) {
+    let _ = reply.send(Ok(v));
+}
+
+/// Answers `op` with an error.
+fn fail(op: Op, e: &StoreError) {
+    fn err<T>(reply: Reply<T>, e: &StoreError) {
+        let _ = reply.send(Err(copy(e)));
+    }
+    match op {
+        Op::Intake(_, r) => err(r, e),
+        Op::Reject(_, r) => err(r, e),
+        Op::Transition(_, r) => err(r, e),
+        Op::Attempt(_) => {}
+        Op::Pending { reply, .. } => err(reply, e),
+        Op::PendingDevices(r) => err(r, e),
+        Op::ExpireDue { reply, .. } => err(reply, e),
+        Op::Down(down) => match down {
+            DownOp::Intake(_, r) => err(r, e),
+            DownOp::Batch { reply, .. } => err(reply, e),
+            DownOp::Advance { reply, .. } => err(reply, e),
+            DownOp::Nack { reply, .. } => err(reply, e),
+            DownOp::Cursors { reply, .. } => err(reply, e),
+            DownOp::Sweep { reply, .. } => err(reply, e),
+        },
+    }
+}
+
+/// The errors the writer answers with, copied for each asker.
+fn copy(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Sqlite(e) => StoreError::Sqlite(clone_err(e)),
+        StoreError::Stopped(cause) => StoreError::Stopped(cause.clone()),
+        other => StoreError::Stopped(other.to_string()),
+    }
+}
+
+fn clone_err(e: &rusqlite::Error) -> rusqlite::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(code, msg) => {
+            rusqlite::Error::SqliteFailure(*code, msg.clone())
+        }
+        other => rusqlite::Error::InvalidParameterName(other.to_string()),
+    }
+}
