@@ -371,3 +371,70 @@ async fn devices_leaving_in_every_ordinary_way_log_no_error() {
     let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_stall_holds_devices_back_and_loses_none_of_thirty_thousand_messages() {
+    // The store stalls (disk full) while a device keeps sending: the
+    // gateway's queues fill, the broker stops acknowledging the device, and
+    // once the disk frees every message is stored, none twice, none lost.
+    let disk = Tmpfs::mount(64);
+    let ferry = Ferry::start(FerryOpts {
+        data_dir: Some(disk.path.join("data")),
+        ..FerryOpts::new("gw-stall", common::free_port())
+    });
+    let mut device = Device::connect(ferry.south_port, "streamer").await;
+    let boot = boot_id();
+    device
+        .publish_envelope("t", &format!("{boot}-first"), json!(0))
+        .await;
+    let first = device.receipts_until(SECS_10, |all| !all.is_empty()).await;
+    assert_eq!(first.first().map(status), Some("stored"));
+
+    let ballast = disk.fill();
+    let n = 30_000;
+    let sender = {
+        let topic = device.up_topic("t");
+        let client = device.client();
+        let boot = boot.clone();
+        tokio::spawn(async move {
+            for i in 0..n {
+                let body =
+                    serde_json::to_vec(&json!({"msg_id": format!("{boot}-{i}"), "payload": i}))
+                        .unwrap();
+                client
+                    .publish(topic.as_str(), rumqttc::QoS::AtLeastOnce, false, body)
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    // Long enough for every queue between the broker and the store to fill.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        ferry.log().contains("their publishes are held back"),
+        "{}",
+        ferry.log_tail()
+    );
+    std::fs::remove_file(&ballast).expect("free the disk");
+    sender.await.unwrap();
+    let got = device
+        .receipts_until(Duration::from_secs(120), |all| all.len() >= n)
+        .await;
+    let stored: std::collections::HashSet<&str> = got
+        .iter()
+        .filter(|r| status(r) == "stored")
+        .filter_map(|r| r["msg_id"].as_str())
+        .collect();
+    assert_eq!(
+        stored.len(),
+        n,
+        "stored receipts for {} of {n}",
+        stored.len()
+    );
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM uplink", []),
+        n as i64 + 1
+    );
+    assert!(ferry.log().contains("devices' publishes are taken again"));
+    assert_eq!(device.subacks(), 1, "on the same connection");
+}

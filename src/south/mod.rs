@@ -35,6 +35,8 @@ pub mod presence;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -69,11 +71,13 @@ const LINK_FILTER_SEGMENTS: usize = 256;
 const DEVICE_FILTER_SEGMENT: usize = 1024;
 const DEVICE_FILTER_SEGMENTS: usize = 1;
 /// Messages between the link thread and the pipeline.
-const INBOUND_CAPACITY: usize = 16_384;
+const INBOUND_CAPACITY: usize = 8192;
 const OUTBOUND_CAPACITY: usize = 16_384;
 /// Every device's publishes are held back while the inbound channel has
-/// less room than this, and released once it has twice as much.
+/// less room than this, or holds more than [`INBOUND_BYTES`], and released
+/// once it has twice the room and half the bytes.
 const INBOUND_LOW: usize = INBOUND_CAPACITY / 4;
+const INBOUND_BYTES: usize = 32 << 20;
 /// Receipts and batches waiting for one device beyond what it has in
 /// flight, before its own publishes are held back until it reads them.
 pub const DEVICE_QUEUE: usize = 1000;
@@ -128,9 +132,24 @@ impl SouthSender {
     }
 }
 
+/// Device publishes for the pipeline, in the order the broker took them.
+pub struct Inbound {
+    rx: mpsc::Receiver<SouthMessage>,
+    /// Payload bytes in the channel, shared with the link's reader.
+    bytes: Arc<AtomicUsize>,
+}
+
+impl Inbound {
+    pub async fn recv(&mut self) -> Option<SouthMessage> {
+        let msg = self.rx.recv().await?;
+        self.bytes.fetch_sub(msg.payload.len(), Ordering::Relaxed);
+        Some(msg)
+    }
+}
+
 /// The running south side.
 pub struct South {
-    pub inbound: mpsc::Receiver<SouthMessage>,
+    pub inbound: Inbound,
     pub outbound: SouthSender,
     /// Resolves only if the listener stops, which is fatal.
     pub listener: tokio::task::JoinHandle<String>,
@@ -186,10 +205,15 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             .map_err(|e| SouthError::Link(e.to_string()))?;
     }
 
-    let (in_tx, inbound) = mpsc::channel(INBOUND_CAPACITY);
+    let (in_tx, in_rx) = mpsc::channel(INBOUND_CAPACITY);
+    let in_bytes = Arc::new(AtomicUsize::new(0));
+    let inbound = Inbound {
+        rx: in_rx,
+        bytes: in_bytes.clone(),
+    };
     thread::Builder::new()
         .name("ferry-south-rx".into())
-        .spawn(move || receive(link_rx, in_tx))
+        .spawn(move || receive(link_rx, in_tx, in_bytes))
         .map_err(|e| SouthError::Link(e.to_string()))?;
     let (out_tx, out_rx) = mpsc::channel(OUTBOUND_CAPACITY);
     thread::Builder::new()
@@ -234,9 +258,15 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
 /// Moves device publishes from the link into `tx`. While `tx` is low on
 /// room, every device's publishes are held back in the broker (so it never
 /// acknowledges what its logs would have to overwrite), and released once
-/// there is room again.
-fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
+/// there is room again. `bytes` counts the payload bytes in `tx`.
+fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>, bytes: Arc<AtomicUsize>) {
     let mut holding = false;
+    let full = |tx: &mpsc::Sender<SouthMessage>| {
+        tx.capacity() < INBOUND_LOW || bytes.load(Ordering::Relaxed) > INBOUND_BYTES
+    };
+    let roomy = |tx: &mpsc::Sender<SouthMessage>| {
+        tx.capacity() >= 2 * INBOUND_LOW && bytes.load(Ordering::Relaxed) <= INBOUND_BYTES / 2
+    };
     loop {
         let next = if holding {
             // Nothing new comes while held: look at the room now and then.
@@ -244,7 +274,7 @@ fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
         } else {
             rx.recv()
         };
-        if holding && tx.capacity() >= 2 * INBOUND_LOW {
+        if holding && roomy(&tx) {
             holding = false;
             if rx.hold_remote(false).is_err() {
                 error!("embedded broker link lost");
@@ -257,7 +287,7 @@ fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
                 let Some(msg) = south_message(f) else {
                     continue;
                 };
-                if !holding && tx.capacity() < INBOUND_LOW {
+                if !holding && full(&tx) {
                     holding = true;
                     warn!("the gateway is behind its devices; their publishes are held back until it catches up");
                     if rx.hold_remote(true).is_err() {
@@ -265,6 +295,7 @@ fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
                         return;
                     }
                 }
+                bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);
                 let msg = match tx.try_send(msg) {
                     Ok(()) => continue,
                     Err(TrySendError::Full(msg)) => msg,
@@ -289,7 +320,8 @@ fn receive(mut rx: LinkRx, tx: mpsc::Sender<SouthMessage>) {
                 return;
             }
             Ok(_) => {}
-            Err(e) if holding && e.is_timeout() => {}
+            // Only a hold reads with a deadline.
+            Err(e) if e.is_timeout() => {}
             Err(e) => {
                 error!(error = %e, "embedded broker link lost");
                 return;

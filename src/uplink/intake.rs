@@ -5,6 +5,7 @@
 //! commits complete, which is the order they arrived. Nothing is answered
 //! before its commit; a store error answers nothing, and the device resends.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,12 +23,15 @@ use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejectio
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::{DeviceTopic, TopicError, Topics};
 use crate::protocol::{now_ms, publish_packet_len};
-use crate::south::{SouthMessage, SouthSender};
+use crate::south::{Inbound, SouthMessage, SouthSender};
 use crate::state::MessageState;
 use crate::store::{DeadLetter, Intake, IntakeOutcome, PendingMessage, Store, StoreError};
 
-/// Messages sent to the store and not yet answered, at most.
+/// Messages sent to the store and not yet answered, at most, and their
+/// payload bytes: past either, intake waits (and the broker, soon after,
+/// holds the devices back).
 const MAX_UNANSWERED: usize = 16_384;
+const MAX_UNANSWERED_BYTES: usize = 32 << 20;
 
 /// Device publishes over the broker's limit, counted.
 pub static OVERSIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
@@ -62,24 +66,32 @@ pub async fn run(
     cfg: IntakeConfig,
     topics: Topics,
     store: Store,
-    mut inbound: mpsc::Receiver<SouthMessage>,
+    mut inbound: Inbound,
     south: SouthSender,
     engine: mpsc::Sender<PendingMessage>,
 ) -> Result<(), StoreError> {
     let mut unanswered: FuturesOrdered<AnswerFuture> = FuturesOrdered::new();
+    // Payload bytes of each unanswered message, in the same order.
+    let mut sizes: VecDeque<usize> = VecDeque::new();
+    let mut bytes = 0usize;
     loop {
+        let room = unanswered.len() < MAX_UNANSWERED && bytes < MAX_UNANSWERED_BYTES;
         tokio::select! {
             // Answers first: they free room and carry receipts.
             biased;
             Some(answer) = unanswered.next(), if !unanswered.is_empty() => {
+                bytes -= sizes.pop_front().unwrap_or(0);
                 if !answer_device(answer, &topics, &south, &engine).await {
                     return Ok(());
                 }
             }
-            msg = inbound.recv(), if unanswered.len() < MAX_UNANSWERED => match msg {
+            msg = inbound.recv(), if room => match msg {
                 Some(msg) => {
+                    let size = msg.payload.len();
                     if let Some(fut) = accept(&cfg, &topics, &store, msg).await? {
                         unanswered.push_back(fut);
+                        sizes.push_back(size);
+                        bytes += size;
                     }
                 }
                 None => break,

@@ -749,6 +749,11 @@ impl Device {
         }
     }
 
+    /// The device's MQTT client, for sending from another task.
+    pub fn client(&self) -> AsyncClient {
+        self.session.client.clone()
+    }
+
     pub fn up_topic(&self, stream: &str) -> String {
         format!("devices/{}/up/{stream}", self.id)
     }

@@ -526,9 +526,16 @@ async fn remote<P: Protocol>(
     let max_keep_alive = config.max_keep_alive;
     let mut connect_packet = match mqtt_connect(config, &mut network).await {
         Ok(p) => p,
+        // ferry: a client that goes away or times out before its CONNECT
+        // (a port probe, a device losing power) is an ordinary event; a bad
+        // CONNECT is the client's fault; neither is an error of the broker.
+        Err(
+            e @ (remote::Error::Network(network::Error::Io(_)) | remote::Error::Timeout(_)),
+        ) => {
+            info!(error=?e, "no CONNECT");
+            return;
+        }
         Err(e) => {
-            // ferry: a client that goes away or times out before its CONNECT
-            // is an ordinary event, not an error of the broker.
             warn!(error=?e, "Error while handling MQTT connect packet");
             return;
         }
