@@ -90,10 +90,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         south.outbound,
         stored_tx,
     ));
+    let trimmer = tokio::spawn(crate::memory::trim_periodically());
     let mut listener = south.listener;
     info!(gateway = %cfg.gateway, south = %cfg.south.listen, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
 
-    tokio::select! {
+    let result = tokio::select! {
         _ = shutdown => {
             // Pipeline order: stop taking device input (nothing uncommitted
             // was answered, so devices resend it), then leave north cleanly.
@@ -106,7 +107,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         r = &mut engine_task => Err(stopped("uplink engine", r)),
         r = &mut downlink_task => Err(stopped("downlink", r)),
         r = &mut listener => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south listener panicked: {e}")))),
-    }
+    };
+    trimmer.abort();
+    result
 }
 
 /// Splits the north session's events: uplink acks to the uplink engine,

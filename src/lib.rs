@@ -23,6 +23,7 @@
 //! - [`gateway`]: `run()`, wiring the pieces together: device control
 //!   messages go from the uplink intake to the downlink task; the north
 //!   session's events are split between the two pipelines.
+//! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
 
@@ -32,6 +33,7 @@ pub mod config;
 pub mod downlink;
 pub mod gateway;
 pub mod ids;
+pub mod memory;
 pub mod north;
 pub mod protocol;
 pub mod south;

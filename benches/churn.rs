@@ -1,0 +1,144 @@
+//! Memory per connected device, and memory after devices come and go.
+//!
+//! ```text
+//! cargo bench --bench churn [-- --idle 10000 --rounds 4 --per-round 5000]
+//! ```
+//!
+//! Starts the release `ferry` (north link down: nothing upstream), then:
+//! 1. connects `--idle` devices (raw MQTT: CONNECT, SUBSCRIBE to their `ack`
+//!    and `inbox`, `status` online) and keeps them idle; reports ferry's RSS
+//!    before, with all connected, and after all left;
+//! 2. runs `--rounds` rounds of `--per-round` new, distinct devices that
+//!    connect the same way and leave; reports RSS after each round.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Ferry, FerryOpts, RawMqtt};
+use futures_util::stream::{self, StreamExt};
+
+struct Args {
+    idle: usize,
+    rounds: usize,
+    per_round: usize,
+}
+
+fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
+    let mut args = Args {
+        idle: 10_000,
+        rounds: 4,
+        per_round: 5000,
+    };
+    let mut flags = common::Flags::new(raw);
+    while let Some(flag) = flags.next_flag() {
+        match flag.as_str() {
+            "--idle" => args.idle = flags.num(&flag)?,
+            "--rounds" => args.rounds = flags.num(&flag)?,
+            "--per-round" => args.per_round = flags.num(&flag)?,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.rounds == 0 || args.per_round == 0 {
+        return Err("--rounds and --per-round must be at least 1".into());
+    }
+    Ok(args)
+}
+
+async fn connect_all(port: u16, ids: Vec<String>) -> Vec<RawMqtt> {
+    stream::iter(ids)
+        .map(|id| async move {
+            let mut raw = RawMqtt::connect(port, &id, 600).await;
+            raw.subscribe(&[format!("devices/{id}/ack"), format!("devices/{id}/inbox")])
+                .await;
+            let online = raw.publish(&format!("devices/{id}/status"), &br#"{"online":true}"#[..]);
+            raw.send(online).await;
+            raw
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await
+}
+
+async fn leave_all(devices: Vec<RawMqtt>) {
+    for mut d in devices {
+        d.send(rumqttc::Packet::Disconnect).await;
+    }
+    // Let the broker and the pipeline see every device go, and ferry hand
+    // the freed memory back (it trims every `memory::TRIM_EVERY`).
+    tokio::time::sleep(ferry::memory::TRIM_EVERY + Duration::from_secs(2)).await;
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("churn: {e}");
+            std::process::exit(64);
+        }
+    };
+    common::raise_fd_limit();
+    let max = args.idle.max(args.per_round) + 100;
+    let ferry = Ferry::start(FerryOpts {
+        max_connections: max,
+        log_level: "warn".into(),
+        ..FerryOpts::new("gw-churn", common::free_port())
+    });
+    let pid = ferry.pid().expect("ferry runs");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let base = common::rss_kib(pid).unwrap_or(0);
+    println!("ferry idle, no devices: {}", mib(base));
+
+    if args.idle > 0 {
+        let started = Instant::now();
+        let ids = (0..args.idle).map(|i| format!("idle-{i}")).collect();
+        let devices = connect_all(ferry.south_port, ids).await;
+        let took = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let connected = common::rss_kib(pid).unwrap_or(0);
+        println!(
+            "{} idle devices connected in {:.1} s: {} ({:.1} KiB per device above idle)",
+            args.idle,
+            took.as_secs_f64(),
+            mib(connected),
+            (connected.saturating_sub(base)) as f64 / args.idle as f64
+        );
+        leave_all(devices).await;
+        println!(
+            "after they left: {}",
+            mib(common::rss_kib(pid).unwrap_or(0))
+        );
+    }
+
+    let mut after = Vec::new();
+    for round in 0..args.rounds {
+        let ids = (0..args.per_round)
+            .map(|i| format!("churn-{round}-{i}"))
+            .collect();
+        let devices = connect_all(ferry.south_port, ids).await;
+        let connected = common::rss_kib(pid).unwrap_or(0);
+        leave_all(devices).await;
+        let left = common::rss_kib(pid).unwrap_or(0);
+        println!(
+            "round {}: {} distinct devices; {} connected, {} after they left",
+            round + 1,
+            args.per_round,
+            mib(connected),
+            mib(left)
+        );
+        after.push(left);
+    }
+    let growth = after.last().unwrap() - after[0].min(*after.last().unwrap());
+    println!(
+        "growth from round 1 to round {}: {}",
+        args.rounds,
+        mib(growth)
+    );
+    assert!(!ferry.log().contains(" ERROR "), "ferry logged an ERROR");
+}
