@@ -51,7 +51,7 @@ const USAGE: &str = "usage: cargo bench --bench storm -- [--devices N] [--per-de
 /// The WARN line ferry writes for every confirm timeout.
 const CONFIRM_TIMEOUT_LINE: &str = "downlink batch not confirmed in time; resending";
 /// conf/ferry.toml's log filter (the harness default is plain "info").
-const PRODUCTION_LOG_LEVEL: &str = "info,rumqttd=warn,rumqttd::server=off";
+const PRODUCTION_LOG_LEVEL: &str = "info,rumqttd=warn";
 /// Most device ids in one `to` list (keeps an envelope well under
 /// south.max_payload_bytes = 64 KiB, which also bounds downlinks).
 const MAX_TO: usize = 4000;

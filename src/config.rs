@@ -210,7 +210,7 @@ pub struct RawLog {
 impl Default for RawLog {
     fn default() -> Self {
         RawLog {
-            level: "info,rumqttd=warn,rumqttd::server=off".into(),
+            level: "info,rumqttd=warn".into(),
         }
     }
 }
