@@ -19,6 +19,13 @@
 //! MQTT's own maximum, and one over `north.max_packet_bytes` is acknowledged
 //! and reported rather than failing the connection (a broker redelivers an
 //! unacknowledged message to a persistent session forever).
+//!
+//! rumqttc's `EventLoop::poll` is not safe to cancel (a publish being
+//! written when it is dropped is lost, and its packet id stays taken), so
+//! one task does nothing but poll, in order, and hands every event to the
+//! session task, which does everything else. After an error the poller
+//! waits for the session's word (and its backoff) before reconnecting, and
+//! drops whatever was queued for the dead connection meanwhile.
 
 pub mod flow;
 
@@ -32,7 +39,7 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, LastWill, MqttOptions, Outgoing as Sent, Packet, Publish,
     QoS, SubscribeFilter,
 };
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -53,6 +60,8 @@ const REQUEST_CAPACITY: usize = 65_536;
 const SESSION_INFLIGHT: u16 = 1024;
 /// Publishes the pipeline may queue for the session.
 const PUBLISH_QUEUE: usize = 16_384;
+/// Events the poller may be ahead of the session.
+const POLLED_QUEUE: usize = 1024;
 /// An oversized message's head kept for the dead letter and its msg_id.
 pub const OVERSIZE_HEAD: usize = 4096;
 
@@ -161,6 +170,8 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
     net.set_tcp_nodelay(true);
     eventloop.set_network_options(net);
     let (events_tx, events) = mpsc::channel(4096);
+    let (polled_tx, polled_rx) = mpsc::channel(POLLED_QUEUE);
+    tokio::spawn(poll(eventloop, polled_tx));
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
     let (publishes_tx, publishes_rx) = mpsc::channel(PUBLISH_QUEUE);
     let (offline_tx, offline_rx) = mpsc::unbounded_channel();
@@ -178,7 +189,7 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
         host: cfg.host.clone(),
         port: cfg.port,
     };
-    tokio::spawn(session.run(eventloop, acks_rx, publishes_rx, offline_rx));
+    tokio::spawn(session.run(polled_rx, acks_rx, publishes_rx, offline_rx));
     (
         NorthSender {
             publishes: publishes_tx,
@@ -188,6 +199,46 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
         },
         events,
     )
+}
+
+/// What the poller hands the session.
+enum Polled {
+    Event(Event),
+    /// The connection failed; the poller reconnects after the session
+    /// answers with how long to wait.
+    Error(ConnectionError, oneshot::Sender<Duration>),
+}
+
+/// Polls the event loop, and nothing else, so a poll is never cancelled.
+async fn poll(mut eventloop: rumqttc::EventLoop, session: mpsc::Sender<Polled>) {
+    loop {
+        match eventloop.poll().await {
+            Ok(event) => {
+                if session.send(Polled::Event(event)).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                // The pipeline sends again what it needs; rumqttc must not
+                // replay the old connection's publishes on its own (one of
+                // them may be what the upstream chokes on), nor report
+                // events read from it.
+                eventloop.pending.clear();
+                eventloop.state.events.clear();
+                let (resume, after) = oneshot::channel();
+                if session.send(Polled::Error(e, resume)).await.is_err() {
+                    return;
+                }
+                let Ok(delay) = after.await else { return };
+                tokio::time::sleep(delay).await;
+                // Anything queued for the dead connection (publishes made
+                // before the session heard of the drop, acks of its
+                // messages) must not go out on the next one.
+                eventloop.clean();
+                eventloop.pending.clear();
+            }
+        }
+    }
 }
 
 fn status_body(online: bool) -> Vec<u8> {
@@ -242,7 +293,7 @@ struct Session {
 impl Session {
     async fn run(
         mut self,
-        mut eventloop: rumqttc::EventLoop,
+        mut polled: mpsc::Receiver<Polled>,
         mut acks: mpsc::UnboundedReceiver<AckToken>,
         mut publishes: mpsc::Receiver<Outgoing>,
         mut offline: mpsc::UnboundedReceiver<()>,
@@ -250,40 +301,38 @@ impl Session {
         let mut link = Link::Down;
         let mut failures = 0u32;
         loop {
+            let connected = !matches!(link, Link::Down);
             if matches!(link, Link::Connected { .. }) {
                 self.hand_over();
             }
             let probe_deadline = self.flow.probe_deadline();
-            // Other inputs are only taken while connected: polling is never
-            // cancelled in the middle of a connection attempt.
-            let polled = if matches!(link, Link::Down) {
-                eventloop.poll().await
-            } else {
-                tokio::select! {
-                    ev = eventloop.poll() => ev,
-                    Some(token) = acks.recv() => {
-                        self.ready(token);
-                        continue;
+            let polled = tokio::select! {
+                polled = polled.recv() => match polled {
+                    Some(p) => p,
+                    None => return,
+                },
+                Some(token) = acks.recv(), if connected => {
+                    self.ready(token);
+                    continue;
+                }
+                Some(out) = publishes.recv(), if connected && self.flow.held() < PUBLISH_QUEUE => {
+                    self.flow.submit(out);
+                    continue;
+                }
+                Some(()) = offline.recv(), if matches!(link, Link::Connected { .. }) => {
+                    self.leave();
+                    link = Link::Closing;
+                    continue;
+                }
+                _ = sleep_until(probe_deadline), if probe_deadline.is_some() => {
+                    if let Some(tag) = self.flow.expire_probe(Instant::now()) {
+                        warn!(tag = ?tag, "north probe neither acknowledged nor refused; resuming");
                     }
-                    Some(out) = publishes.recv(), if self.flow.held() < PUBLISH_QUEUE => {
-                        self.flow.submit(out);
-                        continue;
-                    }
-                    Some(()) = offline.recv(), if !matches!(link, Link::Closing) => {
-                        self.leave();
-                        link = Link::Closing;
-                        continue;
-                    }
-                    _ = sleep_until(probe_deadline), if probe_deadline.is_some() => {
-                        if let Some(tag) = self.flow.expire_probe(Instant::now()) {
-                            warn!(tag = ?tag, "north probe neither acknowledged nor refused; resuming");
-                        }
-                        continue;
-                    }
+                    continue;
                 }
             };
             match polled {
-                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                Polled::Event(Event::Incoming(Packet::ConnAck(ack))) => {
                     link = Link::Connected {
                         at: Instant::now(),
                         stage: Stage::Subscribing,
@@ -304,7 +353,7 @@ impl Session {
                         warn!(error = %e, "north subscribe could not be queued");
                     }
                 }
-                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                Polled::Event(Event::Incoming(Packet::SubAck(_))) => {
                     if let Link::Connected { stage, .. } = &mut link {
                         if *stage == Stage::Subscribing {
                             *stage = Stage::Announcing;
@@ -318,9 +367,11 @@ impl Session {
                         }
                     }
                 }
-                Ok(Event::Outgoing(Sent::Publish(pkid))) => self.flow.written(pkid, Instant::now()),
-                Ok(Event::Outgoing(Sent::AwaitAck(pkid))) => self.flow.collision(pkid),
-                Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                Polled::Event(Event::Outgoing(Sent::Publish(pkid))) => {
+                    self.flow.written(pkid, Instant::now())
+                }
+                Polled::Event(Event::Outgoing(Sent::AwaitAck(pkid))) => self.flow.collision(pkid),
+                Polled::Event(Event::Incoming(Packet::PubAck(ack))) => {
                     let event = match (self.flow.acked(ack.pkid), &mut link) {
                         (Some(tag @ Tag::Receipts(_)), _) => Some(NorthEvent::Published(tag)),
                         (Some(Tag::Status), Link::Connected { stage, .. })
@@ -337,24 +388,18 @@ impl Session {
                         }
                     }
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                Polled::Event(Event::Incoming(Packet::Publish(p))) => {
                     if !self.on_publish(p).await {
                         return;
                     }
                 }
-                Ok(Event::Outgoing(Sent::Disconnect)) => {
+                Polled::Event(Event::Outgoing(Sent::Disconnect)) => {
                     info!("north session closed");
                     self.closed.notify_waiters();
                     return;
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    // The pipeline sends again what it needs; rumqttc must
-                    // not replay the old connection's publishes on its own
-                    // (one of them may be what the upstream chokes on), nor
-                    // report events read from it.
-                    eventloop.pending.clear();
-                    eventloop.state.events.clear();
+                Polled::Event(_) => {}
+                Polled::Error(e, resume) => {
                     // What was received on the lost connection is sent again
                     // by the broker; its acks must not go out on the next one.
                     self.unacked.clear();
@@ -387,7 +432,7 @@ impl Session {
                         reconnect_delay(failures - 1)
                     };
                     log_error(&e, &self.host, self.port, failures, delay);
-                    tokio::time::sleep(delay).await;
+                    let _ = resume.send(delay);
                 }
             }
         }
