@@ -20,14 +20,12 @@
 //! and reported rather than failing the connection (a broker redelivers an
 //! unacknowledged message to a persistent session forever).
 //!
-//! rumqttc's `EventLoop::poll` is not safe to cancel (a publish being
-//! written when it is dropped is lost, and its packet id stays taken), so
-//! one task does nothing but poll, in order, and hands every event to the
-//! session task, which does everything else. After an error the poller
-//! waits for the session's word (and its backoff) before reconnecting, and
-//! drops whatever was queued for the dead connection meanwhile.
+//! One task only polls rumqttc's event loop ([`poll`]: a poll must never be
+//! cancelled) and hands every event to the session task, which does the
+//! rest.
 
 pub mod flow;
+mod poll;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +37,7 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, LastWill, MqttOptions, Outgoing as Sent, Packet, Publish,
     QoS, SubscribeFilter,
 };
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -171,7 +169,7 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
     eventloop.set_network_options(net);
     let (events_tx, events) = mpsc::channel(4096);
     let (polled_tx, polled_rx) = mpsc::channel(POLLED_QUEUE);
-    tokio::spawn(poll(eventloop, polled_tx));
+    tokio::spawn(poll::run(eventloop, polled_tx));
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
     let (publishes_tx, publishes_rx) = mpsc::channel(PUBLISH_QUEUE);
     let (offline_tx, offline_rx) = mpsc::unbounded_channel();
@@ -199,46 +197,6 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
         },
         events,
     )
-}
-
-/// What the poller hands the session.
-enum Polled {
-    Event(Event),
-    /// The connection failed; the poller reconnects after the session
-    /// answers with how long to wait.
-    Error(ConnectionError, oneshot::Sender<Duration>),
-}
-
-/// Polls the event loop, and nothing else, so a poll is never cancelled.
-async fn poll(mut eventloop: rumqttc::EventLoop, session: mpsc::Sender<Polled>) {
-    loop {
-        match eventloop.poll().await {
-            Ok(event) => {
-                if session.send(Polled::Event(event)).await.is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                // The pipeline sends again what it needs; rumqttc must not
-                // replay the old connection's publishes on its own (one of
-                // them may be what the upstream chokes on), nor report
-                // events read from it.
-                eventloop.pending.clear();
-                eventloop.state.events.clear();
-                let (resume, after) = oneshot::channel();
-                if session.send(Polled::Error(e, resume)).await.is_err() {
-                    return;
-                }
-                let Ok(delay) = after.await else { return };
-                tokio::time::sleep(delay).await;
-                // Anything queued for the dead connection (publishes made
-                // before the session heard of the drop, acks of its
-                // messages) must not go out on the next one.
-                eventloop.clean();
-                eventloop.pending.clear();
-            }
-        }
-    }
 }
 
 fn status_body(online: bool) -> Vec<u8> {
@@ -293,7 +251,7 @@ struct Session {
 impl Session {
     async fn run(
         mut self,
-        mut polled: mpsc::Receiver<Polled>,
+        mut polled: mpsc::Receiver<poll::Polled>,
         mut acks: mpsc::UnboundedReceiver<AckToken>,
         mut publishes: mpsc::Receiver<Outgoing>,
         mut offline: mpsc::UnboundedReceiver<()>,
@@ -332,7 +290,7 @@ impl Session {
                 }
             };
             match polled {
-                Polled::Event(Event::Incoming(Packet::ConnAck(ack))) => {
+                poll::Polled::Event(Event::Incoming(Packet::ConnAck(ack))) => {
                     link = Link::Connected {
                         at: Instant::now(),
                         stage: Stage::Subscribing,
@@ -353,7 +311,7 @@ impl Session {
                         warn!(error = %e, "north subscribe could not be queued");
                     }
                 }
-                Polled::Event(Event::Incoming(Packet::SubAck(_))) => {
+                poll::Polled::Event(Event::Incoming(Packet::SubAck(_))) => {
                     if let Link::Connected { stage, .. } = &mut link {
                         if *stage == Stage::Subscribing {
                             *stage = Stage::Announcing;
@@ -367,11 +325,13 @@ impl Session {
                         }
                     }
                 }
-                Polled::Event(Event::Outgoing(Sent::Publish(pkid))) => {
+                poll::Polled::Event(Event::Outgoing(Sent::Publish(pkid))) => {
                     self.flow.written(pkid, Instant::now())
                 }
-                Polled::Event(Event::Outgoing(Sent::AwaitAck(pkid))) => self.flow.collision(pkid),
-                Polled::Event(Event::Incoming(Packet::PubAck(ack))) => {
+                poll::Polled::Event(Event::Outgoing(Sent::AwaitAck(pkid))) => {
+                    self.flow.collision(pkid)
+                }
+                poll::Polled::Event(Event::Incoming(Packet::PubAck(ack))) => {
                     let event = match (self.flow.acked(ack.pkid), &mut link) {
                         (Some(tag @ Tag::Receipts(_)), _) => Some(NorthEvent::Published(tag)),
                         (Some(Tag::Status), Link::Connected { stage, .. })
@@ -388,18 +348,18 @@ impl Session {
                         }
                     }
                 }
-                Polled::Event(Event::Incoming(Packet::Publish(p))) => {
+                poll::Polled::Event(Event::Incoming(Packet::Publish(p))) => {
                     if !self.on_publish(p).await {
                         return;
                     }
                 }
-                Polled::Event(Event::Outgoing(Sent::Disconnect)) => {
+                poll::Polled::Event(Event::Outgoing(Sent::Disconnect)) => {
                     info!("north session closed");
                     self.closed.notify_waiters();
                     return;
                 }
-                Polled::Event(_) => {}
-                Polled::Error(e, resume) => {
+                poll::Polled::Event(_) => {}
+                poll::Polled::Error(e, resume) => {
                     // What was received on the lost connection is sent again
                     // by the broker; its acks must not go out on the next one.
                     self.unacked.clear();
