@@ -20,7 +20,7 @@
 //! and reported rather than failing the connection (a broker redelivers an
 //! unacknowledged message to a persistent session forever).
 //!
-//! One task only polls rumqttc's event loop ([`poll`]: a poll must never be
+//! One task only polls rumqttc's event loop (`poll.rs`: a poll must never be
 //! cancelled) and hands every event to the session task, which does the
 //! rest.
 
