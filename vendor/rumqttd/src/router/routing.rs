@@ -719,7 +719,11 @@ impl Router {
                 // it never had acknowledged if it leaves meanwhile. A client
                 // that neither reads nor waits for acknowledgements is
                 // disconnected before it can hold more than the limits.
-                Packet::Publish(publish, properties) if holding => {
+                Packet::Publish(mut publish, properties) if holding => {
+                    // Its own copy: a slice would pin the connection's whole
+                    // read buffer for as long as it is held.
+                    publish.topic = bytes::Bytes::copy_from_slice(&publish.topic);
+                    publish.payload = bytes::Bytes::copy_from_slice(&publish.payload);
                     let incoming = self.ibufs.get_mut(id).unwrap();
                     incoming.held_bytes += publish.payload.len() + publish.topic.len();
                     incoming.held.push_back(Packet::Publish(publish, properties));
