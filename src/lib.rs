@@ -8,10 +8,13 @@
 //!   delays, topics, envelopes, receipts and acks.
 //! - [`store`]: SQLite owned by one writer thread, group commit, migrations.
 //! - [`south`]: the embedded rumqttd broker and the in-process link that
-//!   brings device traffic in and sends receipts out. The only module that
-//!   knows the south broker is embedded.
+//!   brings device traffic in and delivers receipts and batches straight to
+//!   each device's connection; it holds devices back rather than drop
+//!   anything. The only module that knows the south broker is embedded.
 //! - [`north`]: the rumqttc session to the upstream broker, with reconnect
-//!   backoff, re-subscription and the retained status.
+//!   backoff, re-subscription, the retained status, and each publish
+//!   followed to its PUBACK so a message the upstream refuses is found
+//!   ([`north::flow`]).
 //! - [`uplink`]: the pipeline. Device message → validate → store (dedup,
 //!   seq) → `stored` receipt → north → backend ack → `delivered` receipt,
 //!   with retries, expiry and dead letters.
