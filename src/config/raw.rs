@@ -1,0 +1,266 @@
+//! The config file as written: serde structs mirroring conf/ferry.toml,
+//! every field documented and defaulted, unknown keys refused by name, and
+//! `FERRY_<SECTION>__<KEY>` environment overrides applied on top.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// The file as written. See conf/ferry.toml for every key's meaning.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub gateway: RawGateway,
+    pub south: RawSouth,
+    pub north: RawNorth,
+    pub retry: RawRetry,
+    pub store: RawStore,
+    pub downlink: RawDownlink,
+    /// Named device groups, addressable in a downlink's `to` as `@name`.
+    pub groups: BTreeMap<String, Vec<String>>,
+    pub log: RawLog,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDownlink {
+    /// Most messages in one inbox batch (hard cap 1000).
+    pub batch_size: usize,
+    /// Resend an unconfirmed batch after this long (with backoff).
+    pub confirm_timeout_ms: u64,
+    /// Undelivered messages per device before the oldest expire.
+    pub queue_cap: u64,
+}
+
+impl Default for RawDownlink {
+    fn default() -> Self {
+        RawDownlink {
+            batch_size: 200,
+            confirm_timeout_ms: 10_000,
+            queue_cap: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawGateway {
+    /// This box's id, part of every north topic.
+    pub id: String,
+    /// Directory of the SQLite store.
+    pub data_dir: PathBuf,
+}
+
+impl Default for RawGateway {
+    fn default() -> Self {
+        RawGateway {
+            id: String::new(),
+            data_dir: PathBuf::from("./data"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSouth {
+    /// Listen address of the embedded device broker.
+    pub listen: String,
+    /// Largest accepted uplink envelope, bytes.
+    pub max_payload_bytes: usize,
+    /// Device topic prefix.
+    pub topic_prefix: String,
+    /// Most devices connected at once.
+    pub max_connections: usize,
+    /// Longest MQTT keep-alive a device is held to, seconds.
+    pub max_keep_alive_s: u64,
+    /// Most subscriptions one device may hold.
+    pub max_subscriptions: usize,
+}
+
+impl Default for RawSouth {
+    fn default() -> Self {
+        RawSouth {
+            listen: "0.0.0.0:1883".into(),
+            max_payload_bytes: 65536,
+            topic_prefix: "devices".into(),
+            max_connections: 10_000,
+            max_keep_alive_s: 600,
+            max_subscriptions: 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawNorth {
+    /// Upstream broker host.
+    pub host: String,
+    /// Upstream broker port.
+    pub port: u16,
+    /// Client id upstream; empty means `ferry-{gateway.id}`.
+    pub client_id: String,
+    /// Upstream username; empty means anonymous.
+    pub username: String,
+    /// Upstream password.
+    pub password: String,
+    /// MQTT keep-alive, seconds.
+    pub keep_alive_s: u64,
+    /// Wait for the backend's ack before an attempt counts as failed.
+    pub ack_timeout_ms: u64,
+    /// Most unacked messages per device.
+    pub max_inflight: usize,
+    /// North topic prefix; the full prefix is `{topic_prefix}/{gateway.id}`.
+    pub topic_prefix: String,
+    /// Largest MQTT packet exchanged with the upstream broker, bytes.
+    pub max_packet_bytes: usize,
+}
+
+impl Default for RawNorth {
+    fn default() -> Self {
+        RawNorth {
+            host: "127.0.0.1".into(),
+            port: 1884,
+            client_id: String::new(),
+            username: String::new(),
+            password: String::new(),
+            keep_alive_s: 30,
+            ack_timeout_ms: 10_000,
+            max_inflight: 32,
+            topic_prefix: "ferry".into(),
+            max_packet_bytes: 16 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRetry {
+    /// First resend delay, ms.
+    pub base_ms: u64,
+    /// Largest resend delay, ms.
+    pub max_ms: u64,
+    /// Attempts (made while the link was up) before dead-lettering.
+    pub max_attempts: u32,
+    /// Fraction of each delay that is randomised away, 0.0..=1.0.
+    pub jitter: f64,
+}
+
+impl Default for RawRetry {
+    fn default() -> Self {
+        RawRetry {
+            base_ms: 1000,
+            max_ms: 300_000,
+            max_attempts: 10,
+            jitter: 0.2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStore {
+    /// SQLite synchronous mode: "full" or "normal".
+    pub sync: String,
+    /// Most messages per transaction.
+    pub max_batch: usize,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            sync: "full".into(),
+            max_batch: 2048,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLog {
+    /// tracing filter directive.
+    pub level: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog {
+            level: "info,rumqttd=warn".into(),
+        }
+    }
+}
+
+impl RawConfig {
+    /// Reads the file and the environment; refuses unknown keys by name.
+    pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
+        if !path.is_file() {
+            return Err(ConfigError::new(
+                "--config",
+                format!("{} is not a readable file", path.display()),
+            ));
+        }
+        let built = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix("FERRY")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .map_err(|e| from_config_error(&e))?;
+        let table: config::Map<String, config::Value> = built
+            .clone()
+            .try_deserialize()
+            .map_err(|e| from_config_error(&e))?;
+        check_known_keys(&table)?;
+        built.try_deserialize().map_err(|e| from_config_error(&e))
+    }
+}
+
+/// Names the first key in `table` that [`RawConfig`] does not have.
+fn check_known_keys(table: &config::Map<String, config::Value>) -> Result<(), ConfigError> {
+    let known = serde_json::to_value(RawConfig::default()).expect("RawConfig serializes");
+    let mut sections: Vec<_> = table.iter().collect();
+    sections.sort_by(|a, b| a.0.cmp(b.0));
+    for (section, value) in sections {
+        if section == "groups" {
+            // Free-form: every key is a group name, checked in from_raw.
+            continue;
+        }
+        let Some(known_section) = known.get(section) else {
+            return Err(ConfigError::new(
+                section,
+                "unknown section; see conf/ferry.toml for the keys",
+            ));
+        };
+        let Ok(keys) = value.clone().into_table() else {
+            return Err(ConfigError::new(section, "must be a table of keys"));
+        };
+        let mut names: Vec<_> = keys.keys().collect();
+        names.sort();
+        for key in names {
+            if known_section.get(key).is_none() {
+                return Err(ConfigError::new(
+                    &format!("{section}.{key}"),
+                    "unknown key; see conf/ferry.toml for the keys",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn from_config_error(e: &config::ConfigError) -> ConfigError {
+    let text = e.to_string();
+    // The config crate says "... for key `north.port` in ..." where it knows the key.
+    let key = text
+        .split("for key `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or("(file)")
+        .to_string();
+    ConfigError { key, reason: text }
+}

@@ -1,0 +1,58 @@
+use super::*;
+use std::io::Write;
+
+fn load_str(toml: &str) -> Result<Config, ConfigError> {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(toml.as_bytes()).unwrap();
+    Config::load(f.path())
+}
+
+#[test]
+fn shipped_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/ferry.toml");
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(cfg.gateway.as_str(), "edge-01");
+    assert_eq!(cfg.north.client_id, "ferry-edge-01");
+    assert_eq!(cfg.store.sync, SyncMode::Full);
+}
+
+#[test]
+fn unknown_key_is_named_with_its_section() {
+    let err = load_str("[gateway]\nid = \"g\"\n[north]\nhots = \"x\"\n").unwrap_err();
+    assert_eq!(err.key, "north.hots");
+}
+
+#[test]
+fn unknown_section_is_named() {
+    let err = load_str("[gateway]\nid = \"g\"\n[nort]\nhost = \"x\"\n").unwrap_err();
+    assert_eq!(err.key, "nort");
+}
+
+#[test]
+fn out_of_range_values_name_their_key() {
+    let err = load_str("[gateway]\nid = \"g\"\n[retry]\njitter = 2.0\n").unwrap_err();
+    assert_eq!(err.key, "retry.jitter");
+    let err = load_str("[gateway]\nid = \"bad id\"\n").unwrap_err();
+    assert_eq!(err.key, "gateway.id");
+    let err = load_str("[gateway]\nid = \"g\"\n[south]\nlisten = \"nowhere\"\n").unwrap_err();
+    assert_eq!(err.key, "south.listen");
+    let err = load_str("[gateway]\nid = \"g\"\n[store]\nsync = \"off\"\n").unwrap_err();
+    assert_eq!(err.key, "store.sync");
+}
+
+#[test]
+fn groups_are_read_and_checked() {
+    let cfg =
+        load_str("[gateway]\nid = \"g\"\n[groups]\nline3 = [\"panel-1\", \"panel-2\"]\n").unwrap();
+    assert_eq!(cfg.groups["line3"].len(), 2);
+    let err = load_str("[gateway]\nid = \"g\"\n[groups]\nline3 = [\"bad id\"]\n").unwrap_err();
+    assert_eq!(err.key, "groups.line3");
+    let err = load_str("[gateway]\nid = \"g\"\n[downlink]\nbatch_size = 5000\n").unwrap_err();
+    assert_eq!(err.key, "downlink.batch_size");
+}
+
+#[test]
+fn wrong_type_names_its_key() {
+    let err = load_str("[gateway]\nid = \"g\"\n[north]\nport = \"many\"\n").unwrap_err();
+    assert_eq!(err.key, "north.port", "{err}");
+}
