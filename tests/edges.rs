@@ -25,6 +25,14 @@ fn lone_ferry(gateway: &str) -> Ferry {
     Ferry::start(FerryOpts::new(gateway, common::free_port()))
 }
 
+/// A gateway whose store lives on `disk` and whose north link stays down.
+fn ferry_on(disk: &Tmpfs, gateway: &str) -> Ferry {
+    Ferry::start(FerryOpts {
+        data_dir: Some(disk.path.join("data")),
+        ..FerryOpts::new(gateway, common::free_port())
+    })
+}
+
 /// Reads receipts until `done` holds or `timeout` passes.
 async fn raw_receipts(
     raw: &mut RawMqtt,
@@ -43,10 +51,7 @@ async fn raw_receipts(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_accepted_while_the_disk_is_full_are_stored_once_it_frees_without_a_reconnect() {
     let disk = Tmpfs::mount(8);
-    let ferry = Ferry::start(FerryOpts {
-        data_dir: Some(disk.path.join("data")),
-        ..FerryOpts::new("gw-full", common::free_port())
-    });
+    let ferry = ferry_on(&disk, "gw-full");
     let mut device = Device::connect(ferry.south_port, "filler").await;
     let boot = boot_id();
     for i in 0..5 {
@@ -378,10 +383,7 @@ async fn a_long_stall_holds_devices_back_and_loses_none_of_thirty_thousand_messa
     // gateway's queues fill, the broker stops acknowledging the device, and
     // once the disk frees every message is stored, none twice, none lost.
     let disk = Tmpfs::mount(64);
-    let ferry = Ferry::start(FerryOpts {
-        data_dir: Some(disk.path.join("data")),
-        ..FerryOpts::new("gw-stall", common::free_port())
-    });
+    let ferry = ferry_on(&disk, "gw-stall");
     let mut device = Device::connect(ferry.south_port, "streamer").await;
     let boot = boot_id();
     device

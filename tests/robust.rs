@@ -28,17 +28,6 @@ fn ids_with(receipts: &[Value], wanted: &str) -> HashSet<String> {
         .collect()
 }
 
-/// Publishes `n` envelopes `{boot}-{tag}-{i}`; returns their ids.
-async fn publish_many(device: &Device, boot: &str, tag: &str, n: usize) -> Vec<String> {
-    let mut ids = Vec::with_capacity(n);
-    for i in 0..n {
-        let id = format!("{boot}-{tag}-{i}");
-        device.publish_envelope("t", &id, json!({"i": i})).await;
-        ids.push(id);
-    }
-    ids
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_or_a_65000_byte_stream_is_rejected_at_intake_and_the_link_stays_up() {
     let mq = Mosquitto::start();
@@ -75,7 +64,7 @@ async fn a_nul_or_a_65000_byte_stream_is_rejected_at_intake_and_the_link_stays_u
         "nothing north can never publish is stored"
     );
 
-    let ids = publish_many(&good, &boot, "g", 20).await;
+    let ids = good.publish_many("t", &boot, "g", 20).await;
     let got = good
         .receipts_until(SECS_30, |all| ids_with(all, "delivered").len() == 20)
         .await;
@@ -106,11 +95,11 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
     let mut small = Device::connect(ferry.south_port, "small").await;
     let boot = boot_id();
 
-    let mut ids = publish_many(&small, &boot, "before", 25).await;
+    let mut ids = small.publish_many("t", &boot, "before", 25).await;
     let poison = format!("{boot}-poison");
     big.publish_envelope("t", &poison, json!("p".repeat(30_000)))
         .await;
-    ids.extend(publish_many(&small, &boot, "after", 25).await);
+    ids.extend(small.publish_many("t", &boot, "after", 25).await);
 
     let seen = big
         .receipts_until(SECS_60, |all| {
@@ -161,7 +150,7 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
     );
 
     // After the dead letter the link comes back once and stays up.
-    let later = publish_many(&small, &boot, "later", 5).await;
+    let later = small.publish_many("t", &boot, "later", 5).await;
     let got = small
         .receipts_until(SECS_30, |all| {
             ids_with(all, "delivered").len() == later.len()
@@ -169,7 +158,7 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
         .await;
     assert_eq!(ids_with(&got, "delivered").len(), later.len());
     let settled = north_connects(&ferry.log());
-    let last = publish_many(&small, &boot, "last", 5).await;
+    let last = small.publish_many("t", &boot, "last", 5).await;
     let got = small
         .receipts_until(SECS_30, |all| {
             ids_with(all, "delivered").len() == last.len()
@@ -221,7 +210,7 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
     let boot = boot_id();
 
     // One ack array of over 528 kB: twenty real acks among 9,500 others.
-    let ids = publish_many(&device, &boot, "u", 20).await;
+    let ids = device.publish_many("t", &boot, "u", 20).await;
     let north = backend
         .messages_until(SECS_30, |all| all.len() >= ids.len())
         .await;
@@ -298,7 +287,7 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
     })
     .await;
     assert!(stored, "{all:?}");
-    let more = publish_many(&device, &boot, "v", 5).await;
+    let more = device.publish_many("t", &boot, "v", 5).await;
     let north = backend
         .messages_until(SECS_30, |all| all.len() >= more.len())
         .await;

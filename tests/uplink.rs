@@ -90,25 +90,6 @@ fn assert_stored_then_delivered(
     seqs
 }
 
-/// Publishes `count` envelopes `{boot}-{tag}{i}` on stream `stream`.
-async fn publish_many(
-    device: &Device,
-    stream: &str,
-    boot: &str,
-    tag: &str,
-    count: usize,
-) -> Vec<String> {
-    let mut ids = Vec::with_capacity(count);
-    for i in 0..count {
-        let id = format!("{boot}-{tag}{i:04}");
-        device
-            .publish_envelope(stream, &id, json!({"i": i, "tag": tag}))
-            .await;
-        ids.push(id);
-    }
-    ids
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_messages_from_ten_devices_are_stored_then_delivered_in_seq_order() {
     let mq = Mosquitto::start();
@@ -121,7 +102,7 @@ async fn a_thousand_messages_from_ten_devices_are_stored_then_delivered_in_seq_o
         let device = Device::connect(ferry.south_port, &format!("bulk-{d}")).await;
         let boot = boot.clone();
         publishers.push(tokio::spawn(async move {
-            let ids = publish_many(&device, "line3/temp", &boot, "m", 100).await;
+            let ids = device.publish_many("line3/temp", &boot, "m", 100).await;
             (device, ids)
         }));
     }
@@ -401,7 +382,7 @@ async fn messages_stored_during_a_ten_second_upstream_outage_are_delivered_after
     let mut ids: Vec<Vec<String>> = Vec::new();
     for d in 0..3 {
         let mut device = Device::connect(ferry.south_port, &format!("out-{d}")).await;
-        let warm = publish_many(&device, "t", &boot, "warm", 1).await;
+        let warm = device.publish_many("t", &boot, "warm", 1).await;
         let got = device
             .receipts_until(SECS_30, |all| ids_with_status(all, "delivered") == 1)
             .await;
@@ -414,7 +395,7 @@ async fn messages_stored_during_a_ten_second_upstream_outage_are_delivered_after
     mq.stop();
     let outage = Instant::now();
     for (d, device) in devices.iter().enumerate() {
-        let sent = publish_many(device, "t", &boot, "out", 50).await;
+        let sent = device.publish_many("t", &boot, "out", 50).await;
         ids[d].extend(sent);
     }
     for (d, device) in devices.iter_mut().enumerate() {
@@ -493,7 +474,7 @@ async fn stored_messages_survive_a_sigkill_and_are_delivered_after_restart_with_
     let mut ids = Vec::new();
     for d in 0..2 {
         let device = Device::connect(ferry.south_port, &format!("crash-{d}")).await;
-        ids.push(publish_many(&device, "t", &boot, "c", 25).await);
+        ids.push(device.publish_many("t", &boot, "c", 25).await);
         devices.push(device);
     }
     let mut stored: HashMap<(String, String), u64> = HashMap::new();
@@ -597,7 +578,7 @@ async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_
     let mut good = Device::connect(ferry.south_port, "reject-good").await;
     let boot = boot_id();
 
-    let mut good_ids = publish_many(&good, "t", &boot, "a", 10).await;
+    let mut good_ids = good.publish_many("t", &boot, "a", 10).await;
     let big_id = format!("{boot}-big");
     let big = serde_json::to_vec(&json!({"msg_id": big_id, "payload": "x".repeat(2000)})).unwrap();
     let cases: Vec<(&str, Vec<u8>, Option<&str>)> = vec![
@@ -650,7 +631,7 @@ async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_
     let (r, _) = bad.next_receipt_for(&ok_id, SECS_10).await;
     assert_eq!(r.as_ref().map(status), Some("stored"), "{r:?}");
 
-    good_ids.extend(publish_many(&good, "t", &boot, "b", 10).await);
+    good_ids.extend(good.publish_many("t", &boot, "b", 10).await);
     let got = good
         .receipts_until(SECS_30, |all| ids_with_status(all, "delivered") == 20)
         .await;

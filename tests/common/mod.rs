@@ -764,6 +764,25 @@ impl Device {
         self.publish_json(stream, &envelope).await;
     }
 
+    /// Publishes `count` envelopes `{boot}-{tag}{i:04}` on `stream`; returns
+    /// their msg_ids in order.
+    pub async fn publish_many(
+        &self,
+        stream: &str,
+        boot: &str,
+        tag: &str,
+        count: usize,
+    ) -> Vec<String> {
+        let mut ids = Vec::with_capacity(count);
+        for i in 0..count {
+            let id = format!("{boot}-{tag}{i:04}");
+            self.publish_envelope(stream, &id, json!({"i": i, "tag": tag}))
+                .await;
+            ids.push(id);
+        }
+        ids
+    }
+
     /// Publishes any JSON value as the envelope.
     pub async fn publish_json(&self, stream: &str, envelope: &Value) {
         let bytes = serde_json::to_vec(envelope).expect("serialize envelope");

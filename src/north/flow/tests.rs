@@ -17,6 +17,18 @@ fn out(tag: Tag, epoch: u64) -> Outgoing {
     }
 }
 
+/// A flow on connection 1 that has written `a-1..=a-n` (ids 1..=n).
+fn with_written(n: u64, now: Instant) -> (Flow, u16) {
+    let mut f = Flow::new(100);
+    f.connected(1);
+    for seq in 1..=n {
+        f.submit(out(up("a", seq), 1));
+    }
+    let mut pkid = 0;
+    send_all(&mut f, &mut pkid, now);
+    (f, pkid)
+}
+
 /// Hands over everything that may go and writes it with consecutive ids.
 fn send_all(f: &mut Flow, next_pkid: &mut u16, now: Instant) -> Vec<(u16, Tag)> {
     let mut sent = Vec::new();
@@ -59,13 +71,7 @@ fn publishes_for_a_gone_connection_are_dropped() {
 #[test]
 fn a_drop_makes_the_unacked_publishes_suspects_probed_alone_next_time() {
     let now = Instant::now();
-    let mut f = Flow::new(100);
-    f.connected(1);
-    for seq in 1..=4 {
-        f.submit(out(up("a", seq), 1));
-    }
-    let mut pkid = 0;
-    send_all(&mut f, &mut pkid, now);
+    let (mut f, mut pkid) = with_written(4, now);
     f.acked(1);
     assert_eq!(f.lost(now), None, "no probe was out: no strike");
     assert!(!f.is_suspect(&up("a", 1)), "acked");
@@ -100,11 +106,7 @@ fn a_drop_makes_the_unacked_publishes_suspects_probed_alone_next_time() {
 #[test]
 fn a_drop_on_a_lone_probe_soon_after_its_write_is_a_strike() {
     let now = Instant::now();
-    let mut f = Flow::new(100);
-    f.connected(1);
-    f.submit(out(up("a", 1), 1));
-    let mut pkid = 0;
-    send_all(&mut f, &mut pkid, now);
+    let (mut f, mut pkid) = with_written(1, now);
     f.lost(now);
     for epoch in 2..=4 {
         f.connected(epoch);
@@ -138,11 +140,7 @@ fn a_drop_long_after_the_probe_was_written_is_no_strike() {
 #[test]
 fn a_probe_neither_acked_nor_dropped_on_is_cleared_after_its_timeout() {
     let now = Instant::now();
-    let mut f = Flow::new(100);
-    f.connected(1);
-    f.submit(out(up("a", 1), 1));
-    let mut pkid = 0;
-    send_all(&mut f, &mut pkid, now);
+    let (mut f, mut pkid) = with_written(1, now);
     f.lost(now);
     f.connected(2);
     f.submit(out(up("a", 1), 2));
@@ -186,13 +184,7 @@ fn a_publish_the_client_could_not_take_goes_first_next_time() {
 #[test]
 fn a_drop_makes_at_most_sixteen_suspects() {
     let now = Instant::now();
-    let mut f = Flow::new(100);
-    f.connected(1);
-    for seq in 1..=40 {
-        f.submit(out(up("a", seq), 1));
-    }
-    let mut pkid = 0;
-    send_all(&mut f, &mut pkid, now);
+    let (mut f, _) = with_written(40, now);
     f.lost(now);
     let suspects: Vec<u64> = (1..=40).filter(|s| f.is_suspect(&up("a", *s))).collect();
     assert_eq!(suspects, (1..=16).collect::<Vec<_>>());
