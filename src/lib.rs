@@ -11,10 +11,12 @@
 //!   brings device traffic in and delivers receipts and batches straight to
 //!   each device's connection; it holds devices back rather than drop
 //!   anything. The only module that knows the south broker is embedded.
-//! - [`north`]: the rumqttc session to the upstream broker, with reconnect
-//!   backoff, re-subscription, the retained status, and each publish
-//!   followed to its PUBACK so a message the upstream refuses is found
-//!   ([`north::flow`]).
+//! - [`mqtt`]: the one MQTT client session over rumqttc, used by every
+//!   link ferry opens and by [`client`]: reconnect backoff,
+//!   re-subscription, ordered manual acks, each publish followed to its
+//!   PUBACK so a message a broker refuses is found ([`mqtt::flow`]).
+//! - [`north`]: the session to the upstream broker, the retained status,
+//!   and what arrives routed to the two pipelines.
 //! - [`uplink`]: the pipeline. Device message → validate → store (dedup,
 //!   seq) → `stored` receipt → north → backend ack → `delivered` receipt,
 //!   with retries, expiry and dead letters.
@@ -37,6 +39,7 @@ pub mod downlink;
 pub mod gateway;
 pub mod ids;
 pub mod memory;
+pub mod mqtt;
 pub mod north;
 pub mod protocol;
 pub mod south;

@@ -1312,7 +1312,7 @@ pub fn raise_fd_limit() -> u64 {
 
 /// How often ferry's log says it connected north.
 pub fn north_connects(log: &str) -> usize {
-    log.matches("north connected").count()
+    log.matches("connected link=north").count()
 }
 
 /// A small tmpfs mounted for one test (a disk that can fill up); unmounted

@@ -28,8 +28,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::ids::{DeviceId, Seq};
-
 /// A drop within this long of a lone probe's write counts against it.
 pub const STRIKE_WINDOW: Duration = Duration::from_secs(5);
 /// A probe unacknowledged this long (the link still up) proves nothing;
@@ -42,56 +40,49 @@ const MAX_SUSPECTS: usize = 64;
 /// the next drop finds it among the next ones.
 const SUSPECTS_PER_DROP: usize = 16;
 
-/// What a publish is, so its fate can be told to its owner.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Tag {
-    Uplink {
-        device: DeviceId,
-        seq: Seq,
-    },
-    /// A message of receipts north, numbered by the downlink pipeline.
-    Receipts(u64),
-    Status,
-}
+/// What a publish is, so its fate can be told to its owner: any small
+/// value the owner can compare.
+pub trait Tag: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {}
+impl<T: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static> Tag for T {}
 
 /// One publish waiting for its turn.
 #[derive(Debug, Clone)]
-pub struct Outgoing {
+pub struct Outgoing<T> {
     pub topic: String,
     pub body: Bytes,
     pub retain: bool,
-    pub tag: Tag,
+    pub tag: T,
     /// The connection it was made for; void once that one is gone.
     pub epoch: u64,
 }
 
 #[derive(Debug)]
-struct Probe {
-    tag: Tag,
+struct Probe<T> {
+    tag: T,
     /// When rumqttc wrote it; `None` while it is only requested.
     written: Option<Instant>,
 }
 
 #[derive(Debug)]
-pub struct Flow {
+pub struct Flow<T> {
     /// The live connection, if any.
     epoch: Option<u64>,
     /// Accepted, not yet handed to rumqttc.
-    held: VecDeque<Outgoing>,
+    held: VecDeque<Outgoing<T>>,
     /// Handed to rumqttc, not yet written (rumqttc takes them in order).
-    requested: VecDeque<Tag>,
+    requested: VecDeque<T>,
     /// Written, awaiting PUBACK, in send order.
-    written: VecDeque<(u16, Tag)>,
+    written: VecDeque<(u16, T)>,
     /// rumqttc's packet-id collision: written later under this id.
-    collided: Option<(u16, Tag)>,
-    suspects: VecDeque<Tag>,
-    probe: Option<Probe>,
+    collided: Option<(u16, T)>,
+    suspects: VecDeque<T>,
+    probe: Option<Probe<T>>,
     /// Most publishes handed to rumqttc and unacknowledged at once.
     window: usize,
 }
 
-impl Flow {
-    pub fn new(window: usize) -> Flow {
+impl<T: Tag> Flow<T> {
+    pub fn new(window: usize) -> Flow<T> {
         Flow {
             epoch: None,
             held: VecDeque::new(),
@@ -116,14 +107,14 @@ impl Flow {
 
     /// Queues a publish; one for a connection that is gone is dropped (its
     /// owner was told, and sends again on the next).
-    pub fn submit(&mut self, out: Outgoing) {
+    pub fn submit(&mut self, out: Outgoing<T>) {
         if self.epoch == Some(out.epoch) {
             self.held.push_back(out);
         }
     }
 
     /// The next publish to hand to rumqttc, if one may go now.
-    pub fn next_to_send(&mut self) -> Option<Outgoing> {
+    pub fn next_to_send(&mut self) -> Option<Outgoing<T>> {
         self.epoch?;
         if self.probe.is_some() {
             return None;
@@ -147,13 +138,13 @@ impl Flow {
 
     /// Hands `out` over at once, ahead of anything held (the session's last
     /// words on leaving).
-    pub fn bypass(&mut self, out: Outgoing) -> Outgoing {
+    pub fn bypass(&mut self, out: Outgoing<T>) -> Outgoing<T> {
         self.requested.push_back(out.tag.clone());
         out
     }
 
     /// rumqttc could not take `out` (its queue is full): it goes first next time.
-    pub fn refused_by_client(&mut self, out: Outgoing) {
+    pub fn refused_by_client(&mut self, out: Outgoing<T>) {
         if self.requested.back() == Some(&out.tag) {
             self.requested.pop_back();
         }
@@ -190,7 +181,7 @@ impl Flow {
     }
 
     /// The broker acknowledged `pkid`; returns whose publish it was.
-    pub fn acked(&mut self, pkid: u16) -> Option<Tag> {
+    pub fn acked(&mut self, pkid: u16) -> Option<T> {
         let at = self.written.iter().position(|(p, _)| *p == pkid)?;
         let (_, tag) = self.written.remove(at)?;
         if self.probe.as_ref().is_some_and(|p| p.tag == tag) {
@@ -203,7 +194,7 @@ impl Flow {
     /// The connection dropped at `now`. Returns the publish it dropped on,
     /// if a lone probe was cut off: a strike against it. Everything of the
     /// connection is forgotten.
-    pub fn lost(&mut self, now: Instant) -> Option<Tag> {
+    pub fn lost(&mut self, now: Instant) -> Option<T> {
         let strike = match (&self.probe, self.written.front()) {
             (
                 Some(Probe {
@@ -220,7 +211,7 @@ impl Flow {
             _ => None,
         };
         if strike.is_none() {
-            let oldest: Vec<Tag> = self
+            let oldest: Vec<T> = self
                 .written
                 .iter()
                 .map(|(_, tag)| tag.clone())
@@ -254,7 +245,7 @@ impl Flow {
     /// A probe the broker neither acked nor dropped the link on within
     /// [`PROBE_TIMEOUT`] proves nothing: it is cleared and flow resumes.
     /// Returns the cleared suspect.
-    pub fn expire_probe(&mut self, now: Instant) -> Option<Tag> {
+    pub fn expire_probe(&mut self, now: Instant) -> Option<T> {
         if self.probe_deadline().is_some_and(|at| at <= now) {
             let tag = self.probe.take()?.tag;
             self.suspects.retain(|s| s != &tag);
@@ -264,7 +255,7 @@ impl Flow {
     }
 
     /// Whether `tag` is suspected of killing the link.
-    pub fn is_suspect(&self, tag: &Tag) -> bool {
+    pub fn is_suspect(&self, tag: &T) -> bool {
         self.suspects.contains(tag)
     }
 }

@@ -1,4 +1,4 @@
-//! The poller: the one task that polls rumqttc's event loop.
+//! The poller: the one task that polls a session's rumqttc event loop.
 //!
 //! `EventLoop::poll` is not safe to cancel: a publish being written when
 //! the future is dropped is lost, and its packet id stays taken until
@@ -22,7 +22,12 @@ pub(super) enum Polled {
 }
 
 /// Polls the event loop, and nothing else, so a poll is never cancelled.
-pub(super) async fn run(mut eventloop: rumqttc::EventLoop, session: mpsc::Sender<Polled>) {
+/// With `replay`, rumqttc keeps what it would resend after a reconnect.
+pub(super) async fn run(
+    mut eventloop: rumqttc::EventLoop,
+    session: mpsc::Sender<Polled>,
+    replay: bool,
+) {
     loop {
         match eventloop.poll().await {
             Ok(event) => {
@@ -35,19 +40,23 @@ pub(super) async fn run(mut eventloop: rumqttc::EventLoop, session: mpsc::Sender
                 // replay the old connection's publishes on its own (one of
                 // them may be what the upstream chokes on), nor report
                 // events read from it.
-                eventloop.pending.clear();
-                eventloop.state.events.clear();
+                if !replay {
+                    eventloop.pending.clear();
+                    eventloop.state.events.clear();
+                }
                 let (resume, after) = oneshot::channel();
                 if session.send(Polled::Error(e, resume)).await.is_err() {
                     return;
                 }
                 let Ok(delay) = after.await else { return };
                 tokio::time::sleep(delay).await;
-                // Anything queued for the dead connection (publishes made
-                // before the session heard of the drop, acks of its
-                // messages) must not go out on the next one.
-                eventloop.clean();
-                eventloop.pending.clear();
+                if !replay {
+                    // Anything queued for the dead connection (publishes
+                    // made before the session heard of the drop, acks of
+                    // its messages) must not go out on the next one.
+                    eventloop.clean();
+                    eventloop.pending.clear();
+                }
             }
         }
     }

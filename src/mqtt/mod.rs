@@ -1,0 +1,288 @@
+//! The one MQTT session: every link ferry opens as a client (north, the
+//! external south, the client library, tests and benchmarks) is a
+//! [`Session`] over rumqttc. No other module polls rumqttc's event loop.
+//!
+//! rumqttc supplies the protocol; this module supplies what it lacks
+//! (../shared/notes/RUMQTT.md):
+//! - a reconnect backoff with jitter after every connection error, which
+//!   keeps growing while connections die young ([`Reconnect`]);
+//! - re-subscription on every ConnAck, and [`Event::Up`] only once the
+//!   subscriptions are acknowledged (and the optional retained
+//!   [`Options::announce`] is, so a drop is never blamed on it);
+//! - manual acknowledgements sent in receive order, only on the connection
+//!   the message came on ([`acks::OrderedAcks`]);
+//! - tracked publishes: each is followed to its PUBACK by packet id, and
+//!   the one an upstream drops the link on is found and reported
+//!   ([`flow::Flow`], [`Event::Refused`]);
+//! - typed events, and a poll that is never cancelled (`poll.rs`).
+//!
+//! Two ways to publish:
+//! - [`Session::publish`]: tracked, made for one connection (`epoch`).
+//!   What was not acknowledged when it dropped is the owner's to send
+//!   again; rumqttc never replays it. For the gateway's own links.
+//! - [`Session::send`]: fire and forget, replayed by rumqttc after a
+//!   reconnect (with [`Options::replay`]). For clients that resend on their
+//!   own protocol timers anyway.
+
+pub mod acks;
+pub mod flow;
+mod poll;
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rumqttc::{AsyncClient, QoS};
+use tokio::sync::{mpsc, Notify};
+
+pub use acks::AckToken;
+pub use flow::{Outgoing, Tag};
+
+pub use crate::protocol::MQTT_MAX_PACKET;
+/// An oversized message's head, kept so its owner can name it.
+pub const OVERSIZE_HEAD: usize = 4096;
+
+/// How to reach a broker and behave on the session.
+#[derive(Clone)]
+pub struct Options {
+    /// Used in log lines: "north", "south", a client's id.
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    pub client_id: String,
+    /// Username and password.
+    pub credentials: Option<(String, String)>,
+    pub keep_alive: Duration,
+    pub clean_session: bool,
+    pub last_will: Option<Will>,
+    /// Largest packet read; larger ones fail the connection. The session
+    /// reads up to MQTT's maximum by default and reports larger messages
+    /// than [`Options::max_message_bytes`] instead.
+    pub max_incoming_packet: usize,
+    /// Largest packet written.
+    pub max_outgoing_packet: usize,
+    /// A message whose topic and payload exceed this arrives with only its
+    /// head and [`Message::oversize`] set.
+    pub max_message_bytes: usize,
+    /// MQTT-level publishes in flight (awaiting PUBACK).
+    pub inflight: u16,
+    /// Filters subscribed (QoS 1) on every ConnAck.
+    pub subscriptions: Vec<String>,
+    /// Published retained (QoS 1) once subscribed; `Up` follows its PUBACK.
+    pub announce: Option<Announce>,
+    /// Acknowledge every incoming publish as it arrives (clients), instead
+    /// of when its owner passes the token to [`Session::ack`].
+    pub auto_ack: bool,
+    /// Let rumqttc replay unacknowledged [`Session::send`]s after a
+    /// reconnect. Off for tracked sessions: their owners resend.
+    pub replay: bool,
+    pub reconnect: Reconnect,
+    /// The transport; TLS joins it with the next issue.
+    pub transport: Transport,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    #[default]
+    Tcp,
+}
+
+#[derive(Clone, Debug)]
+pub struct Will {
+    pub topic: String,
+    pub payload: Bytes,
+    pub retain: bool,
+}
+
+/// A retained message published on every connection once subscribed.
+#[derive(Clone)]
+pub struct Announce {
+    pub topic: String,
+    /// Made afresh for each connection (it may carry a timestamp).
+    pub body: Arc<dyn Fn() -> Bytes + Send + Sync>,
+}
+
+/// Reconnect delays: `base` doubling to `max`, with half of it jitter.
+#[derive(Clone, Debug)]
+pub struct Reconnect {
+    pub base: Duration,
+    pub max: Duration,
+    /// A connection that lasted this long resets the backoff; one that
+    /// died sooner (a broker that accepts and then drops us) does not.
+    pub stable_after: Duration,
+}
+
+impl Reconnect {
+    /// The delay after `failures` consecutive failures (0 for the first).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let cfg = crate::config::RetryConfig {
+            base: self.base,
+            max: self.max,
+            max_attempts: 1,
+            jitter: 0.5,
+        };
+        crate::backoff::delay_random(&cfg, failures)
+    }
+}
+
+impl Options {
+    /// A clean, auto-acking client session with client-friendly defaults.
+    pub fn new(
+        name: impl Into<String>,
+        host: impl Into<String>,
+        port: u16,
+        client_id: impl Into<String>,
+    ) -> Options {
+        Options {
+            name: name.into(),
+            host: host.into(),
+            port,
+            client_id: client_id.into(),
+            credentials: None,
+            keep_alive: Duration::from_secs(30),
+            clean_session: true,
+            last_will: None,
+            max_incoming_packet: MQTT_MAX_PACKET,
+            max_outgoing_packet: 16 << 20,
+            max_message_bytes: MQTT_MAX_PACKET,
+            inflight: 200,
+            subscriptions: Vec::new(),
+            announce: None,
+            auto_ack: true,
+            replay: true,
+            reconnect: Reconnect {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(10),
+                stable_after: Duration::ZERO,
+            },
+            transport: Transport::Tcp,
+        }
+    }
+}
+
+/// What the session tells its owner.
+#[derive(Debug)]
+pub enum Event<T> {
+    /// Connected and subscribed (and announced); `epoch` counts
+    /// connections. `refused` lists filters the broker would not grant.
+    Up {
+        epoch: u64,
+        session_present: bool,
+        refused: Vec<String>,
+    },
+    /// The connection that was `Up` broke; nothing tracked and not
+    /// reported `Published` is known to have arrived.
+    Down,
+    Message(Message),
+    /// The broker acknowledged this tracked publish.
+    Published(T),
+    /// The broker dropped the link on this tracked publish while it was
+    /// alone in flight: count it as a failed attempt.
+    Refused(T),
+}
+
+/// One incoming publish.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub topic: String,
+    pub payload: Bytes,
+    pub retain: bool,
+    /// Pass to [`Session::ack`] once done (ignored with `auto_ack`).
+    pub token: AckToken,
+    /// Its real size, when only its head is in `payload`.
+    pub oversize: Option<usize>,
+}
+
+/// The owner's handle; cheap to clone. Dropping every handle and the event
+/// receiver ends the session.
+pub struct Session<T> {
+    client: AsyncClient,
+    publishes: mpsc::Sender<Outgoing<T>>,
+    commands: mpsc::UnboundedSender<session::Command>,
+    closed: Arc<Notify>,
+}
+
+impl<T> Clone for Session<T> {
+    fn clone(&self) -> Self {
+        Session {
+            client: self.client.clone(),
+            publishes: self.publishes.clone(),
+            commands: self.commands.clone(),
+            closed: self.closed.clone(),
+        }
+    }
+}
+
+/// Publishes the owner may queue for the session.
+pub const PUBLISH_QUEUE: usize = 16_384;
+
+impl<T: Tag> Session<T> {
+    /// Starts the session's tasks; its events arrive on the receiver.
+    pub fn start(opts: Options) -> (Session<T>, mpsc::Receiver<Event<T>>) {
+        session::start(opts)
+    }
+
+    /// Queues a tracked QoS 1 publish for connection `epoch`, without
+    /// waiting. False if the queue is full or closed: the caller keeps the
+    /// message and tries again later.
+    pub fn publish(&self, topic: String, body: Bytes, retain: bool, tag: T, epoch: u64) -> bool {
+        self.publishes
+            .try_send(Outgoing {
+                topic,
+                body,
+                retain,
+                tag,
+                epoch,
+            })
+            .is_ok()
+    }
+
+    /// Fire-and-forget QoS 1 publish (see the module doc). False if
+    /// rumqttc's request queue is full.
+    pub fn send(&self, topic: impl Into<String>, body: impl Into<Vec<u8>>, retain: bool) -> bool {
+        self.client
+            .try_publish(topic.into(), QoS::AtLeastOnce, retain, body.into())
+            .is_ok()
+    }
+
+    /// Like [`Session::send`], waiting for room in the request queue.
+    pub async fn send_wait(
+        &self,
+        topic: impl Into<String>,
+        body: impl Into<Vec<u8>>,
+        retain: bool,
+    ) -> bool {
+        self.client
+            .publish(topic.into(), QoS::AtLeastOnce, retain, body.into())
+            .await
+            .is_ok()
+    }
+
+    /// The message named by `token` may be acknowledged: in receive order,
+    /// on its own connection only.
+    pub fn ack(&self, token: AckToken) {
+        let _ = self.commands.send(session::Command::Ack(token));
+    }
+
+    /// Adds a filter, subscribed now and on every reconnect.
+    pub fn subscribe(&self, filter: impl Into<String>) {
+        let _ = self
+            .commands
+            .send(session::Command::Subscribe(filter.into()));
+    }
+
+    /// Leaves cleanly: `farewell` first (a clean DISCONNECT does not fire
+    /// the last will, so a retained status says it instead), then
+    /// DISCONNECT, waiting at most `within` for it to be written.
+    pub async fn close(&self, farewell: Option<Will>, within: Duration) {
+        let closed = self.closed.notified();
+        if self
+            .commands
+            .send(session::Command::Close(farewell))
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(within, closed).await;
+        }
+    }
+}
