@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use crate::config::Config;
+use crate::config::{Config, SouthMode};
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
 use crate::north::{NorthEvent, Tag};
 use crate::protocol::topics::Topics;
@@ -91,8 +91,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         stored_tx,
     ));
     let trimmer = tokio::spawn(crate::memory::trim_periodically());
-    let mut listener = south.listener;
-    info!(gateway = %cfg.gateway, south = %cfg.south.listen, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
+    let mut south_stopped = south.stopped;
+    let south_desc = match &cfg.south.mode {
+        SouthMode::Embedded => format!("embedded broker on {}", cfg.south.listen),
+        SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
+    };
+    info!(gateway = %cfg.gateway, south = %south_desc, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
 
     let result = tokio::select! {
         _ = shutdown => {
@@ -106,7 +110,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         r = &mut intake_task => Err(stopped("intake", r)),
         r = &mut engine_task => Err(stopped("uplink engine", r)),
         r = &mut downlink_task => Err(stopped("downlink", r)),
-        r = &mut listener => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south listener panicked: {e}")))),
+        r = &mut south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
     };
     trimmer.abort();
     result

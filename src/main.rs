@@ -86,8 +86,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr through `log.level` (or RUST_LOG), and installs the
-/// layer that turns the embedded broker's connection events into presence.
+/// Logs to stderr through `log.level` (or RUST_LOG).
 fn init_logging(level: &str) {
     use tracing_subscriber::filter::{FilterExt, FilterFn};
     use tracing_subscriber::layer::SubscriberExt;
@@ -107,10 +106,7 @@ fn init_logging(level: &str) {
         // Colour only on a terminal, not in the journal or a log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter.and(no_broker_spans));
-    let _ = tracing_subscriber::registry()
-        .with(fmt)
-        .with(ferry::south::presence::layer())
-        .try_init();
+    let _ = tracing_subscriber::registry().with(fmt).try_init();
 }
 
 async fn shutdown_signal() {

@@ -65,6 +65,8 @@ pub struct DownlinkConfig {
 
 #[derive(Debug, Clone)]
 pub struct SouthConfig {
+    pub mode: SouthMode,
+    /// Embedded mode: where the broker listens.
     pub listen: SocketAddr,
     pub max_payload_bytes: usize,
     pub topic_prefix: String,
@@ -72,6 +74,25 @@ pub struct SouthConfig {
     /// A device asking for a longer keep-alive, or none, gets this one.
     pub max_keep_alive: Duration,
     pub max_subscriptions: usize,
+}
+
+/// Which broker devices talk to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SouthMode {
+    /// ferry's own rumqttd on `south.listen`.
+    Embedded,
+    /// A client of the site's broker.
+    External(ExternalSouth),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExternalSouth {
+    pub host: String,
+    pub port: u16,
+    pub client_id: String,
+    /// `(username, password)`; `None` connects anonymously.
+    pub credentials: Option<(String, String)>,
+    pub keep_alive: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -190,15 +211,42 @@ impl Config {
         } else {
             raw.north.client_id.clone()
         };
-        let credentials = match (raw.north.username.is_empty(), raw.north.password.is_empty()) {
-            (true, true) => None,
-            (true, false) => {
+        let north_credentials = credentials("north", &raw.north.username, &raw.north.password)?;
+        let south_mode = match raw.south.mode.as_str() {
+            "embedded" => SouthMode::Embedded,
+            "external" => {
+                if raw.south.host.is_empty() {
+                    return Err(ConfigError::new(
+                        "south.host",
+                        "the site broker's host is required in external mode",
+                    ));
+                }
+                in_range("south.port", raw.south.port, 1, u16::MAX)?;
+                in_range(
+                    "south.keep_alive_s",
+                    raw.south.keep_alive_s,
+                    5,
+                    u16::MAX as u64,
+                )?;
+                let client_id = if raw.south.client_id.is_empty() {
+                    format!("ferry-{gateway}-south")
+                } else {
+                    raw.south.client_id.clone()
+                };
+                SouthMode::External(ExternalSouth {
+                    host: raw.south.host.clone(),
+                    port: raw.south.port,
+                    client_id,
+                    credentials: credentials("south", &raw.south.username, &raw.south.password)?,
+                    keep_alive: Duration::from_secs(raw.south.keep_alive_s),
+                })
+            }
+            other => {
                 return Err(ConfigError::new(
-                    "north.username",
-                    "a password is set but no username",
+                    "south.mode",
+                    format!("{other:?} is not a mode; use \"embedded\" or \"external\""),
                 ))
             }
-            _ => Some((raw.north.username.clone(), raw.north.password.clone())),
         };
 
         in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000)?;
@@ -256,6 +304,7 @@ impl Config {
             gateway,
             data_dir: raw.gateway.data_dir,
             south: SouthConfig {
+                mode: south_mode,
                 listen,
                 max_payload_bytes: raw.south.max_payload_bytes,
                 topic_prefix: raw.south.topic_prefix,
@@ -267,7 +316,7 @@ impl Config {
                 host: raw.north.host,
                 port: raw.north.port,
                 client_id,
-                credentials,
+                credentials: north_credentials,
                 keep_alive: Duration::from_secs(raw.north.keep_alive_s),
                 ack_timeout: Duration::from_millis(raw.north.ack_timeout_ms),
                 max_inflight: raw.north.max_inflight,
@@ -292,6 +341,22 @@ impl Config {
             groups,
             log_level: raw.log.level,
         })
+    }
+}
+
+/// Username and password of one link: both empty is anonymous.
+fn credentials(
+    section: &str,
+    username: &str,
+    password: &str,
+) -> Result<Option<(String, String)>, ConfigError> {
+    match (username.is_empty(), password.is_empty()) {
+        (true, true) => Ok(None),
+        (true, false) => Err(ConfigError::new(
+            &format!("{section}.username"),
+            "a password is set but no username",
+        )),
+        _ => Ok(Some((username.to_string(), password.to_string()))),
     }
 }
 

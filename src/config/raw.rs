@@ -66,6 +66,9 @@ impl Default for RawGateway {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawSouth {
+    /// "embedded" (ferry's own broker) or "external" (a client of the
+    /// site's broker).
+    pub mode: String,
     /// Listen address of the embedded device broker.
     pub listen: String,
     /// Largest accepted uplink envelope, bytes.
@@ -78,6 +81,18 @@ pub struct RawSouth {
     pub max_keep_alive_s: u64,
     /// Most subscriptions one device may hold.
     pub max_subscriptions: usize,
+    /// External mode: the site broker's host.
+    pub host: String,
+    /// External mode: the site broker's port.
+    pub port: u16,
+    /// External mode: username on the site broker; empty = anonymous.
+    pub username: String,
+    /// External mode: password on the site broker.
+    pub password: String,
+    /// External mode: ferry's client id; empty means `ferry-{gateway.id}-south`.
+    pub client_id: String,
+    /// External mode: MQTT keep-alive, seconds.
+    pub keep_alive_s: u64,
 }
 
 impl Default for RawSouth {
@@ -89,6 +104,13 @@ impl Default for RawSouth {
             max_connections: 10_000,
             max_keep_alive_s: 600,
             max_subscriptions: 8,
+            mode: "embedded".into(),
+            host: "127.0.0.1".into(),
+            port: 1883,
+            username: String::new(),
+            password: String::new(),
+            client_id: String::new(),
+            keep_alive_s: 30,
         }
     }
 }

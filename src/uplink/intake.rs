@@ -23,7 +23,7 @@ use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejectio
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::{DeviceTopic, TopicError, Topics};
 use crate::protocol::{now_ms, publish_packet_len};
-use crate::south::{Inbound, SouthMessage, SouthSender};
+use crate::south::{Ack, Inbound, SouthMessage, SouthSender};
 use crate::state::MessageState;
 use crate::store::{DeadLetter, Intake, IntakeOutcome, PendingMessage, Store, StoreError};
 
@@ -71,8 +71,9 @@ pub async fn run(
     engine: mpsc::Sender<PendingMessage>,
 ) -> Result<(), StoreError> {
     let mut unanswered: FuturesOrdered<AnswerFuture> = FuturesOrdered::new();
-    // Payload bytes of each unanswered message, in the same order.
-    let mut sizes: VecDeque<usize> = VecDeque::new();
+    // Payload bytes and south ack of each unanswered message, in the same
+    // order.
+    let mut sizes: VecDeque<(usize, Ack)> = VecDeque::new();
     let mut bytes = 0usize;
     loop {
         let room = unanswered.len() < MAX_UNANSWERED && bytes < MAX_UNANSWERED_BYTES;
@@ -80,18 +81,23 @@ pub async fn run(
             // Answers first: they free room and carry receipts.
             biased;
             Some(answer) = unanswered.next(), if !unanswered.is_empty() => {
-                bytes -= sizes.pop_front().unwrap_or(0);
-                if !answer_device(answer, &topics, &south, &engine).await {
+                let (size, ack) = sizes.pop_front().unwrap_or_default();
+                bytes -= size;
+                if !finish(answer, ack, &topics, &south, &engine).await {
                     return Ok(());
                 }
             }
             msg = inbound.recv(), if room => match msg {
                 Some(msg) => {
-                    let size = msg.payload.len();
-                    if let Some(fut) = accept(&cfg, &topics, &store, msg).await? {
-                        unanswered.push_back(fut);
-                        sizes.push_back(size);
-                        bytes += size;
+                    let (size, ack) = (msg.payload.len(), msg.ack);
+                    match accept(&cfg, &topics, &store, msg).await? {
+                        Some(fut) => {
+                            unanswered.push_back(fut);
+                            sizes.push_back((size, ack));
+                            bytes += size;
+                        }
+                        // Handed on (a control message) or ignored.
+                        None => south.ack(ack),
                     }
                 }
                 None => break,
@@ -100,9 +106,32 @@ pub async fn run(
     }
     // Answer what was already sent to the store before stopping.
     while let Some(answer) = unanswered.next().await {
-        answer_device(answer, &topics, &south, &engine).await;
+        let (_, ack) = sizes.pop_front().unwrap_or_default();
+        finish(answer, ack, &topics, &south, &engine).await;
     }
     Ok(())
+}
+
+/// Answers the device and, once the message is committed, acknowledges it
+/// to the south broker. False once the engine is gone.
+async fn finish(
+    answer: Answer,
+    ack: Ack,
+    topics: &Topics,
+    south: &SouthSender,
+    engine: &mpsc::Sender<PendingMessage>,
+) -> bool {
+    // Uncommitted, it stays unacknowledged: the south broker (or the
+    // device) sends it again.
+    let committed = matches!(
+        answer,
+        Answer::Stored { result: Ok(_), .. } | Answer::Rejected { result: Ok(_), .. }
+    );
+    let going = answer_device(answer, topics, south, engine).await;
+    if committed {
+        south.ack(ack);
+    }
+    going
 }
 
 /// Judges one device publish and sends it to the store.

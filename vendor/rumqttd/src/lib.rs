@@ -24,7 +24,7 @@ pub use link::alerts;
 pub use link::local;
 pub use link::meters;
 pub use router::{
-    Alert, DirectPublish, Forward, IncomingMeter, Meter, Notification, OutgoingMeter, Router,
+    Alert, ClientEvent, DirectPublish, Forward, IncomingMeter, Meter, Notification, OutgoingMeter, Router,
 };
 use segments::Storage;
 pub use server::{Broker, LinkType, Server};

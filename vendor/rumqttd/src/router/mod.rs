@@ -73,6 +73,17 @@ pub enum Event {
     HoldRemote(bool),
 }
 
+/// ferry: what happened to a client, for presence ([`Router::client_events`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The client's CONNECT was accepted.
+    Connected { client_id: String },
+    /// The client's connection is gone (DISCONNECT, network error, takeover).
+    Disconnected { client_id: String },
+    /// The client was granted a subscription to `filter`.
+    Subscribed { client_id: String, filter: String },
+}
+
 /// ferry: a publish for one client, delivered only if it is connected and
 /// subscribed to a filter that matches the topic, at the QoS of that
 /// subscription (at most 1). It waits in the connection's own queue, in

@@ -25,7 +25,7 @@ use super::logs::{AckLog, DataLog};
 use super::scheduler::{ScheduleReason, Scheduler};
 use super::shared_subs::SharedGroup;
 use super::{
-    packetid, Connection, DataRequest, DirectPublish, Event, FilterIdx, Meter, Notification, Print,
+    packetid, ClientEvent, Connection, DataRequest, DirectPublish, Event, FilterIdx, Meter, Notification, Print,
     RouterMeter, ShadowRequest, MAX_CHANNEL_CAPACITY, MAX_SCHEDULE_ITERATIONS,
 };
 
@@ -106,6 +106,8 @@ pub struct Router {
     hold_remote: bool,
     /// ferry: direct publishes for clients not connected or not subscribed.
     pub direct_dropped: u64,
+    /// ferry: where connects, disconnects and subscriptions are reported.
+    client_events: Option<tokio::sync::mpsc::UnboundedSender<ClientEvent>>,
 }
 
 /// ferry: most publishes held back for one client before it is disconnected
@@ -155,6 +157,23 @@ impl Router {
             last_wills: HashMap::new(),
             hold_remote: false,
             direct_dropped: 0,
+            client_events: None,
+        }
+    }
+
+    /// ferry: reports every accepted CONNECT, every connection that is
+    /// gone and every granted subscription, in the order the router
+    /// handles them. Call before [`Router::spawn`]; one receiver per router.
+    pub fn client_events(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<ClientEvent> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.client_events = Some(tx);
+        rx
+    }
+
+    /// ferry: tells the presence hook, if any.
+    fn client_event(&self, event: ClientEvent) {
+        if let Some(tx) = &self.client_events {
+            let _ = tx.send(event);
         }
     }
 
@@ -396,6 +415,9 @@ impl Router {
 
         self.connection_map.insert(client_id.clone(), connection_id);
         info!(connection_id, "Client connection registered");
+        self.client_event(ClientEvent::Connected {
+            client_id: client_id.clone(),
+        });
 
         assert_eq!(self.ackslog.insert(ackslog), connection_id);
         assert_eq!(self.scheduler.add(tracker), connection_id);
@@ -465,6 +487,9 @@ impl Router {
         // }
 
         info!("Disconnecting connection");
+        self.client_event(ClientEvent::Disconnected {
+            client_id: client_id.clone(),
+        });
 
         if let Some(reason_code) = reason {
             let outgoing = match self.obufs.get_mut(id) {
@@ -888,6 +913,14 @@ impl Router {
                         };
 
                         return_codes.push(code);
+                        // ferry: the presence hook learns of the grant.
+                        if let Some(connection) = self.connections.get(id) {
+                            let client_id = connection.client_id.clone();
+                            self.client_event(ClientEvent::Subscribed {
+                                client_id,
+                                filter: f.path.clone(),
+                            });
+                        }
                     }
 
                     // let meter = &mut self.ibufs.get_mut(id).unwrap().meter;

@@ -1,0 +1,301 @@
+//! Embedded mode: the rumqttd broker devices connect to, and the
+//! in-process link through which the gateway sees their traffic and answers.
+//!
+//! Invariants (see ../shared/notes/RUMQTT.md for the broker facts behind
+//! them, and vendor/README.md for the patches they rely on):
+//! - Nothing the broker acknowledged to a device is overwritten before the
+//!   gateway has read it. The link's receive loop only moves messages into
+//!   a bounded channel; when that channel runs low on room, the link holds
+//!   back every device's publishes (unacknowledged) until it has room again,
+//!   so the broker's commit logs never wrap over unread messages.
+//! - Nothing for a device that stays connected and reads is dropped.
+//!   Receipts and inbox batches are delivered straight to the device's
+//!   connection ([`rumqttd::local::LinkTx::deliver`]), in order, never
+//!   through a commit log that could wrap; while a device has more than
+//!   [`DEVICE_QUEUE`] of them unread, its own publishes are held back.
+//! - A publish over `south.max_payload_bytes` never costs the broker more
+//!   than its head: it is skipped on the wire and arrives here marked, to be
+//!   answered `rejected`.
+//! - The broker keeps nothing of a device that left (no session, no
+//!   retained messages, no logs of filters nobody reads), bounds keep-alive
+//!   and subscriptions, and refuses a CONNECT beyond `max_connections` with
+//!   a CONNACK.
+//! - The link's client id is the empty string. rumqttd renames any device
+//!   that connects with an empty id (`rumqtt-{uuid}`), so no device can take
+//!   the link over.
+//! - Sends go through one thread that owns the `LinkTx`, whose sends are
+//!   blocking channel sends that must never run on a tokio worker.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
+use rumqttd::protocol::v4::V4;
+use rumqttd::{
+    ConnectionSettings, DirectPublish, Forward, LinkType, Notification, Router, RouterConfig,
+    Server, ServerSettings, OVERSIZE_PROPERTY,
+};
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+use tracing::{debug, error, info, warn};
+
+use super::presence;
+use super::{
+    device_filters, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
+    INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
+};
+use crate::config::SouthConfig;
+use crate::protocol::topics::Topics;
+
+/// The link's client id; unreachable for devices (see the module doc).
+const LINK_CLIENT_ID: &str = "";
+/// Commit log of each device filter the link reads: 256 KiB × 256 segments.
+/// The link is the only reader, and what it has read is freed a segment at
+/// a time, so the log holds what is unread (plus at most a segment): the
+/// capacity is slack, not memory. At ~300-byte uplinks 64 MiB is ~200k
+/// messages; the link holds devices back long before (see the module doc).
+const LINK_FILTER_SEGMENT: usize = 256 << 10;
+const LINK_FILTER_SEGMENTS: usize = 256;
+/// Every other filter (each device's own `ack` and `inbox`): the gateway
+/// delivers to devices directly, so these logs only exist because the
+/// broker keeps one per subscription; the smallest it allows, freed when
+/// the device leaves.
+const DEVICE_FILTER_SEGMENT: usize = 1024;
+const DEVICE_FILTER_SEGMENTS: usize = 1;
+/// Deliveries queued for the link's sending thread.
+const OUTBOUND_CAPACITY: usize = 16_384;
+/// Every device's publishes are held back while the inbound channel has
+/// less room than this, or holds more than [`INBOUND_BYTES`], and released
+/// once it has twice the room and half the bytes.
+const INBOUND_LOW: usize = INBOUND_CAPACITY / 4;
+const INBOUND_BYTES: usize = 32 << 20;
+/// Receipts and batches waiting for one device beyond what it has in
+/// flight, before its own publishes are held back until it reads them.
+pub const DEVICE_QUEUE: usize = 1000;
+/// Deliveries handed to the broker in one event, at most.
+const DELIVER_BATCH: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SouthError {
+    #[error("south.listen {addr}: cannot listen: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("embedded broker link: {0}")]
+    Link(String),
+}
+
+/// Starts the broker, its listener (on the current tokio runtime) and the link.
+pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
+    // Fail fast and by name if the address is taken: rumqttd would only log it.
+    std::net::TcpListener::bind(cfg.listen).map_err(|source| SouthError::Listen {
+        addr: cfg.listen,
+        source,
+    })?;
+
+    let filters: HashMap<String, rumqttd::SegmentConfig> = device_filters(topics)
+        .map(|filter| {
+            let seg = rumqttd::SegmentConfig {
+                max_segment_size: LINK_FILTER_SEGMENT,
+                max_segment_count: LINK_FILTER_SEGMENTS,
+            };
+            (filter, seg)
+        })
+        .collect();
+    let mut router = Router::new(
+        0,
+        RouterConfig {
+            // One slot for the link itself.
+            max_connections: cfg.max_connections + 1,
+            max_outgoing_packet_count: 1024,
+            max_segment_size: DEVICE_FILTER_SEGMENT,
+            max_segment_count: DEVICE_FILTER_SEGMENTS,
+            custom_segment: Some(filters),
+            initialized_filters: None,
+            shared_subscriptions_strategy: Default::default(),
+            ephemeral: true,
+            max_subscriptions: cfg.max_subscriptions,
+            max_direct_queue: DEVICE_QUEUE,
+        },
+    );
+    let (events_tx, broker_events) = mpsc::unbounded_channel();
+    tokio::spawn(presence::forward(
+        router.client_events(),
+        events_tx,
+        LINK_CLIENT_ID,
+    ));
+    let router_tx = router.spawn();
+
+    let (link_tx, link_rx, _connack) = LinkBuilder::new(LINK_CLIENT_ID, router_tx.clone())
+        .build()
+        .map_err(|e| SouthError::Link(e.to_string()))?;
+    let mut link_tx = link_tx;
+    for filter in device_filters(topics) {
+        link_tx
+            .subscribe(filter)
+            .map_err(|e| SouthError::Link(e.to_string()))?;
+    }
+
+    let (in_tx, inbound) = Inbound::new();
+    thread::Builder::new()
+        .name("ferry-south-rx".into())
+        .spawn(move || receive(link_rx, in_tx))
+        .map_err(|e| SouthError::Link(e.to_string()))?;
+    let (out_tx, out_rx) = mpsc::channel(OUTBOUND_CAPACITY);
+    thread::Builder::new()
+        .name("ferry-south-tx".into())
+        .spawn(move || send(link_tx, out_rx))
+        .map_err(|e| SouthError::Link(e.to_string()))?;
+
+    let settings = ServerSettings {
+        name: "south".into(),
+        listen: cfg.listen,
+        tls: None,
+        next_connection_delay_ms: 0,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 10_000,
+            // A larger publish is skipped on the wire and reaches the
+            // gateway as its head, to be answered `rejected`.
+            max_payload_size: cfg.max_payload_bytes + TOPIC_ALLOWANCE,
+            oversize_head: OVERSIZE_HEAD,
+            max_inflight_count: 256,
+            auth: None,
+            external_auth: None,
+            // A device publishing outside the protocol's topics is disconnected.
+            dynamic_filters: false,
+            max_keep_alive: cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16,
+        },
+    };
+    let mut server = Server::new(settings, router_tx, V4);
+    let stopped = tokio::spawn(async move {
+        match server.start(LinkType::Remote).await {
+            Ok(()) => "south listener stopped".to_string(),
+            Err(e) => format!("south listener failed: {e}"),
+        }
+    });
+    Ok(South {
+        inbound,
+        outbound: SouthSender(Outbound::Embedded(out_tx)),
+        stopped,
+        broker_events: Some(broker_events),
+    })
+}
+
+/// Moves device publishes from the link into `tx`. While `tx` is low on
+/// room, every device's publishes are held back in the broker (so it never
+/// acknowledges what its logs would have to overwrite), and released once
+/// there is room again. `bytes` counts the payload bytes in `tx`.
+fn receive(mut rx: LinkRx, inbound: InboundTx) {
+    let InboundTx { tx, bytes } = inbound;
+    let mut holding = false;
+    let full = |tx: &mpsc::Sender<SouthMessage>| {
+        tx.capacity() < INBOUND_LOW || bytes.load(Ordering::Relaxed) > INBOUND_BYTES
+    };
+    let roomy = |tx: &mpsc::Sender<SouthMessage>| {
+        tx.capacity() >= 2 * INBOUND_LOW && bytes.load(Ordering::Relaxed) <= INBOUND_BYTES / 2
+    };
+    loop {
+        let next = if holding {
+            // Nothing new comes while held: look at the room now and then.
+            rx.recv_deadline(Instant::now() + Duration::from_millis(20))
+        } else {
+            rx.recv()
+        };
+        if holding && roomy(&tx) {
+            holding = false;
+            if rx.hold_remote(false).is_err() {
+                error!("embedded broker link lost");
+                return;
+            }
+            info!("the gateway caught up; devices' publishes are taken again");
+        }
+        match next {
+            Ok(Some(Notification::Forward(f))) => {
+                let Some(msg) = south_message(f) else {
+                    continue;
+                };
+                if !holding && full(&tx) {
+                    holding = true;
+                    warn!("the gateway is behind its devices; their publishes are held back until it catches up");
+                    if rx.hold_remote(true).is_err() {
+                        error!("embedded broker link lost");
+                        return;
+                    }
+                }
+                bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);
+                let msg = match tx.try_send(msg) {
+                    Ok(()) => continue,
+                    Err(TrySendError::Full(msg)) => msg,
+                    Err(TrySendError::Closed(_)) => {
+                        debug!("south receiver closed; link reader stops");
+                        return;
+                    }
+                };
+                if tx.blocking_send(msg).is_err() {
+                    debug!("south receiver closed; link reader stops");
+                    return;
+                }
+            }
+            Ok(Some(Notification::Unschedule)) => {
+                if let Err(e) = rx.ready() {
+                    error!(error = %e, "embedded broker link lost");
+                    return;
+                }
+            }
+            Ok(Some(Notification::Disconnect(..))) => {
+                error!("embedded broker disconnected the gateway's link");
+                return;
+            }
+            Ok(_) => {}
+            // Only a hold reads with a deadline.
+            Err(e) if e.is_timeout() => {}
+            Err(e) => {
+                error!(error = %e, "embedded broker link lost");
+                return;
+            }
+        }
+    }
+}
+
+/// A forwarded device publish as the pipeline sees it.
+fn south_message(f: Forward) -> Option<SouthMessage> {
+    let Ok(topic) = String::from_utf8(f.publish.topic.to_vec()) else {
+        // The broker only routes UTF-8 topics; this cannot happen.
+        warn!("dropping a device publish whose topic is not UTF-8");
+        return None;
+    };
+    let oversize = f.properties.as_ref().and_then(|p| {
+        p.user_properties
+            .iter()
+            .find(|(k, _)| k == OVERSIZE_PROPERTY)
+            .and_then(|(_, v)| v.parse().ok())
+    });
+    Some(SouthMessage {
+        topic,
+        payload: f.publish.payload,
+        oversize,
+        // The broker acknowledged it when the link took it.
+        ack: Default::default(),
+    })
+}
+
+/// Hands queued deliveries to the broker, many per event.
+fn send(mut link: LinkTx, mut rx: mpsc::Receiver<DirectPublish>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < DELIVER_BATCH {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = link.deliver(batch) {
+            error!(error = %e, "embedded broker link lost; stopping sends to devices");
+            return;
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! External mode: ferry as a client of the site's broker, on
+//! [`crate::mqtt`].
+//!
+//! - One persistent session (clean session off), subscribed QoS 1 to every
+//!   device topic of the protocol. The site broker keeps what devices
+//!   publish until ferry acknowledges it, also while ferry is stopped
+//!   (within the broker's own queue limits: docs/OPERATIONS in the README).
+//! - A device message is acknowledged only after intake committed it (or
+//!   dead-lettered it, or handed a control message on): intake passes its
+//!   [`Ack`] to [`SouthSender::ack`], and acks go out in receive order.
+//! - Receipts and inbox batches are published QoS 1 to the device's topics;
+//!   one lost with a dropped link is repaired by the protocol (the device
+//!   resends its uplink; an unconfirmed batch is sent again).
+//! - While the site broker is down, the session reconnects with backoff;
+//!   north is not affected.
+//! - Isolation between devices is the site broker's ACL (README).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::debug;
+
+use super::{
+    device_filters, Ack, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
+    TOPIC_ALLOWANCE,
+};
+use crate::config::{ExternalSouth, SouthConfig};
+use crate::mqtt::{self, Event, Reconnect, Session};
+use crate::protocol::topics::Topics;
+
+/// Device messages received and not yet acknowledged, at most (the site
+/// broker may have fewer in flight: Mosquitto's `max_inflight_messages`).
+const INFLIGHT: u16 = 1024;
+
+pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South {
+    let opts = mqtt::Options {
+        name: "south".into(),
+        host: site.host.clone(),
+        port: site.port,
+        client_id: site.client_id.clone(),
+        credentials: site.credentials.clone(),
+        keep_alive: site.keep_alive,
+        clean_session: false,
+        last_will: None,
+        max_incoming_packet: mqtt::MQTT_MAX_PACKET,
+        max_outgoing_packet: mqtt::MQTT_MAX_PACKET,
+        // A larger publish arrives as its head, to be answered `rejected`.
+        max_message_bytes: cfg.max_payload_bytes + TOPIC_ALLOWANCE,
+        inflight: INFLIGHT,
+        subscriptions: device_filters(topics).collect(),
+        announce: None,
+        auto_ack: false,
+        replay: false,
+        reconnect: Reconnect {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(30),
+            stable_after: Duration::from_secs(30),
+        },
+        transport: mqtt::Transport::Tcp,
+    };
+    let (session, events) = Session::<()>::start(opts);
+    let (tx, inbound) = Inbound::new();
+    let stopped = tokio::spawn(receive(events, tx));
+    South {
+        inbound,
+        outbound: SouthSender(Outbound::External(session)),
+        stopped,
+        broker_events: None,
+    }
+}
+
+/// Moves device messages from the session into the pipeline's channel,
+/// waiting for room (the session, and then the site broker, wait too).
+async fn receive(mut events: tokio::sync::mpsc::Receiver<Event<()>>, tx: InboundTx) -> String {
+    while let Some(event) = events.recv().await {
+        let Event::Message(m) = event else { continue };
+        let msg = SouthMessage {
+            topic: m.topic,
+            payload: m.payload,
+            oversize: m.oversize,
+            ack: Ack(Some(m.token)),
+        };
+        tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);
+        if tx.tx.send(msg).await.is_err() {
+            debug!("south receiver closed; external session reader stops");
+            return "south pipeline stopped".into();
+        }
+    }
+    "external south session stopped".into()
+}
