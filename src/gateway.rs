@@ -227,3 +227,36 @@ fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>
         Err(e) => RunError::Stopped(format!("{what} panicked: {e}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_still_running_past_the_grace_are_named_in_the_error() {
+        let outcome = Outcome {
+            failed: vec![],
+            late: vec!["uplink engine", "store writer"],
+        };
+        let err = finish(outcome, Duration::from_secs(10)).unwrap_err();
+        assert!(matches!(err, RunError::GraceExceeded { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "shutdown.grace_s (10s) ran out; still running: uplink engine, store writer"
+        );
+    }
+
+    #[test]
+    fn a_part_that_failed_while_shutting_down_fails_the_exit() {
+        let outcome = Outcome {
+            failed: vec![("intake", "the store writer has stopped".into())],
+            late: vec![],
+        };
+        let err = finish(outcome, Duration::from_secs(10)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "intake failed while shutting down: the store writer has stopped"
+        );
+        assert!(finish(Outcome::default(), Duration::from_secs(10)).is_ok());
+    }
+}
