@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::DownlinkConfig;
 use crate::ids::{DeviceId, MsgId};
@@ -162,7 +162,7 @@ impl Downlink {
     }
 
     /// Runs until its inputs close or the store stops. When device
-    /// controls close in a shutdown, it first flushes (see [`Self::flushed`]):
+    /// controls close in a shutdown, it first flushes (see `Downlink::flushed`):
     /// store requests already made are answered and their receipts
     /// published north, while new downlinks are left unacknowledged for the
     /// upstream to send again to the next session.
@@ -212,7 +212,9 @@ impl Downlink {
                         self.epoch = None;
                         self.receipts.link_down();
                     }
-                    Some(NorthEvent::Downlink { .. }) if flush_by.is_some() => {}
+                    Some(NorthEvent::Downlink { topic, .. }) if flush_by.is_some() => {
+                        debug!(topic = %topic, "downlink left unacknowledged while shutting down; the upstream sends it again");
+                    }
                     Some(NorthEvent::Downlink { topic, payload, token, oversize }) => self.on_downlink(&topic, payload, token, oversize).await?,
                     Some(NorthEvent::Published(Tag::Receipts(id))) => {
                         self.receipts.published(id);

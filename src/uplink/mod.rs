@@ -82,7 +82,7 @@ pub struct Engine {
 }
 
 /// Runs until the store stops, or the intake side closes: then, in a
-/// shutdown, it first flushes what is due north (see [`Engine::flushed`]).
+/// shutdown, it first flushes what is due north (see `Engine::flushed`).
 pub async fn run_engine(
     mut engine: Engine,
     mut stored: mpsc::Receiver<PendingMessage>,
