@@ -212,3 +212,35 @@ fn note(
         .or_default()
         .insert(status.to_string());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_the_upstream_gone_still_exits_zero_with_what_was_stored() {
+    let mut mosquitto = common::Mosquitto::start();
+    let mut ferry = common::Ferry::start(common::FerryOpts::new("gw-alone", mosquitto.port));
+    wait_online(mosquitto.port, "gw-alone").await;
+    mosquitto.stop();
+
+    let mut device = common::Device::connect(ferry.south_port, "alone-1").await;
+    let ids = device.publish_many("t", &common::boot_id(), "m", 20).await;
+    let receipts = device
+        .receipts_until(Duration::from_secs(10), |r| r.len() >= ids.len())
+        .await;
+    assert_eq!(receipts.len(), ids.len(), "{receipts:?}");
+
+    let signalled = Instant::now();
+    let status = ferry.terminate_status(Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "ferry did not exit 0 after SIGTERM with the upstream gone ({status:?}):\n{}",
+        ferry.log_tail()
+    );
+    // Nothing to flush north: only the wait for a DISCONNECT that has no
+    // link to go on.
+    let took = signalled.elapsed();
+    assert!(took < Duration::from_secs(5), "exit took {took:?}");
+    let stored = ferry.query_i64(
+        "SELECT COUNT(*) FROM uplink WHERE device = 'alone-1' AND state = 'stored'",
+        [],
+    );
+    assert_eq!(stored, ids.len() as i64);
+}
