@@ -1,18 +1,21 @@
 //! `run()`: the gateway assembled. Starts the store, the south broker and
 //! link, the north session and the two pipeline tasks, and returns when
-//! one of them stops (an error) or `shutdown` resolves.
+//! one of them stops (an error) or, once `shutdown` resolves, when all of
+//! them have finished in pipeline order (see [`crate::shutdown`]).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tracing::info;
+use tokio::time::Instant;
+use tracing::{error, info};
 
 use crate::config::{Config, SouthMode};
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
 use crate::north::{NorthEvent, Tag};
 use crate::protocol::topics::Topics;
+use crate::shutdown::{self, wait_all, Outcome, Part, Plan};
 use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
 use crate::uplink::scheduler::{Scheduler, SchedulerConfig};
@@ -27,7 +30,13 @@ pub enum RunError {
     South(#[from] south::SouthError),
     #[error("{0}")]
     Stopped(String),
+    #[error("shutdown.grace_s ({}s) ran out; still running: {late}", grace.as_secs())]
+    GraceExceeded { late: String, grace: Duration },
 }
+
+/// Longest wait for the north DISCONNECT to be written (the whole wait
+/// when the link is down: there is nothing to write it on).
+const GO_OFFLINE_MAX: Duration = Duration::from_secs(2);
 
 /// Messages per device the uplink engine holds in memory.
 fn window(max_inflight: usize) -> usize {
@@ -37,6 +46,8 @@ fn window(max_inflight: usize) -> usize {
 /// Runs the gateway until `shutdown` resolves or a part of it fails.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
+    let store_exited = store.exited();
+    let (trigger, shutdown_rx) = shutdown::channel();
     let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
     let south = south::start(&cfg.south, &topics)?;
     let (north_tx, north_events) = north::start(&cfg.north, &topics);
@@ -60,6 +71,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         north: down_events,
         controls: controls_rx,
         broker: south.broker_events,
+        shutdown: shutdown_rx.clone(),
     }));
     let engine = Engine {
         scheduler: Scheduler::new(SchedulerConfig {
@@ -81,17 +93,25 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         max_north_packet: cfg.north.max_packet_bytes,
         controls: controls_tx,
     };
-    let mut engine_task = tokio::spawn(run_engine(engine, stored_rx, up_events));
+    let mut engine_task = tokio::spawn(run_engine(
+        engine,
+        stored_rx,
+        up_events,
+        shutdown_rx.clone(),
+    ));
     let mut intake_task = tokio::spawn(intake::run(
         intake_cfg,
         topics,
         store,
         south.inbound,
-        south.outbound,
+        south.outbound.clone(),
         stored_tx,
+        shutdown_rx,
     ));
     let trimmer = tokio::spawn(crate::memory::trim_periodically());
     let mut south_stopped = south.stopped;
+    let south_out = south.outbound;
+
     let south_desc = match &cfg.south.mode {
         SouthMode::Embedded => format!("embedded broker on {}", cfg.south.listen),
         SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
@@ -99,25 +119,89 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     info!(gateway = %cfg.gateway, south = %south_desc, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
 
     let result = tokio::select! {
-        _ = shutdown => {
-            // Pipeline order: stop taking device input (nothing uncommitted
-            // was answered, so devices resend it), then leave north cleanly.
-            info!("shutting down");
-            intake_task.abort();
-            north_tx.go_offline(Duration::from_secs(2)).await;
-            Ok(())
-        }
+        _ = shutdown => Ok(()),
         r = &mut intake_task => Err(stopped("intake", r)),
         r = &mut engine_task => Err(stopped("uplink engine", r)),
         r = &mut downlink_task => Err(stopped("downlink", r)),
         r = &mut south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
     };
     trimmer.abort();
-    result
+    result?;
+
+    let plan = Plan::new(Instant::now(), cfg.shutdown_grace);
+    info!(
+        grace_s = cfg.shutdown_grace.as_secs(),
+        "shutting down: device intake stops"
+    );
+    trigger.begin(plan.flush_by);
+    // 1-3: intake answers what it took; then the engine and the downlink
+    // flush north, each once its input closes.
+    let mut outcome = wait_all(
+        vec![
+            joined("intake", intake_task),
+            joined("uplink engine", engine_task),
+            joined("downlink", downlink_task),
+        ],
+        plan.pipeline_by,
+    )
+    .await;
+    // 4: north leaves with the retained `online: false`; south leaves too:
+    // an external session sends its last acks and DISCONNECTs, the embedded
+    // broker takes no more connections (devices' sockets close with the
+    // process: MQTT 3.1.1 has no DISCONNECT from the server).
+    let within = plan.offline_by.saturating_duration_since(Instant::now());
+    north_tx.go_offline(within.min(GO_OFFLINE_MAX)).await;
+    let within = plan.offline_by.saturating_duration_since(Instant::now());
+    south_out.close(within.min(GO_OFFLINE_MAX)).await;
+    south_stopped.abort();
+    // 5: the writer commits what is queued and closes the database once the
+    // last handle is gone.
+    outcome.merge(
+        wait_all(
+            vec![Part::new("store writer", async {
+                store_exited.await;
+                Ok(())
+            })],
+            plan.deadline,
+        )
+        .await,
+    );
+    finish(outcome, cfg.shutdown_grace)
+}
+
+/// The exit a shutdown's outcome calls for.
+fn finish(outcome: Outcome, grace: Duration) -> Result<(), RunError> {
+    for (task, e) in &outcome.failed {
+        error!(task, error = %e, "failed while shutting down");
+    }
+    if !outcome.late.is_empty() {
+        let late = outcome.late.join(", ");
+        error!(late = %late, grace_s = grace.as_secs(), "shutdown grace ran out; these did not finish");
+        return Err(RunError::GraceExceeded { late, grace });
+    }
+    if let Some((task, e)) = outcome.failed.into_iter().next() {
+        return Err(RunError::Stopped(format!(
+            "{task} failed while shutting down: {e}"
+        )));
+    }
+    info!("ferry stopped cleanly");
+    Ok(())
+}
+
+/// A pipeline task as a shutdown [`Part`].
+fn joined(name: &'static str, task: tokio::task::JoinHandle<Result<(), StoreError>>) -> Part {
+    Part::new(name, async move {
+        match task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(format!("panicked: {e}")),
+        }
+    })
 }
 
 /// Splits the north session's events: uplink acks to the uplink engine,
-/// downlinks to the downlink task, link changes to both.
+/// downlinks to the downlink task, link changes to both. Runs while either
+/// side listens: in a shutdown one may finish flushing before the other.
 fn fan_out(
     mut events: mpsc::Receiver<NorthEvent>,
 ) -> (mpsc::Receiver<NorthEvent>, mpsc::Receiver<NorthEvent>) {
@@ -125,18 +209,19 @@ fn fan_out(
     let (down_tx, down_rx) = mpsc::channel(4096);
     tokio::spawn(async move {
         while let Some(ev) = events.recv().await {
-            let delivered = match &ev {
+            match &ev {
                 NorthEvent::Ack(_) | NorthEvent::Refused(Tag::Uplink { .. }) => {
-                    up_tx.send(ev).await.is_ok()
+                    let _ = up_tx.send(ev).await;
                 }
                 NorthEvent::Downlink { .. } | NorthEvent::Refused(_) | NorthEvent::Published(_) => {
-                    down_tx.send(ev).await.is_ok()
+                    let _ = down_tx.send(ev).await;
                 }
                 NorthEvent::Up(_) | NorthEvent::Down => {
-                    up_tx.send(ev.clone()).await.is_ok() && down_tx.send(ev).await.is_ok()
+                    let _ = up_tx.send(ev.clone()).await;
+                    let _ = down_tx.send(ev).await;
                 }
-            };
-            if !delivered {
+            }
+            if up_tx.is_closed() && down_tx.is_closed() {
                 return;
             }
         }
@@ -149,5 +234,38 @@ fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>
         Ok(Ok(())) => RunError::Stopped(format!("{what} stopped: its input closed")),
         Ok(Err(e)) => RunError::Store(e),
         Err(e) => RunError::Stopped(format!("{what} panicked: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_still_running_past_the_grace_are_named_in_the_error() {
+        let outcome = Outcome {
+            failed: vec![],
+            late: vec!["uplink engine", "store writer"],
+        };
+        let err = finish(outcome, Duration::from_secs(10)).unwrap_err();
+        assert!(matches!(err, RunError::GraceExceeded { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "shutdown.grace_s (10s) ran out; still running: uplink engine, store writer"
+        );
+    }
+
+    #[test]
+    fn a_part_that_failed_while_shutting_down_fails_the_exit() {
+        let outcome = Outcome {
+            failed: vec![("intake", "the store writer has stopped".into())],
+            late: vec![],
+        };
+        let err = finish(outcome, Duration::from_secs(10)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "intake failed while shutting down: the store writer has stopped"
+        );
+        assert!(finish(Outcome::default(), Duration::from_secs(10)).is_ok());
     }
 }

@@ -28,6 +28,9 @@
 //! - [`gateway`]: `run()`, wiring the pieces together: device control
 //!   messages go from the uplink intake to the downlink task; the north
 //!   session's events are split between the two pipelines.
+//! - [`shutdown`]: the signal `run()` gives once, seen by every part, and
+//!   the grace it spends in pipeline order: intake stops, what it took is
+//!   committed and answered, north is flushed and left, the store closes.
 //! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
@@ -42,6 +45,7 @@ pub mod memory;
 pub mod mqtt;
 pub mod north;
 pub mod protocol;
+pub mod shutdown;
 pub mod south;
 pub mod state;
 pub mod store;

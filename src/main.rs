@@ -74,7 +74,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(ferry::run(cfg, shutdown_signal())) {
+            let result = runtime.block_on(ferry::run(cfg, shutdown_signal()));
+            // Whatever did not finish within the grace was named; don't
+            // wait for it again.
+            runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "ferry stopped");

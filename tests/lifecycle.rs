@@ -1,9 +1,11 @@
-//! The gateway's life on the north side: retained status while it runs, a
-//! clean exit on SIGTERM that leaves `online: false` behind.
+//! The gateway's life: retained status while it runs, and a graceful exit
+//! on SIGTERM (exit 0, every `stored` receipt backed by a committed row,
+//! `online: false` left behind).
 
 mod common;
 
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 
@@ -42,9 +44,10 @@ async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
     // The last will carries the time ferry started; a clean exit says when
     // it left.
     let before_exit = common::now_ms();
+    let status = ferry.terminate_status(Duration::from_secs(5));
     assert!(
-        ferry.terminate(Duration::from_secs(5)),
-        "ferry did not exit within 5 s of SIGTERM:\n{}",
+        status.is_some_and(|s| s.success()),
+        "ferry did not exit 0 within 5 s of SIGTERM ({status:?}):\n{}",
         ferry.log_tail()
     );
     let status = retained_status(mosquitto.port, "gw-life", "watch-2").await;
@@ -64,4 +67,180 @@ async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
         "{}",
         ferry.log_tail()
     );
+}
+
+/// Online once its subscriptions are acknowledged.
+async fn wait_online(port: u16, gateway: &str) {
+    for i in 0..50 {
+        let status = retained_status(port, gateway, &format!("watch-online-{i}")).await;
+        if status["online"] == true {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{gateway} never announced itself online");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_exits_zero_and_every_stored_receipt_is_a_committed_row() {
+    let mosquitto = common::Mosquitto::start();
+    let mut opts = common::FerryOpts::new("gw-drain", mosquitto.port);
+    opts.extra_toml = vec!["[shutdown]".into(), "grace_s = 10".into()];
+    let mut ferry = common::Ferry::start(opts);
+    let _backend = common::Backend::connect_auto_ack(mosquitto.port, "gw-drain").await;
+    wait_online(mosquitto.port, "gw-drain").await;
+
+    // Three devices publishing as fast as the broker takes it, until ferry
+    // is gone.
+    let boot = common::boot_id();
+    let mut devices = Vec::new();
+    let mut publishers = Vec::new();
+    for d in 0..3 {
+        let device = common::Device::connect(ferry.south_port, &format!("drain-{d}")).await;
+        let (client, topic, boot) = (device.client(), device.up_topic("t"), boot.clone());
+        publishers.push(tokio::spawn(async move {
+            for i in 0u64.. {
+                let body = serde_json::json!({"msg_id": format!("{boot}-{i:06}"), "ts": common::now_ms(), "payload": i});
+                let bytes = serde_json::to_vec(&body).expect("serialize envelope");
+                if client.publish(&topic, rumqttc::QoS::AtLeastOnce, false, bytes).await.is_err() {
+                    return;
+                }
+            }
+        }));
+        devices.push(device);
+    }
+    // Mid-stream: wait until the devices have receipts coming.
+    let warm = devices[0]
+        .receipts_until(Duration::from_secs(20), |r| r.len() >= 200)
+        .await;
+    assert!(
+        warm.len() >= 200,
+        "only {} receipts before SIGTERM:\n{}",
+        warm.len(),
+        ferry.log_tail()
+    );
+
+    let signalled = Instant::now();
+    let status = ferry.terminate_status(Duration::from_secs(15));
+    let took = signalled.elapsed();
+    for p in &publishers {
+        p.abort();
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "ferry did not exit 0 after SIGTERM under load ({status:?}):\n{}",
+        ferry.log_tail()
+    );
+    assert!(
+        took < Duration::from_secs(11),
+        "exit took {took:?}, past the 10 s grace"
+    );
+    assert!(
+        ferry.log().contains("ferry stopped cleanly"),
+        "{}",
+        ferry.log_tail()
+    );
+
+    // Checked before the test opens the database itself.
+    assert!(
+        !ferry.data_dir.join("ferry.db-wal").exists(),
+        "the store was not closed (its WAL is still there)"
+    );
+    // Every receipt a device saw, by what it says: `stored` only after the
+    // commit, `delivered` only after the commit of the move.
+    let mut seen: HashMap<(String, String), HashSet<String>> = HashMap::new();
+    for r in &warm {
+        note(&mut seen, &devices[0].id, r);
+    }
+    for device in &mut devices {
+        for r in device
+            .receipts_until(Duration::from_millis(500), |_| false)
+            .await
+        {
+            note(&mut seen, &device.id, &r);
+        }
+    }
+    let db = ferry.db();
+    let mut rows: HashMap<(String, String), String> = HashMap::new();
+    let mut stmt = db
+        .prepare("SELECT device, msg_id, state FROM uplink")
+        .expect("prepare");
+    for row in stmt
+        .query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)))
+        .expect("query uplink")
+    {
+        let (key, state) = row.expect("row");
+        rows.insert(key, state);
+    }
+    let stored = seen.values().filter(|s| s.contains("stored")).count();
+    assert!(
+        stored >= 200,
+        "only {stored} messages were answered `stored`"
+    );
+    for (key, statuses) in &seen {
+        let row = rows.get(key);
+        assert!(
+            row.is_some(),
+            "{key:?} was answered {statuses:?} but is not in the database"
+        );
+        if statuses.contains("delivered") {
+            assert_eq!(
+                row.map(String::as_str),
+                Some("delivered"),
+                "{key:?} answered {statuses:?}"
+            );
+        }
+    }
+
+    let status = retained_status(mosquitto.port, "gw-drain", "watch-after").await;
+    assert_eq!(
+        status["online"], false,
+        "after SIGTERM under load: {status}"
+    );
+}
+
+/// Records one receipt a device saw.
+fn note(
+    seen: &mut HashMap<(String, String), HashSet<String>>,
+    device: &str,
+    r: &serde_json::Value,
+) {
+    let (Some(msg_id), Some(status)) = (r["msg_id"].as_str(), r["status"].as_str()) else {
+        panic!("device {device} got a receipt without msg_id or status: {r}");
+    };
+    seen.entry((device.to_string(), msg_id.to_string()))
+        .or_default()
+        .insert(status.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_the_upstream_gone_still_exits_zero_with_what_was_stored() {
+    let mut mosquitto = common::Mosquitto::start();
+    let mut ferry = common::Ferry::start(common::FerryOpts::new("gw-alone", mosquitto.port));
+    wait_online(mosquitto.port, "gw-alone").await;
+    mosquitto.stop();
+
+    let mut device = common::Device::connect(ferry.south_port, "alone-1").await;
+    let ids = device.publish_many("t", &common::boot_id(), "m", 20).await;
+    let receipts = device
+        .receipts_until(Duration::from_secs(10), |r| r.len() >= ids.len())
+        .await;
+    assert_eq!(receipts.len(), ids.len(), "{receipts:?}");
+
+    let signalled = Instant::now();
+    let status = ferry.terminate_status(Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "ferry did not exit 0 after SIGTERM with the upstream gone ({status:?}):\n{}",
+        ferry.log_tail()
+    );
+    // Nothing to flush north: only the wait for a DISCONNECT that has no
+    // link to go on.
+    let took = signalled.elapsed();
+    assert!(took < Duration::from_secs(5), "exit took {took:?}");
+    let stored = ferry.query_i64(
+        "SELECT COUNT(*) FROM uplink WHERE device = 'alone-1' AND state = 'stored'",
+        [],
+    );
+    assert_eq!(stored, ids.len() as i64);
 }

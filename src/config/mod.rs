@@ -54,6 +54,8 @@ pub struct Config {
     /// Group name (without `@`) → members.
     pub groups: BTreeMap<String, Vec<DeviceId>>,
     pub log_level: String,
+    /// `shutdown.grace_s`: from the signal to exit, at most.
+    pub shutdown_grace: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -299,6 +301,8 @@ impl Config {
             groups.insert(name.clone(), members);
         }
 
+        in_range("shutdown.grace_s", raw.shutdown.grace_s, 1, 3600)?;
+
         let prefix = format!("{}/{}", raw.north.topic_prefix, gateway);
         Ok(Config {
             gateway,
@@ -340,6 +344,7 @@ impl Config {
             },
             groups,
             log_level: raw.log.level,
+            shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
         })
     }
 }

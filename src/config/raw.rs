@@ -22,6 +22,7 @@ pub struct RawConfig {
     /// Named device groups, addressable in a downlink's `to` as `@name`.
     pub groups: BTreeMap<String, Vec<String>>,
     pub log: RawLog,
+    pub shutdown: RawShutdown,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -211,6 +212,20 @@ impl Default for RawLog {
         RawLog {
             level: "info,rumqttd=warn".into(),
         }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawShutdown {
+    /// Seconds from SIGTERM/SIGINT to exit: flush north, go offline, close
+    /// the store; past it ferry names what did not finish and exits 1.
+    pub grace_s: u64,
+}
+
+impl Default for RawShutdown {
+    fn default() -> Self {
+        RawShutdown { grace_s: 10 }
     }
 }
 

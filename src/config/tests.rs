@@ -56,3 +56,13 @@ fn wrong_type_names_its_key() {
     let err = load_str("[gateway]\nid = \"g\"\n[north]\nport = \"many\"\n").unwrap_err();
     assert_eq!(err.key, "north.port", "{err}");
 }
+
+#[test]
+fn shutdown_grace_defaults_to_ten_seconds_and_is_checked() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.shutdown_grace, Duration::from_secs(10));
+    let cfg = load_str("[gateway]\nid = \"g\"\n[shutdown]\ngrace_s = 30\n").unwrap();
+    assert_eq!(cfg.shutdown_grace, Duration::from_secs(30));
+    let err = load_str("[gateway]\nid = \"g\"\n[shutdown]\ngrace_s = 0\n").unwrap_err();
+    assert_eq!(err.key, "shutdown.grace_s");
+}

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::DownlinkConfig;
 use crate::ids::{DeviceId, MsgId};
@@ -36,6 +36,7 @@ use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Reject
 use crate::protocol::now_ms;
 use crate::protocol::receipt::NorthReceipt;
 use crate::protocol::topics::Topics;
+use crate::shutdown::Shutdown;
 use crate::south::presence::BrokerEvent;
 use crate::south::SouthSender;
 use crate::store::downlink::{
@@ -129,6 +130,7 @@ pub struct DownlinkInputs {
     pub north: mpsc::Receiver<NorthEvent>,
     pub controls: mpsc::Receiver<DeviceControl>,
     pub broker: Option<mpsc::UnboundedReceiver<BrokerEvent>>,
+    pub shutdown: Shutdown,
 }
 
 impl Downlink {
@@ -159,22 +161,37 @@ impl Downlink {
         }
     }
 
-    /// Runs until its inputs close or the store stops.
+    /// Runs until its inputs close or the store stops. When device
+    /// controls close in a shutdown, it first flushes (see `Downlink::flushed`):
+    /// store requests already made are answered and their receipts
+    /// published north, while new downlinks are left unacknowledged for the
+    /// upstream to send again to the next session.
     pub async fn run(mut self, mut inputs: DownlinkInputs) -> Result<(), StoreError> {
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut broker = inputs.broker.take();
+        // Set once intake is gone in a shutdown: flush until then.
+        let mut flush_by: Option<Instant> = None;
         loop {
-            let deadline = [
-                self.scheduler.next_deadline(),
-                self.grace.first().map(|(at, _)| *at),
-                self.receipts_retry,
-            ]
-            .into_iter()
-            .flatten()
-            .min();
+            let deadline = match flush_by {
+                Some(_) => self.receipts_retry,
+                None => [
+                    self.scheduler.next_deadline(),
+                    self.grace.first().map(|(at, _)| *at),
+                    self.receipts_retry,
+                ]
+                .into_iter()
+                .flatten()
+                .min(),
+            };
             let timer = async {
                 match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let flush_over = async {
+                match flush_by {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
@@ -195,6 +212,9 @@ impl Downlink {
                         self.epoch = None;
                         self.receipts.link_down();
                     }
+                    Some(NorthEvent::Downlink { topic, .. }) if flush_by.is_some() => {
+                        debug!(topic = %topic, "downlink left unacknowledged while shutting down; the upstream sends it again");
+                    }
                     Some(NorthEvent::Downlink { topic, payload, token, oversize }) => self.on_downlink(&topic, payload, token, oversize).await?,
                     Some(NorthEvent::Published(Tag::Receipts(id))) => {
                         self.receipts.published(id);
@@ -204,20 +224,44 @@ impl Downlink {
                     Some(_) => {}
                     None => return Ok(()),
                 },
-                c = inputs.controls.recv() => match c {
+                c = inputs.controls.recv(), if flush_by.is_none() => match c {
                     Some(c) => self.on_control(c).await?,
-                    None => return Ok(()),
+                    None => match inputs.shutdown.flush_by() {
+                        Some(at) => {
+                            info!(pending = self.pending.len(), receipts = self.receipts.held(), "downlink flushing receipts north");
+                            flush_by = Some(at);
+                        }
+                        None => return Ok(()),
+                    },
                 },
-                Some(ev) = broker_event => self.on_broker(ev).await?,
+                Some(ev) = broker_event, if flush_by.is_none() => self.on_broker(ev).await?,
                 Some(done) = self.pending.next(), if !self.pending.is_empty() => self.on_done(done).await?,
-                _ = timer => self.on_timer().await?,
-                _ = sweep.tick() => {
+                _ = timer => match flush_by {
+                    Some(_) => self.flush_receipts(),
+                    None => self.on_timer().await?,
+                },
+                _ = sweep.tick(), if flush_by.is_none() => {
                     let now = now_ms();
                     let rx = self.store.down(|reply| DownOp::Sweep { now_ms: now, reply }).await?;
                     self.pending.push(Box::pin(async move { Done::Swept(flatten(rx.await)) }));
                 }
+                _ = flush_over => {
+                    warn!(pending = self.pending.len(), receipts = self.receipts.held(), "downlink flush time is up; receipts not acknowledged upstream are dropped");
+                    return Ok(());
+                }
+            }
+            if flush_by.is_some() && self.flushed() {
+                info!("downlink flushed");
+                return Ok(());
             }
         }
+    }
+
+    /// Nothing left to wait for in a shutdown: every store request made is
+    /// answered, and its receipts are acknowledged upstream (or there is no
+    /// link to send them on).
+    fn flushed(&self) -> bool {
+        self.pending.is_empty() && (self.epoch.is_none() || self.receipts.held() == 0)
     }
 
     async fn on_downlink(

@@ -98,6 +98,15 @@ impl SouthSender {
         }
     }
 
+    /// Leaves the south broker: an external session sends the acks queued
+    /// before this call, then DISCONNECTs (waiting at most `within`). The
+    /// embedded broker has nothing to leave.
+    pub async fn close(&self, within: std::time::Duration) {
+        if let Outbound::External(session) = &self.0 {
+            session.close(None, within).await;
+        }
+    }
+
     /// The message behind `ack` is committed: acknowledge it to the south
     /// broker (in receive order, on its own connection).
     pub fn ack(&self, ack: Ack) {

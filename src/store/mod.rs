@@ -27,7 +27,7 @@ use std::thread;
 use std::time::Instant;
 
 use rusqlite::{Connection, OpenFlags};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::info;
 
 use crate::config::{StoreConfig, SyncMode};
@@ -124,6 +124,8 @@ pub struct Store {
     tx: mpsc::Sender<Op>,
     /// Why the writer stopped, once it has.
     stopped: Arc<OnceLock<String>>,
+    /// Its sender lives as long as the writer thread, connection included.
+    exited: watch::Receiver<()>,
 }
 
 impl Store {
@@ -158,14 +160,32 @@ impl Store {
         let max_batch = cfg.max_batch;
         let stopped = Arc::new(OnceLock::new());
         let writer = writer::Writer::new(conn, stopped.clone());
+        let (exiting, exited) = watch::channel(());
         thread::Builder::new()
             .name("ferry-store".into())
-            .spawn(move || writer.run(rx, max_batch))
+            .spawn(move || {
+                writer.run(rx, max_batch);
+                // The connection is closed by now (`run` consumed it).
+                drop(exiting);
+            })
             .map_err(|e| StoreError::DataDir {
                 path: data_dir.to_path_buf(),
                 source: e,
             })?;
-        Ok(Store { tx, stopped })
+        Ok(Store {
+            tx,
+            stopped,
+            exited,
+        })
+    }
+
+    /// Resolves once the writer thread has exited: after the last handle
+    /// is dropped it commits everything queued, closes the database and
+    /// exits (or it stopped earlier on a damaged database). The future
+    /// holds no handle itself.
+    pub fn exited(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut exited = self.exited.clone();
+        async move { while exited.changed().await.is_ok() {} }
     }
 
     async fn send(&self, op: Op) -> Result<(), StoreError> {

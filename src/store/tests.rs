@@ -505,3 +505,35 @@ async fn a_damaged_database_is_refused_at_open_with_its_cause() {
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("is corrupt"), "{err}");
 }
+
+#[tokio::test]
+async fn closed_resolves_once_the_last_handle_is_gone_and_what_was_queued_is_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    let closed = store.exited();
+    // Queued, never awaited: the writer still commits it before exiting.
+    let queued = futures_util::future::join_all(
+        (0..100).map(|i| store.intake(intake("a", &format!("m{i}")))),
+    )
+    .await;
+    let other = store.clone();
+    drop(store);
+    let wait = std::time::Duration::from_millis(100);
+    assert!(
+        tokio::time::timeout(wait, other.exited()).await.is_err(),
+        "a handle is left: the writer runs on"
+    );
+    drop((other, queued));
+    tokio::time::timeout(std::time::Duration::from_secs(10), closed)
+        .await
+        .expect("the writer exits once every handle is dropped");
+    assert!(
+        !dir.path().join("ferry.db-wal").exists(),
+        "the database was closed (its WAL checkpointed and removed)"
+    );
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM uplink", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 100);
+}

@@ -4,6 +4,10 @@
 //! writer can group many into one commit) and answered in the order the
 //! commits complete, which is the order they arrived. Nothing is answered
 //! before its commit; a store error answers nothing, and the device resends.
+//!
+//! Once shutdown begins, intake takes no more device publishes (the devices
+//! send again what was not answered), answers what it took, and returns:
+//! the engine and the downlink task see their input close.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -14,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
@@ -23,6 +27,7 @@ use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejectio
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::{DeviceTopic, TopicError, Topics};
 use crate::protocol::{now_ms, publish_packet_len};
+use crate::shutdown::Shutdown;
 use crate::south::{Ack, Inbound, SouthMessage, SouthSender};
 use crate::state::MessageState;
 use crate::store::{DeadLetter, Intake, IntakeOutcome, PendingMessage, Store, StoreError};
@@ -61,7 +66,7 @@ enum Answer {
 
 type AnswerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
-/// Runs until the south side closes or the store stops.
+/// Runs until shutdown begins, the south side closes or the store stops.
 pub async fn run(
     cfg: IntakeConfig,
     topics: Topics,
@@ -69,6 +74,7 @@ pub async fn run(
     mut inbound: Inbound,
     south: SouthSender,
     engine: mpsc::Sender<PendingMessage>,
+    mut shutdown: Shutdown,
 ) -> Result<(), StoreError> {
     let mut unanswered: FuturesOrdered<AnswerFuture> = FuturesOrdered::new();
     // Payload bytes and south ack of each unanswered message, in the same
@@ -86,6 +92,10 @@ pub async fn run(
                 if !finish(answer, ack, &topics, &south, &engine).await {
                     return Ok(());
                 }
+            }
+            _ = shutdown.begun() => {
+                info!(unanswered = unanswered.len(), "device intake stopped; answering what was taken");
+                break;
             }
             msg = inbound.recv(), if room => match msg {
                 Some(msg) => {

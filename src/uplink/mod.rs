@@ -11,6 +11,12 @@
 //! Because the `stored` receipt is queued to the south sender before the
 //! engine ever sees a message, and the `delivered`/`failed` receipts only
 //! after the engine's commit, a device always sees receipts in state order.
+//!
+//! In a shutdown intake stops first and answers what it took; the engine,
+//! once its input closes, publishes what it holds ready, applies the
+//! backend acks that come and commits them, until nothing is in flight or
+//! the flush deadline passes. It reads no more backlog: what is not
+//! delivered stays stored for the next run.
 
 pub mod intake;
 pub mod scheduler;
@@ -30,6 +36,7 @@ use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
+use crate::shutdown::Shutdown;
 use crate::south::SouthSender;
 use crate::state::MessageState;
 use crate::store::{PendingMessage, Store, StoreError, Transition, EXPIRED_REASON};
@@ -74,11 +81,13 @@ pub struct Engine {
     pub acks: std::collections::VecDeque<BackendAck>,
 }
 
-/// Runs until the intake side closes (shutdown) or the store stops.
+/// Runs until the store stops, or the intake side closes: then, in a
+/// shutdown, it first flushes what is due north (see `Engine::flushed`).
 pub async fn run_engine(
     mut engine: Engine,
     mut stored: mpsc::Receiver<PendingMessage>,
     mut north_events: mpsc::Receiver<NorthEvent>,
+    shutdown: Shutdown,
 ) -> Result<(), StoreError> {
     for device in engine.store.pending_devices().await? {
         engine.scheduler.on_backlog(device);
@@ -86,6 +95,8 @@ pub async fn run_engine(
     let mut pending: FuturesUnordered<DoneFuture> = FuturesUnordered::new();
     let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Set once intake is gone in a shutdown: flush until then.
+    let mut flush_by: Option<Instant> = None;
     loop {
         let deadline = engine.scheduler.next_deadline();
         let sleep = async {
@@ -94,8 +105,14 @@ pub async fn run_engine(
                 None => std::future::pending().await,
             }
         };
+        let flush_over = async {
+            match flush_by {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let actions = tokio::select! {
-            msg = stored.recv() => match msg {
+            msg = stored.recv(), if flush_by.is_none() => match msg {
                 Some(msg) => {
                     engine.scheduler.on_stored(msg, Instant::now(), now_ms());
                     // Take whatever else is queued before polling: one pass
@@ -105,7 +122,14 @@ pub async fn run_engine(
                     }
                     Vec::new()
                 }
-                None => return Ok(()),
+                None => match shutdown.flush_by() {
+                    Some(at) => {
+                        info!(in_flight = engine.scheduler.in_flight(), in_memory = engine.scheduler.in_memory(), "uplink engine flushing north");
+                        flush_by = Some(at);
+                        Vec::new()
+                    }
+                    None => return Ok(()),
+                },
             },
             ev = north_events.recv() => match ev {
                 Some(NorthEvent::Up(epoch)) => {
@@ -137,23 +161,42 @@ pub async fn run_engine(
                 Vec::new()
             }
             _ = sleep => engine.scheduler.on_tick(Instant::now()),
-            _ = sweep.tick() => {
+            _ = sweep.tick(), if flush_by.is_none() => {
                 let rx = engine.store.expire_due(now_ms()).await?;
                 pending.push(Box::pin(async move { Done::Expired(rx.await.unwrap_or(Err(StoreError::Closed))) }));
                 Vec::new()
+            }
+            _ = flush_over => {
+                info!(in_flight = engine.scheduler.in_flight(), "uplink flush time is up; what is in flight stays stored and is sent after the restart");
+                return Ok(());
             }
         };
         let mut actions = actions;
         actions.extend(engine.scheduler.poll(Instant::now()));
         for action in actions {
+            if flush_by.is_some() && matches!(action, Action::Refill { .. }) {
+                // The backlog stays in the store for the next run.
+                continue;
+            }
             if let Some(fut) = engine.execute(action).await? {
                 pending.push(fut);
             }
+        }
+        if flush_by.is_some() && engine.flushed(&pending) {
+            info!("uplink engine flushed");
+            return Ok(());
         }
     }
 }
 
 impl Engine {
+    /// Nothing left to wait for in a shutdown: no message in flight north,
+    /// no backend ack unapplied, no commit (and its receipt) outstanding.
+    /// Messages only in the store, or backing off, wait for the next run.
+    fn flushed(&self, pending: &FuturesUnordered<DoneFuture>) -> bool {
+        self.scheduler.in_flight() == 0 && self.acks.is_empty() && pending.is_empty()
+    }
+
     async fn send_receipt(&self, device: &DeviceId, receipt: Receipt) {
         let body = Bytes::from(receipt.to_bytes());
         self.south

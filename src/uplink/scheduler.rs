@@ -153,6 +153,11 @@ impl Scheduler {
         self.devices.values().map(|d| d.entries.len()).sum()
     }
 
+    /// Messages published north and not yet acked or timed out, all devices.
+    pub fn in_flight(&self) -> usize {
+        self.devices.values().map(DeviceQueue::inflight).sum()
+    }
+
     /// A device has stored messages that are not in memory yet (start-up).
     pub fn on_backlog(&mut self, device: DeviceId) {
         self.devices

@@ -549,6 +549,21 @@ impl Ferry {
         })
     }
 
+    /// SIGTERM, then waits up to `timeout` for an exit: its status, or
+    /// `None` if it was still running (it is then killed).
+    pub fn terminate_status(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        signal(&child, libc::SIGTERM);
+        blocking(|| {
+            if wait_exit(&mut child, timeout) {
+                child.try_wait().ok().flatten()
+            } else {
+                kill_and_reap(&mut child);
+                None
+            }
+        })
+    }
+
     /// Starts it again: same config, data dir and ports (killing it first).
     pub fn restart(&mut self) {
         self.kill();
