@@ -73,6 +73,15 @@ pub enum TombstoneStatus {
     Failed,
 }
 
+impl TombstoneStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TombstoneStatus::Expired => "expired",
+            TombstoneStatus::Failed => "failed",
+        }
+    }
+}
+
 /// An inbox batch: `{"messages": [...], "more": bool}`. Stored entries are
 /// spliced, not re-parsed: `{"seq":N,` + the stored object minus its `{`.
 pub fn inbox_batch(entries: &[BatchEntry], more: bool) -> Bytes {
