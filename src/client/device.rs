@@ -137,8 +137,7 @@ impl DeviceClient {
             client,
             topics: topics.clone(),
             ack_topic: topics.ack(),
-            handed: opts.cursor,
-            confirmed: opts.cursor,
+            cursor: Cursor::new(opts.cursor),
             unanswered: Outbox::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
@@ -228,10 +227,7 @@ struct Task {
     topics: DeviceTopics,
     /// `topics.ack()`, to tell receipts from batches.
     ack_topic: String,
-    /// The last inbox seq handed to the application (duplicates are ≤ it).
-    handed: u64,
-    /// The last seq the application confirmed.
-    confirmed: u64,
+    cursor: Cursor,
     /// Uplinks without a final receipt: msg_id → (topic, body, last sent).
     unanswered: Outbox<()>,
     events: mpsc::UnboundedSender<DeviceEvent>,
@@ -288,7 +284,7 @@ impl Task {
                         self.unanswered.insert(msg_id, topic, body, ());
                     }
                     Some(Command::Confirm(upto)) => {
-                        self.confirmed = self.confirmed.max(upto.0);
+                        self.cursor.confirmed(upto);
                         self.confirm(upto);
                     }
                     Some(Command::Publish { topic, body }) => self.publish(topic, body),
@@ -343,6 +339,41 @@ impl Task {
         let Ok(batch) = serde_json::from_slice::<InboxBatch>(payload) else {
             return true;
         };
+        let (event, again) = self.cursor.take(batch);
+        if let Some(upto) = again {
+            self.confirm(upto);
+        }
+        self.events.send(event).is_ok()
+    }
+}
+
+/// The device's side of the inbox, free of I/O: what it handed to the
+/// application and what the application confirmed.
+#[derive(Debug)]
+struct Cursor {
+    /// The last inbox seq handed to the application (duplicates are ≤ it).
+    handed: u64,
+    /// The last seq the application confirmed.
+    confirmed: u64,
+}
+
+impl Cursor {
+    /// Starts from the application's own committed cursor.
+    fn new(committed: u64) -> Cursor {
+        Cursor {
+            handed: committed,
+            confirmed: committed,
+        }
+    }
+
+    fn confirmed(&mut self, upto: Seq) {
+        self.confirmed = self.confirmed.max(upto.0);
+    }
+
+    /// The event for the application (what is new in `batch`), and the
+    /// confirm to send again when the batch holds nothing new: it came
+    /// again because our confirm was lost.
+    fn take(&mut self, batch: InboxBatch) -> (DeviceEvent, Option<Seq>) {
         let mut messages = Vec::new();
         let mut duplicates = 0;
         for entry in batch.messages {
@@ -367,17 +398,72 @@ impl Task {
                 status,
             });
         }
-        if messages.is_empty() && duplicates > 0 && self.confirmed > 0 {
-            // A batch resent after our confirm was lost: confirm again so
-            // the gateway moves on.
-            self.confirm(Seq(self.confirmed));
-        }
-        self.events
-            .send(DeviceEvent::Inbox {
+        let again = (messages.is_empty() && duplicates > 0 && self.confirmed > 0)
+            .then_some(Seq(self.confirmed));
+        let event = DeviceEvent::Inbox {
+            messages,
+            more: batch.more,
+            duplicates,
+        };
+        (event, again)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(json: &str) -> InboxBatch {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn seqs(event: &DeviceEvent) -> (Vec<u64>, usize) {
+        match event {
+            DeviceEvent::Inbox {
                 messages,
-                more: batch.more,
                 duplicates,
-            })
-            .is_ok()
+                ..
+            } => (messages.iter().map(|m| m.seq).collect(), *duplicates),
+            other => panic!("not an inbox event: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn entries_at_or_below_the_cursor_are_dropped_as_duplicates() {
+        let mut cursor = Cursor::new(41);
+        let (event, again) = cursor.take(batch(
+            r#"{"messages": [{"seq": 41, "msg_id": "n-8", "payload": 1},
+                             {"seq": 42, "msg_id": "n-9", "ts": 5, "payload": "shift B"},
+                             {"seq": 43, "msg_id": "n-12", "status": "expired"}],
+                "more": true}"#,
+        ));
+        assert_eq!(seqs(&event), (vec![42, 43], 1));
+        assert_eq!(again, None);
+        let DeviceEvent::Inbox { messages, more, .. } = event else {
+            unreachable!()
+        };
+        assert!(more);
+        assert_eq!(
+            messages[0].body,
+            Some(serde_json::json!({"seq": 42, "msg_id": "n-9", "ts": 5, "payload": "shift B"}))
+        );
+        assert_eq!(
+            (messages[1].body.as_ref(), messages[1].status.as_deref()),
+            (None, Some("expired"))
+        );
+    }
+
+    #[test]
+    fn a_batch_seen_before_is_confirmed_again() {
+        let mut cursor = Cursor::new(0);
+        let once = r#"{"messages": [{"seq": 1, "msg_id": "n-1", "payload": 1}], "more": false}"#;
+        assert_eq!(cursor.take(batch(once)).1, None);
+        assert_eq!(cursor.take(batch(once)).1, None, "not confirmed yet");
+        cursor.confirmed(Seq(1));
+        let (event, again) = cursor.take(batch(once));
+        assert_eq!(seqs(&event), (vec![], 1));
+        assert_eq!(again, Some(Seq(1)), "our confirm was lost");
+        let empty = r#"{"messages": [], "more": false}"#;
+        assert_eq!(cursor.take(batch(empty)).1, None);
     }
 }
