@@ -3,7 +3,8 @@
 //! with its `seq`, or a tombstone for a delivery given up before it was sent.
 //!
 //! [`InboxBatch`] is the shape a device reads; the gateway writes batches
-//! with [`inbox_batch`], splicing stored bytes rather than re-encoding them.
+//! with [`encode_batch`], splicing stored bytes rather than re-encoding them
+//! ([`inbox_batch`] is the same for the store's batch entries).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -82,13 +83,27 @@ impl TombstoneStatus {
     }
 }
 
+/// One entry of a batch as the gateway holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outgoing<'a> {
+    /// A stored inbox entry: the envelope's JSON object, without `seq`.
+    Stored {
+        seq: Seq,
+        entry: &'a [u8],
+    },
+    Tombstone(Tombstone),
+}
+
 /// An inbox batch: `{"messages": [...], "more": bool}`. Stored entries are
 /// spliced, not re-parsed: `{"seq":N,` + the stored object minus its `{`.
-pub fn inbox_batch(entries: &[BatchEntry], more: bool) -> Bytes {
+pub fn encode_batch(entries: &[Outgoing<'_>], more: bool) -> Bytes {
     let mut out = Vec::with_capacity(
         32 + entries
             .iter()
-            .map(|e| e.body.as_ref().map_or(64, |b| b.len() + 24))
+            .map(|e| match e {
+                Outgoing::Stored { entry, .. } => entry.len() + 24,
+                Outgoing::Tombstone(_) => 64,
+            })
             .sum::<usize>(),
     );
     out.extend_from_slice(b"{\"messages\":[");
@@ -96,23 +111,38 @@ pub fn inbox_batch(entries: &[BatchEntry], more: bool) -> Bytes {
         if i > 0 {
             out.push(b',');
         }
-        match &e.body {
-            Some(body) if body.len() > 2 && body[0] == b'{' => push_with_seq(&mut out, e.seq, body),
-            _ => {
-                let tombstone = Tombstone {
-                    seq: e.seq,
-                    msg_id: e.msg_id.clone(),
-                    status: match e.state {
-                        DeliveryState::Dead => TombstoneStatus::Failed,
-                        _ => TombstoneStatus::Expired,
-                    },
-                };
-                serde_json::to_writer(&mut out, &tombstone).expect("a tombstone serializes");
+        match e {
+            Outgoing::Stored { seq, entry } => push_with_seq(&mut out, *seq, entry),
+            Outgoing::Tombstone(t) => {
+                serde_json::to_writer(&mut out, t).expect("a tombstone serializes")
             }
         }
     }
     out.extend_from_slice(format!("],\"more\":{more}}}").as_bytes());
     Bytes::from(out)
+}
+
+/// [`encode_batch`] for entries read from the store: one without a body
+/// (or with one that is not a JSON object) goes as a tombstone.
+pub fn inbox_batch(entries: &[BatchEntry], more: bool) -> Bytes {
+    let outgoing: Vec<Outgoing<'_>> = entries
+        .iter()
+        .map(|e| match &e.body {
+            Some(body) if body.len() > 2 && body[0] == b'{' => Outgoing::Stored {
+                seq: e.seq,
+                entry: body,
+            },
+            _ => Outgoing::Tombstone(Tombstone {
+                seq: e.seq,
+                msg_id: e.msg_id.clone(),
+                status: match e.state {
+                    DeliveryState::Dead => TombstoneStatus::Failed,
+                    _ => TombstoneStatus::Expired,
+                },
+            }),
+        })
+        .collect();
+    encode_batch(&outgoing, more)
 }
 
 #[cfg(test)]
