@@ -13,10 +13,11 @@ use crate::ids::{DeviceId, MsgId};
 pub enum Verdict {
     Ok,
     Nack {
-        #[serde(default = "no_reason")]
+        /// Absent or `null`: "no reason given".
+        #[serde(default = "no_reason", deserialize_with = "reason")]
         reason: String,
-        /// `false`: dead-letter it now rather than resend.
-        #[serde(default = "yes")]
+        /// `false`: dead-letter it now rather than resend. Absent or `null`: `true`.
+        #[serde(default = "yes", deserialize_with = "retry")]
         retry: bool,
     },
 }
@@ -73,6 +74,14 @@ fn yes() -> bool {
     true
 }
 
+fn reason<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_else(no_reason))
+}
+
+fn retry<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(true))
+}
+
 /// Parses one ack message. Each element stands alone: a bad element is an
 /// `Err` naming what is wrong and does not spoil its neighbours.
 pub fn parse_acks(bytes: &[u8]) -> Vec<Result<BackendAck, String>> {
@@ -119,6 +128,31 @@ mod tests {
                 retry: true
             },
             "retry defaults to true"
+        );
+    }
+
+    #[test]
+    fn fields_an_ack_does_not_know_are_ignored() {
+        let acks = parse_acks(
+            br#"[{"device":"d","msg_id":"m1","status":"ok","note":"x"},
+                 {"device":"d","msg_id":"m2","status":"nack","retry":false,"note":"x"},
+                 {"device":"d","msg_id":"m3","status":"nack","reason":null,"retry":null}]"#,
+        );
+        assert_eq!(
+            acks[2].as_ref().unwrap().verdict,
+            Verdict::Nack {
+                reason: "no reason given".into(),
+                retry: true
+            },
+            "null is absent"
+        );
+        assert_eq!(acks[0].as_ref().unwrap().verdict, Verdict::Ok);
+        assert_eq!(
+            acks[1].as_ref().unwrap().verdict,
+            Verdict::Nack {
+                reason: "no reason given".into(),
+                retry: false
+            }
         );
     }
 
