@@ -311,7 +311,7 @@ impl Task {
                 };
                 for r in receipts {
                     if let Ok(receipt) = NorthReceipt::deserialize(&r) {
-                        self.on_receipt(&receipt);
+                        on_receipt(&mut self.downs, &receipt);
                     }
                     if self.events.send(BackendEvent::Receipt(r)).is_err() {
                         return false;
@@ -322,24 +322,63 @@ impl Task {
             Some(NorthTopic::Ack | NorthTopic::Down(_)) | None => true,
         }
     }
+}
 
-    /// A `stored` (or any later status, or `rejected`) answers a downlink for that device.
-    fn on_receipt(&mut self, r: &NorthReceipt) {
-        let Some(msg_id) = &r.msg_id else {
-            return;
-        };
-        let Some(waiting) = self.downs.waiting_mut(msg_id) else {
-            return;
-        };
-        if r.kind() == Some(NorthStatus::Rejected) {
-            self.downs.remove(msg_id);
-            return;
-        }
-        if let Some(device) = &r.device {
-            waiting.remove(device);
-        }
-        if waiting.is_empty() {
-            self.downs.remove(msg_id);
-        }
+/// A `stored` (or any later status, or `rejected`) answers a downlink for
+/// that device; a downlink answered for every named device is done.
+fn on_receipt(downs: &mut Outbox<HashSet<String>>, r: &NorthReceipt) {
+    let Some(msg_id) = &r.msg_id else {
+        return;
+    };
+    let Some(waiting) = downs.waiting_mut(msg_id) else {
+        return;
+    };
+    if r.kind() == Some(NorthStatus::Rejected) {
+        downs.remove(msg_id);
+        return;
+    }
+    if let Some(device) = &r.device {
+        waiting.remove(device);
+    }
+    if waiting.is_empty() {
+        downs.remove(msg_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt(json: &str) -> NorthReceipt {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_downlink_is_done_once_every_named_device_has_a_receipt() {
+        let mut downs = Outbox::new(Duration::from_secs(5));
+        let to = ["a", "b"].map(String::from).into_iter().collect();
+        downs.insert("n-1".into(), "t".into(), Bytes::from_static(b"{}"), to);
+        on_receipt(
+            &mut downs,
+            &receipt(r#"{"msg_id":"n-1","device":"a","status":"stored","seq":1,"ts":1}"#),
+        );
+        assert_eq!(downs.waiting_mut("n-1").map(|w| w.len()), Some(1));
+        on_receipt(
+            &mut downs,
+            &receipt(r#"{"msg_id":"n-1","device":"b","status":"delivered","seq":4,"ts":1}"#),
+        );
+        assert!(downs.waiting_mut("n-1").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejected_downlink_is_done_at_once() {
+        let mut downs = Outbox::new(Duration::from_secs(5));
+        let to = ["a", "b"].map(String::from).into_iter().collect();
+        downs.insert("n-2".into(), "t".into(), Bytes::from_static(b"{}"), to);
+        on_receipt(
+            &mut downs,
+            &receipt(r#"{"msg_id":"n-2","status":"rejected","ts":1,"reason":"malformed: x"}"#),
+        );
+        assert!(downs.waiting_mut("n-2").is_none());
     }
 }
