@@ -1,7 +1,7 @@
 //! The backend side of the protocol. See the module doc of [`crate::client`].
 //!
 //! Every topic comes from [`NorthTopics`] and every body is a wire type of
-//! [`crate::protocol`]; the MQTT transport is the [`Task::run`] loop alone.
+//! [`crate::protocol`]; the MQTT transport is the `Task::run` loop alone.
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The device side of the protocol. See the module doc of [`crate::client`].
 //!
 //! Every topic comes from [`DeviceTopics`] and every body is a wire type of
-//! [`crate::protocol`]; the MQTT transport is the [`Task::run`] loop alone.
+//! [`crate::protocol`]; the MQTT transport is the `Task::run` loop alone.
 
 use std::time::Duration;
 
