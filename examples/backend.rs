@@ -4,30 +4,49 @@
 //! cargo run --example backend -- [upstream_port] [gateway_id] [device_id]
 
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
+use ferry::ids::MsgId;
+use ferry::protocol::envelope::WireEnvelope;
+use ferry::protocol::north::NorthMessage;
+use ferry::protocol::receipt::NorthReceipt;
+use serde::Deserialize;
 
 #[tokio::main]
-async fn main() {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let port = args.next().and_then(|p| p.parse().ok()).unwrap_or(1884);
     let gateway = args.next().unwrap_or_else(|| "edge-01".into());
     let device = args.next().unwrap_or_else(|| "press-7".into());
-    let mut backend = BackendClient::connect(BackendOptions::new("127.0.0.1", port, gateway));
-    let msg_id = format!("order-{}", std::process::id());
-    backend.send_down(
-        &[&device],
-        serde_json::json!({"msg_id": msg_id, "payload": "shift B starts 14:00"}),
+    let mut backend = BackendClient::try_connect(BackendOptions::new("127.0.0.1", port, gateway))?;
+    let order = WireEnvelope::json(
+        MsgId::new(format!("order-{}", std::process::id()))?,
+        serde_json::json!("shift B starts 14:00"),
     );
+    backend.send_downlink(&[&device], order);
     while let Some(event) = backend.events.recv().await {
         match event {
-            BackendEvent::Uplink(m) => {
-                println!("uplink: {m}");
-                // Commit to the backend's database here, then ack.
-                if let (Some(d), Some(id)) = (m["device"].as_str(), m["msg_id"].as_str()) {
-                    backend.ack_ok(d, id);
+            BackendEvent::Uplink(m) => match NorthMessage::deserialize(&m) {
+                Ok(message) => {
+                    println!(
+                        "uplink #{} from {} on {}: {:?}",
+                        message.seq, message.device, message.stream, message.envelope.payload
+                    );
+                    // Commit to the backend's database here, then ack.
+                    backend.ack_message(&message);
                 }
-            }
-            BackendEvent::Receipt(r) => println!("receipt: {r}"),
+                Err(e) => println!("not an uplink message ({e}): {m}"),
+            },
+            BackendEvent::Receipt(r) => match NorthReceipt::deserialize(&r) {
+                Ok(r) => println!(
+                    "receipt: {} for {:?} at {:?}: {}",
+                    r.status,
+                    r.msg_id,
+                    r.device,
+                    r.reason.unwrap_or_default()
+                ),
+                Err(e) => println!("not a receipt ({e}): {r}"),
+            },
             other => println!("{other:?}"),
         }
     }
+    Ok(())
 }

@@ -4,22 +4,36 @@
 //! cargo run --example device -- [south_port] [device_id]
 
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
+use ferry::ids::MsgId;
+use ferry::protocol::envelope::WireEnvelope;
+use ferry::protocol::receipt::Receipt;
+use serde::Deserialize;
 
 #[tokio::main]
-async fn main() {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let port = args.next().and_then(|p| p.parse().ok()).unwrap_or(1883);
     let id = args.next().unwrap_or_else(|| "press-7".into());
-    let mut device = DeviceClient::connect(DeviceOptions::new("127.0.0.1", port, id.clone()));
+    let mut device = DeviceClient::try_connect(DeviceOptions::new("127.0.0.1", port, id))?;
     let boot = std::process::id();
-    device.send(
-        "line3/temp",
-        &format!("{boot}-1"),
+    let mut reading = WireEnvelope::json(
+        MsgId::new(format!("{boot}-1"))?,
         serde_json::json!({"temp": 81.5}),
     );
+    reading.ts = Some(ferry::protocol::now_ms());
+    device.send_envelope("line3/temp", &reading);
     while let Some(event) = device.events.recv().await {
         match event {
-            DeviceEvent::Receipt(r) => println!("receipt: {r}"),
+            DeviceEvent::Receipt(r) => match Receipt::deserialize(&r) {
+                Ok(r) => println!(
+                    "receipt: {:?} {:?} seq {:?} {}",
+                    r.msg_id.map(|m| m.to_string()),
+                    r.status,
+                    r.seq.map(|s| s.0),
+                    r.reason.unwrap_or_default()
+                ),
+                Err(e) => println!("not a receipt ({e}): {r}"),
+            },
             DeviceEvent::Inbox {
                 messages,
                 more,
@@ -47,4 +61,5 @@ async fn main() {
             other => println!("{other:?}"),
         }
     }
+    Ok(())
 }

@@ -34,7 +34,7 @@ fn check(s: &str, max: usize, extra: &[char]) -> Result<(), IdError> {
 }
 
 macro_rules! string_id {
-    ($(#[$doc:meta])* $name:ident, $max:expr, $extra:expr) => {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $extra:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
@@ -56,25 +56,54 @@ macro_rules! string_id {
                 f.write_str(&self.0)
             }
         }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        /// Checked like [`Self::new`]; the error names the id and what is wrong.
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::new(s.as_str()).map_err(|e| {
+                    serde::de::Error::custom(format_args!("bad {} {s:?}: {e}", $what))
+                })
+            }
+        }
     };
 }
 
 string_id!(
     /// A gateway id: `[A-Za-z0-9._-]{1,64}`.
-    GatewayId, 64, &[]
+    GatewayId, "gateway id", 64, &[]
 );
 string_id!(
     /// A field device; its MQTT client id: `[A-Za-z0-9._-]{1,64}`.
-    DeviceId, 64, &[]
+    DeviceId, "device id", 64, &[]
 );
 string_id!(
     /// A sender-chosen message id, the idempotency key: `[A-Za-z0-9._:-]{1,128}`.
-    MsgId, 128, &[':']
+    MsgId, "msg_id", 128, &[':']
 );
 
 /// A gateway-assigned sequence number, strictly increasing per device and
-/// direction, starting at 1.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// direction, starting at 1. On the wire, a plain number.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Seq(pub u64);
 
 impl Seq {
@@ -116,5 +145,19 @@ mod tests {
         );
         assert_eq!(MsgId::new("a b"), Err(IdError::BadChar(' ')));
         assert_eq!(MsgId::new("+"), Err(IdError::BadChar('+')));
+    }
+
+    #[test]
+    fn ids_are_json_strings_checked_on_the_way_in() {
+        let id: MsgId = serde_json::from_str(r#""boot-9:17""#).unwrap();
+        assert_eq!(serde_json::to_string(&id).unwrap(), r#""boot-9:17""#);
+        let err = serde_json::from_str::<DeviceId>(r#""a/b""#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(r#"bad device id "a/b": character '/'"#),
+            "{err}"
+        );
+        assert_eq!(serde_json::to_string(&Seq(17)).unwrap(), "17");
+        assert_eq!(serde_json::from_str::<Seq>("17").unwrap(), Seq(17));
     }
 }

@@ -1,21 +1,33 @@
 //! The backend side of the protocol. See the module doc of [`crate::client`].
+//!
+//! Every topic comes from [`NorthTopics`] and every body is a wire type of
+//! [`crate::protocol`]; the MQTT transport is the `Task::run` loop alone.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS, SubscribeFilter};
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tracing::warn;
 
 use super::outbox::Outbox;
 use super::reconnect_delay;
+use crate::ids::{DeviceId, GatewayId, IdError, MsgId};
+use crate::protocol::ack::{encode_acks, BackendAck};
+use crate::protocol::envelope::{WireDownlink, WireEnvelope};
+use crate::protocol::north::NorthMessage;
+use crate::protocol::receipt::{NorthReceipt, NorthStatus};
+use crate::protocol::topics::{NorthTopic, NorthTopics};
 
 #[derive(Debug, Clone)]
 pub struct BackendOptions {
     pub host: String,
     pub port: u16,
     pub client_id: String,
+    /// The gateway id (`[A-Za-z0-9._-]{1,64}`).
     pub gateway: String,
     /// North topic prefix (before the gateway id).
     pub prefix: String,
@@ -40,6 +52,9 @@ impl BackendOptions {
     }
 }
 
+/// What the backend hears, each message as received; the typed forms are
+/// [`NorthMessage`], [`NorthReceipt`] and [`crate::protocol::control::Status`]
+/// (`T::deserialize(&value)`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendEvent {
     Connected,
@@ -67,12 +82,22 @@ enum Command {
 pub struct BackendClient {
     commands: mpsc::UnboundedSender<Command>,
     pub events: mpsc::UnboundedReceiver<BackendEvent>,
-    base: String,
+    topics: NorthTopics,
 }
 
 impl BackendClient {
+    /// Connects (and keeps reconnecting) in a task of its own.
+    ///
+    /// # Panics
+    /// If `opts.gateway` is not a valid gateway id; [`Self::try_connect`] returns the error instead.
     pub fn connect(opts: BackendOptions) -> BackendClient {
-        let base = format!("{}/{}", opts.prefix, opts.gateway);
+        BackendClient::try_connect(opts).expect("BackendOptions::gateway is a valid gateway id")
+    }
+
+    /// Connects (and keeps reconnecting) in a task of its own, unless
+    /// `opts.gateway` is not a valid gateway id.
+    pub fn try_connect(opts: BackendOptions) -> Result<BackendClient, IdError> {
+        let topics = NorthTopics::new(&opts.prefix, &GatewayId::new(opts.gateway.as_str())?);
         let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
         mqtt.set_keep_alive(Duration::from_secs(30))
             .set_clean_session(!opts.persistent_session)
@@ -86,52 +111,83 @@ impl BackendClient {
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = Task {
             client,
-            base: base.clone(),
+            topics: topics.clone(),
             downs: Outbox::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
         };
         tokio::spawn(task.run(eventloop, commands_rx));
-        BackendClient {
+        Ok(BackendClient {
             commands,
             events,
-            base,
+            topics,
+        })
+    }
+
+    /// This gateway's north topics.
+    pub fn topics(&self) -> &NorthTopics {
+        &self.topics
+    }
+
+    /// Acks uplinks in one message (an object for one, an array for more).
+    pub fn ack(&self, acks: &[BackendAck]) {
+        if !acks.is_empty() {
+            self.publish(self.topics.ack(), encode_acks(acks));
         }
     }
 
+    /// Acks one received uplink `ok`.
+    pub fn ack_message(&self, message: &NorthMessage) {
+        self.ack(&[BackendAck::ok(
+            message.device.clone(),
+            message.envelope.msg_id.clone(),
+        )]);
+    }
+
     /// Acks one uplink `ok`.
-    pub fn ack_ok(&self, device: &str, msg_id: &str) {
-        self.ack_many(&[(device, msg_id)]);
+    pub fn ack_ok(&self, device: &str, msg_id: &str) -> Result<(), IdError> {
+        self.ack_many(&[(device, msg_id)])
     }
 
-    /// Acks many uplinks `ok` in one message.
-    pub fn ack_many(&self, acks: &[(&str, &str)]) {
-        let body: Vec<Value> = acks
+    /// Acks many uplinks `ok` in one message; nothing is sent if an id is invalid.
+    pub fn ack_many(&self, acks: &[(&str, &str)]) -> Result<(), IdError> {
+        let acks = acks
             .iter()
-            .map(|(d, m)| serde_json::json!({"device": d, "msg_id": m, "status": "ok"}))
-            .collect();
-        self.publish(format!("{}/ack", self.base), Value::Array(body));
+            .map(|(d, m)| Ok(BackendAck::ok(DeviceId::new(*d)?, MsgId::new(*m)?)))
+            .collect::<Result<Vec<_>, IdError>>()?;
+        self.ack(&acks);
+        Ok(())
     }
 
-    pub fn nack(&self, device: &str, msg_id: &str, reason: &str, retry: bool) {
-        let body = serde_json::json!({"device": device, "msg_id": msg_id, "status": "nack", "reason": reason, "retry": retry});
-        self.publish(format!("{}/ack", self.base), body);
+    pub fn nack(
+        &self,
+        device: &str,
+        msg_id: &str,
+        reason: &str,
+        retry: bool,
+    ) -> Result<(), IdError> {
+        let nack = BackendAck::nack(DeviceId::new(device)?, MsgId::new(msg_id)?, reason, retry);
+        self.ack(&[nack]);
+        Ok(())
     }
 
     /// Sends a downlink to `to` (device ids or `@group`s; one device uses
     /// the per-device topic), resent until each named device has `stored`.
-    /// `envelope` must carry `msg_id` and a payload; `to` is added here.
-    pub fn send_down(&self, to: &[&str], mut envelope: Value) {
-        let msg_id = envelope
-            .get("msg_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let topic = match to {
-            [one] if !one.starts_with('@') => format!("{}/down/{one}", self.base),
+    pub fn send_downlink(&self, to: &[&str], mut envelope: WireEnvelope) {
+        // `to` here is the one list of recipients.
+        envelope.extra.remove("to");
+        let msg_id = envelope.msg_id.to_string();
+        let (topic, body) = match to {
+            [one] if !one.starts_with('@') && DeviceId::new(*one).is_ok() => {
+                let device = DeviceId::new(*one).expect("checked");
+                (self.topics.down_to(&device), envelope.to_bytes())
+            }
             _ => {
-                envelope["to"] = Value::from(to.to_vec());
-                format!("{}/down", self.base)
+                let downlink = WireDownlink {
+                    to: to.iter().map(|t| t.to_string()).collect(),
+                    envelope,
+                };
+                (self.topics.down(), downlink.to_bytes())
             }
         };
         // Groups are resolved by the gateway: wait for one receipt per named id.
@@ -140,26 +196,42 @@ impl BackendClient {
             .filter(|t| !t.starts_with('@'))
             .map(|t| t.to_string())
             .collect();
-        let body = Bytes::from(envelope.to_string());
         let _ = self.commands.send(Command::Down {
             msg_id,
             topic,
-            body,
+            body: Bytes::from(body),
             to,
         });
     }
 
-    fn publish(&self, topic: String, body: Value) {
+    /// [`Self::send_downlink`] for an envelope given as JSON (`msg_id` and a
+    /// payload; `to` is added here). One that is not an envelope is sent
+    /// once, as it is, for the gateway to answer `rejected`.
+    pub fn send_down(&self, to: &[&str], envelope: Value) {
+        match WireEnvelope::deserialize(&envelope) {
+            Ok(envelope) => self.send_downlink(to, envelope),
+            Err(error) => {
+                warn!(%error, "not a downlink envelope; sent once as it is");
+                let mut body = envelope;
+                if let Value::Object(fields) = &mut body {
+                    fields.insert("to".into(), to.into());
+                }
+                self.publish(self.topics.down(), body.to_string().into_bytes());
+            }
+        }
+    }
+
+    fn publish(&self, topic: String, body: Vec<u8>) {
         let _ = self.commands.send(Command::Publish {
             topic,
-            body: Bytes::from(body.to_string()),
+            body: Bytes::from(body),
         });
     }
 }
 
 struct Task {
     client: AsyncClient,
-    base: String,
+    topics: NorthTopics,
     /// Downlinks awaiting `stored`: msg_id → (topic, body, devices still missing, last sent).
     downs: Outbox<HashSet<String>>,
     events: mpsc::UnboundedSender<BackendEvent>,
@@ -179,7 +251,7 @@ impl Task {
                 ev = eventloop.poll() => match ev {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
                         failures = 0;
-                        let filters = [format!("{}/up/#", self.base), format!("{}/receipts", self.base), format!("{}/status", self.base)]
+                        let filters = [self.topics.up_filter(), self.topics.receipts(), self.topics.status()]
                             .map(|path| SubscribeFilter::new(path, QoS::AtLeastOnce));
                         let _ = self.client.try_subscribe_many(filters);
                     }
@@ -229,43 +301,84 @@ impl Task {
         let Ok(value) = serde_json::from_slice::<Value>(payload) else {
             return true;
         };
-        let rest = topic.strip_prefix(self.base.as_str()).unwrap_or(topic);
-        if rest.starts_with("/up/") {
-            return self.events.send(BackendEvent::Uplink(value)).is_ok();
-        }
-        if rest == "/status" {
-            return self.events.send(BackendEvent::Status(value)).is_ok();
-        }
-        let receipts = match value {
-            Value::Array(items) => items,
-            one => vec![one],
-        };
-        for r in receipts {
-            self.on_receipt(&r);
-            if self.events.send(BackendEvent::Receipt(r)).is_err() {
-                return false;
+        match self.topics.parse(topic) {
+            Some(NorthTopic::Up { .. }) => self.events.send(BackendEvent::Uplink(value)).is_ok(),
+            Some(NorthTopic::Status) => self.events.send(BackendEvent::Status(value)).is_ok(),
+            Some(NorthTopic::Receipts) => {
+                let receipts = match value {
+                    Value::Array(items) => items,
+                    one => vec![one],
+                };
+                for r in receipts {
+                    if let Ok(receipt) = NorthReceipt::deserialize(&r) {
+                        on_receipt(&mut self.downs, &receipt);
+                    }
+                    if self.events.send(BackendEvent::Receipt(r)).is_err() {
+                        return false;
+                    }
+                }
+                true
             }
+            Some(NorthTopic::Ack | NorthTopic::Down(_)) | None => true,
         }
-        true
+    }
+}
+
+/// A `stored` (or any later status, or `rejected`) answers a downlink for
+/// that device; a downlink answered for every named device is done.
+fn on_receipt(downs: &mut Outbox<HashSet<String>>, r: &NorthReceipt) {
+    let Some(msg_id) = &r.msg_id else {
+        return;
+    };
+    let Some(waiting) = downs.waiting_mut(msg_id) else {
+        return;
+    };
+    if r.kind() == Some(NorthStatus::Rejected) {
+        downs.remove(msg_id);
+        return;
+    }
+    if let Some(device) = &r.device {
+        waiting.remove(device);
+    }
+    if waiting.is_empty() {
+        downs.remove(msg_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt(json: &str) -> NorthReceipt {
+        serde_json::from_str(json).unwrap()
     }
 
-    /// A `stored` (or any later status, or `rejected`) answers a downlink for that device.
-    fn on_receipt(&mut self, r: &Value) {
-        let Some(msg_id) = r.get("msg_id").and_then(Value::as_str) else {
-            return;
-        };
-        let Some(waiting) = self.downs.waiting_mut(msg_id) else {
-            return;
-        };
-        if r.get("status").and_then(Value::as_str) == Some("rejected") {
-            self.downs.remove(msg_id);
-            return;
-        }
-        if let Some(device) = r.get("device").and_then(Value::as_str) {
-            waiting.remove(device);
-        }
-        if waiting.is_empty() {
-            self.downs.remove(msg_id);
-        }
+    #[tokio::test(start_paused = true)]
+    async fn a_downlink_is_done_once_every_named_device_has_a_receipt() {
+        let mut downs = Outbox::new(Duration::from_secs(5));
+        let to = ["a", "b"].map(String::from).into_iter().collect();
+        downs.insert("n-1".into(), "t".into(), Bytes::from_static(b"{}"), to);
+        on_receipt(
+            &mut downs,
+            &receipt(r#"{"msg_id":"n-1","device":"a","status":"stored","seq":1,"ts":1}"#),
+        );
+        assert_eq!(downs.waiting_mut("n-1").map(|w| w.len()), Some(1));
+        on_receipt(
+            &mut downs,
+            &receipt(r#"{"msg_id":"n-1","device":"b","status":"delivered","seq":4,"ts":1}"#),
+        );
+        assert!(downs.waiting_mut("n-1").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejected_downlink_is_done_at_once() {
+        let mut downs = Outbox::new(Duration::from_secs(5));
+        let to = ["a", "b"].map(String::from).into_iter().collect();
+        downs.insert("n-2".into(), "t".into(), Bytes::from_static(b"{}"), to);
+        on_receipt(
+            &mut downs,
+            &receipt(r#"{"msg_id":"n-2","status":"rejected","ts":1,"reason":"malformed: x"}"#),
+        );
+        assert!(downs.waiting_mut("n-2").is_none());
     }
 }

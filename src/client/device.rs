@@ -1,20 +1,30 @@
 //! The device side of the protocol. See the module doc of [`crate::client`].
+//!
+//! Every topic comes from [`DeviceTopics`] and every body is a wire type of
+//! [`crate::protocol`]; the MQTT transport is the `Task::run` loop alone.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Packet, QoS, SubscribeFilter};
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::outbox::Outbox;
 use super::reconnect_delay;
+use crate::ids::{DeviceId, IdError, MsgId, Seq};
+use crate::protocol::control::{self, Confirm, Nack, Pull, Read, Status};
+use crate::protocol::envelope::WireEnvelope;
+use crate::protocol::inbox::{InboxBatch, InboxEntry};
+use crate::protocol::receipt::Receipt;
+use crate::protocol::topics::DeviceTopics;
 
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
     pub host: String,
     pub port: u16,
-    /// The device id, also its MQTT client id.
+    /// The device id, also its MQTT client id (`[A-Za-z0-9._-]{1,64}`).
     pub device: String,
     /// Topic prefix on the south side.
     pub prefix: String,
@@ -47,8 +57,11 @@ impl DeviceOptions {
 pub struct InboxMessage {
     pub seq: u64,
     pub msg_id: String,
-    /// `None` for a tombstone (`expired`/`failed` before it was sent).
+    /// The entry as received (`seq`, `msg_id`, `ts`, the payload and any
+    /// other field of the envelope); `None` for a tombstone. Its typed form:
+    /// [`crate::protocol::inbox::InboxEnvelope::deserialize`].
     pub body: Option<Value>,
+    /// A tombstone's `expired` or `failed`.
     pub status: Option<String>,
 }
 
@@ -58,7 +71,8 @@ pub enum DeviceEvent {
     /// Connected and subscribed (again); the backlog has been pulled.
     Connected,
     Disconnected,
-    /// A receipt on `{prefix}/{device}/ack`.
+    /// A receipt on `{prefix}/{device}/ack`, as received. Its typed form:
+    /// [`Receipt::deserialize`].
     Receipt(Value),
     /// New inbox messages, in seq order, none at or below the cursor.
     /// Confirm them with [`DeviceClient::confirm`] once committed.
@@ -75,7 +89,7 @@ enum Command {
         topic: String,
         body: Bytes,
     },
-    Confirm(u64),
+    Confirm(Seq),
     Publish {
         topic: String,
         body: Bytes,
@@ -86,21 +100,30 @@ enum Command {
 pub struct DeviceClient {
     commands: mpsc::UnboundedSender<Command>,
     pub events: mpsc::UnboundedReceiver<DeviceEvent>,
-    prefix: String,
-    device: String,
+    topics: DeviceTopics,
 }
 
 impl DeviceClient {
+    /// Connects (and keeps reconnecting) in a task of its own.
+    ///
+    /// # Panics
+    /// If `opts.device` is not a valid device id; [`Self::try_connect`] returns the error instead.
     pub fn connect(opts: DeviceOptions) -> DeviceClient {
-        let base = format!("{}/{}", opts.prefix, opts.device);
+        DeviceClient::try_connect(opts).expect("DeviceOptions::device is a valid device id")
+    }
+
+    /// Connects (and keeps reconnecting) in a task of its own, unless
+    /// `opts.device` is not a valid device id.
+    pub fn try_connect(opts: DeviceOptions) -> Result<DeviceClient, IdError> {
+        let topics = DeviceTopics::new(&opts.prefix, &DeviceId::new(opts.device.as_str())?);
         let mut mqtt = MqttOptions::new(opts.device.clone(), opts.host.clone(), opts.port);
         mqtt.set_keep_alive(opts.keep_alive)
             .set_clean_session(!opts.persistent_session)
             .set_max_packet_size(4 << 20, 4 << 20)
             .set_inflight(200)
             .set_last_will(LastWill::new(
-                format!("{base}/status"),
-                r#"{"online":false}"#,
+                topics.status(),
+                status_body(false),
                 QoS::AtLeastOnce,
                 false,
             ));
@@ -112,77 +135,99 @@ impl DeviceClient {
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = Task {
             client,
-            base,
-            handed: opts.cursor,
-            confirmed: opts.cursor,
+            topics: topics.clone(),
+            ack_topic: topics.ack(),
+            cursor: Cursor::new(opts.cursor),
             unanswered: Outbox::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
         };
         tokio::spawn(task.run(eventloop, commands_rx));
-        DeviceClient {
+        Ok(DeviceClient {
             commands,
             events,
-            prefix: opts.prefix,
-            device: opts.device,
-        }
+            topics,
+        })
     }
 
-    /// Sends an uplink envelope on `up/{stream}`, resent until answered.
-    pub fn send(&self, stream: &str, msg_id: &str, payload: Value) {
-        let body = serde_json::to_vec(&serde_json::json!({"msg_id": msg_id, "payload": payload}))
-            .expect("json");
-        self.send_raw(stream, msg_id, Bytes::from(body));
+    /// This device's topics.
+    pub fn topics(&self) -> &DeviceTopics {
+        &self.topics
     }
 
-    /// Sends a prepared envelope (it must carry `msg_id`), resent until answered.
+    /// Sends `{"msg_id", "payload"}` on `up/{stream}`, resent until answered;
+    /// an invalid `msg_id` is refused here rather than by the gateway.
+    pub fn send(&self, stream: &str, msg_id: &str, payload: Value) -> Result<(), IdError> {
+        self.send_envelope(stream, &WireEnvelope::json(MsgId::new(msg_id)?, payload));
+        Ok(())
+    }
+
+    /// Sends an envelope on `up/{stream}`, resent until answered.
+    pub fn send_envelope(&self, stream: &str, envelope: &WireEnvelope) {
+        self.send_raw(
+            stream,
+            envelope.msg_id.as_str(),
+            Bytes::from(envelope.to_bytes()),
+        );
+    }
+
+    /// Sends bytes as they are on `up/{stream}` (an envelope carrying
+    /// `msg_id`, or anything a test wants the gateway to judge), resent
+    /// until a receipt names `msg_id`.
     pub fn send_raw(&self, stream: &str, msg_id: &str, body: Bytes) {
-        let topic = format!("{}/{}/up/{stream}", self.prefix, self.device);
         let _ = self.commands.send(Command::Send {
             msg_id: msg_id.to_string(),
-            topic,
+            topic: self.topics.up(stream),
             body,
         });
     }
 
     /// The application committed everything up to `upto`.
     pub fn confirm(&self, upto: u64) {
-        let _ = self.commands.send(Command::Confirm(upto));
+        let _ = self.commands.send(Command::Confirm(Seq(upto)));
     }
 
     /// The user has seen everything up to `upto`.
     pub fn read(&self, upto: u64) {
-        self.control("read", serde_json::json!({ "upto": upto }));
+        self.control(self.topics.read(), &Read { upto: Seq(upto) });
     }
 
     /// The device can never take message `seq`.
     pub fn nack(&self, seq: u64, reason: &str) {
-        self.control("nack", serde_json::json!({ "seq": seq, "reason": reason }));
+        let nack = Nack {
+            seq: Seq(seq),
+            reason: Some(reason.to_string()),
+        };
+        self.control(self.topics.nack(), &nack);
     }
 
+    /// Asks for the next batch after `after` (default: the gateway's cursor).
     pub fn pull(&self, after: Option<u64>, limit: Option<usize>) {
-        self.control(
-            "pull",
-            serde_json::json!({ "after": after, "limit": limit }),
-        );
+        let pull = Pull {
+            after: after.map(Seq),
+            limit,
+        };
+        self.control(self.topics.pull(), &pull);
     }
 
-    fn control(&self, kind: &str, body: Value) {
-        let topic = format!("{}/{}/{kind}", self.prefix, self.device);
+    fn control(&self, topic: String, body: &impl serde::Serialize) {
         let _ = self.commands.send(Command::Publish {
             topic,
-            body: Bytes::from(body.to_string()),
+            body: Bytes::from(control::to_bytes(body)),
         });
     }
 }
 
+fn status_body(online: bool) -> Vec<u8> {
+    control::to_bytes(&Status { online, ts: None })
+}
+
 struct Task {
     client: AsyncClient,
-    base: String,
-    /// The last inbox seq handed to the application (duplicates are ≤ it).
-    handed: u64,
-    /// The last seq the application confirmed.
-    confirmed: u64,
+    topics: DeviceTopics,
+    /// `topics.ack()`, to tell receipts from batches.
+    ack_topic: String,
+    cursor: Cursor,
     /// Uplinks without a final receipt: msg_id → (topic, body, last sent).
     unanswered: Outbox<()>,
     events: mpsc::UnboundedSender<DeviceEvent>,
@@ -203,16 +248,16 @@ impl Task {
                 ev = eventloop.poll() => match ev {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
                         failures = 0;
-                        let filters = [format!("{}/ack", self.base), format!("{}/inbox", self.base)]
+                        let filters = [self.topics.ack(), self.topics.inbox()]
                             .map(|path| SubscribeFilter::new(path, QoS::AtLeastOnce));
                         let _ = self.client.try_subscribe_many(filters);
                     }
                     Ok(Event::Incoming(Packet::SubAck(_))) => {
                         connected = true;
-                        self.publish(format!("{}/status", self.base), Bytes::from_static(br#"{"online":true}"#));
+                        self.publish(self.topics.status(), Bytes::from(status_body(true)));
                         // From the gateway's cursor: an unconfirmed batch comes
                         // again, and what the application already has is dropped.
-                        self.publish(format!("{}/pull", self.base), Bytes::from_static(b"{}"));
+                        self.publish(self.topics.pull(), Bytes::from(control::to_bytes(&Pull::default())));
                         self.resend(true);
                         if self.events.send(DeviceEvent::Connected).is_err() {
                             return;
@@ -239,9 +284,8 @@ impl Task {
                         self.unanswered.insert(msg_id, topic, body, ());
                     }
                     Some(Command::Confirm(upto)) => {
-                        self.confirmed = self.confirmed.max(upto);
-                        let body = serde_json::json!({ "upto": upto });
-                        self.publish(format!("{}/confirm", self.base), Bytes::from(body.to_string()));
+                        self.cursor.confirmed(upto);
+                        self.confirm(upto);
                     }
                     Some(Command::Publish { topic, body }) => self.publish(topic, body),
                     None => return,
@@ -263,66 +307,163 @@ impl Task {
         }
     }
 
+    fn confirm(&self, upto: Seq) {
+        let body = control::to_bytes(&Confirm { upto });
+        self.publish(self.topics.confirm(), Bytes::from(body));
+    }
+
     /// False once the application dropped its receiver.
     fn on_publish(&mut self, topic: &str, payload: &[u8]) -> bool {
+        if topic == self.ack_topic {
+            self.on_receipt(payload)
+        } else {
+            self.on_inbox(payload)
+        }
+    }
+
+    fn on_receipt(&mut self, payload: &[u8]) -> bool {
         let Ok(value) = serde_json::from_slice::<Value>(payload) else {
             return true;
         };
-        if topic.ends_with("/ack") {
-            if let Some(id) = value.get("msg_id").and_then(Value::as_str) {
-                // Any receipt but a lost one is an answer: stop resending.
-                self.unanswered.remove(id);
-            }
-            return self.events.send(DeviceEvent::Receipt(value)).is_ok();
+        if let Ok(Receipt {
+            msg_id: Some(id), ..
+        }) = Receipt::deserialize(&value)
+        {
+            // Any receipt but a lost one is an answer: stop resending.
+            self.unanswered.remove(id.as_str());
         }
-        let more = value.get("more").and_then(Value::as_bool).unwrap_or(false);
+        self.events.send(DeviceEvent::Receipt(value)).is_ok()
+    }
+
+    fn on_inbox(&mut self, payload: &[u8]) -> bool {
+        let Ok(batch) = serde_json::from_slice::<InboxBatch>(payload) else {
+            return true;
+        };
+        let (event, again) = self.cursor.take(batch);
+        if let Some(upto) = again {
+            self.confirm(upto);
+        }
+        self.events.send(event).is_ok()
+    }
+}
+
+/// The device's side of the inbox, free of I/O: what it handed to the
+/// application and what the application confirmed.
+#[derive(Debug)]
+struct Cursor {
+    /// The last inbox seq handed to the application (duplicates are ≤ it).
+    handed: u64,
+    /// The last seq the application confirmed.
+    confirmed: u64,
+}
+
+impl Cursor {
+    /// Starts from the application's own committed cursor.
+    fn new(committed: u64) -> Cursor {
+        Cursor {
+            handed: committed,
+            confirmed: committed,
+        }
+    }
+
+    fn confirmed(&mut self, upto: Seq) {
+        self.confirmed = self.confirmed.max(upto.0);
+    }
+
+    /// The event for the application (what is new in `batch`), and the
+    /// confirm to send again when the batch holds nothing new: it came
+    /// again because our confirm was lost.
+    fn take(&mut self, batch: InboxBatch) -> (DeviceEvent, Option<Seq>) {
         let mut messages = Vec::new();
         let mut duplicates = 0;
-        for m in value
-            .get("messages")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let Some(seq) = m.get("seq").and_then(Value::as_u64) else {
-                continue;
-            };
+        for entry in batch.messages {
+            let seq = entry.seq().0;
             if seq <= self.handed {
                 duplicates += 1;
                 continue;
             }
             self.handed = seq;
-            let status = m.get("status").and_then(Value::as_str).map(str::to_string);
+            let msg_id = entry.msg_id().to_string();
+            let (body, status) = match entry {
+                InboxEntry::Message(m) => (
+                    Some(serde_json::to_value(m).expect("an inbox entry is JSON")),
+                    None,
+                ),
+                InboxEntry::Tombstone(t) => (None, Some(t.status.as_str().to_string())),
+            };
             messages.push(InboxMessage {
                 seq,
-                msg_id: m
-                    .get("msg_id")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
-                body: if status.is_some() {
-                    None
-                } else {
-                    Some(m.clone())
-                },
+                msg_id,
+                body,
                 status,
             });
         }
-        if messages.is_empty() && duplicates > 0 && self.confirmed > 0 {
-            // A batch resent after our confirm was lost: confirm again so
-            // the gateway moves on.
-            let body = serde_json::json!({ "upto": self.confirmed });
-            self.publish(
-                format!("{}/confirm", self.base),
-                Bytes::from(body.to_string()),
-            );
-        }
-        self.events
-            .send(DeviceEvent::Inbox {
+        let again = (messages.is_empty() && duplicates > 0 && self.confirmed > 0)
+            .then_some(Seq(self.confirmed));
+        let event = DeviceEvent::Inbox {
+            messages,
+            more: batch.more,
+            duplicates,
+        };
+        (event, again)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(json: &str) -> InboxBatch {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn seqs(event: &DeviceEvent) -> (Vec<u64>, usize) {
+        match event {
+            DeviceEvent::Inbox {
                 messages,
-                more,
                 duplicates,
-            })
-            .is_ok()
+                ..
+            } => (messages.iter().map(|m| m.seq).collect(), *duplicates),
+            other => panic!("not an inbox event: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn entries_at_or_below_the_cursor_are_dropped_as_duplicates() {
+        let mut cursor = Cursor::new(41);
+        let (event, again) = cursor.take(batch(
+            r#"{"messages": [{"seq": 41, "msg_id": "n-8", "payload": 1},
+                             {"seq": 42, "msg_id": "n-9", "ts": 5, "payload": "shift B"},
+                             {"seq": 43, "msg_id": "n-12", "status": "expired"}],
+                "more": true}"#,
+        ));
+        assert_eq!(seqs(&event), (vec![42, 43], 1));
+        assert_eq!(again, None);
+        let DeviceEvent::Inbox { messages, more, .. } = event else {
+            unreachable!()
+        };
+        assert!(more);
+        assert_eq!(
+            messages[0].body,
+            Some(serde_json::json!({"seq": 42, "msg_id": "n-9", "ts": 5, "payload": "shift B"}))
+        );
+        assert_eq!(
+            (messages[1].body.as_ref(), messages[1].status.as_deref()),
+            (None, Some("expired"))
+        );
+    }
+
+    #[test]
+    fn a_batch_seen_before_is_confirmed_again() {
+        let mut cursor = Cursor::new(0);
+        let once = r#"{"messages": [{"seq": 1, "msg_id": "n-1", "payload": 1}], "more": false}"#;
+        assert_eq!(cursor.take(batch(once)).1, None);
+        assert_eq!(cursor.take(batch(once)).1, None, "not confirmed yet");
+        cursor.confirmed(Seq(1));
+        let (event, again) = cursor.take(batch(once));
+        assert_eq!(seqs(&event), (vec![], 1));
+        assert_eq!(again, Some(Seq(1)), "our confirm was lost");
+        let empty = r#"{"messages": [], "more": false}"#;
+        assert_eq!(cursor.take(batch(empty)).1, None);
     }
 }

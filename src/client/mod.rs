@@ -10,6 +10,11 @@
 //! - a backend acks uplinks, resends each downlink until every recipient
 //!   has a `stored` receipt, and receives receipts.
 //!
+//! Every topic comes from [`crate::protocol::topics`] and every body is one
+//! of [`crate::protocol`]'s wire types, the same ones the gateway reads and
+//! writes. Events hand the application each message as received (JSON);
+//! its typed form is the matching wire type's `deserialize(&value)`.
+//!
 //! Both reconnect with exponential backoff and jitter: after every
 //! connection error the event loop waits before polling again (rumqttc
 //! itself would reconnect at once).

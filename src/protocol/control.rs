@@ -1,12 +1,13 @@
 //! Device control messages: `confirm`, `pull`, `read`, `nack`, `status`
-//! (docs/PROTOCOL.md, South), and the inbox batches the gateway sends.
+//! (docs/PROTOCOL.md, South), each a wire type a device writes and the
+//! gateway reads ([`parse_control`] into one [`Control`]). [`Status`] is
+//! also the gateway's own retained status north.
 
-use bytes::Bytes;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::Seq;
-use crate::state::DeliveryState;
-use crate::store::downlink::BatchEntry;
+
+pub use super::inbox::inbox_batch;
 
 /// A parsed control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,27 +31,57 @@ pub enum Control {
     },
 }
 
-#[derive(Deserialize)]
-struct Upto {
-    upto: u64,
+/// `confirm {"upto": n}`: every inbox message with `seq ≤ n` is committed
+/// on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confirm {
+    pub upto: Seq,
 }
 
-#[derive(Deserialize, Default)]
-struct Pull {
-    after: Option<u64>,
-    limit: Option<usize>,
+/// `read {"upto": n}`: the device's user has seen everything up to `n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Read {
+    pub upto: Seq,
 }
 
-#[derive(Deserialize)]
-struct Nack {
-    seq: u64,
-    #[serde(default)]
-    reason: Option<String>,
+/// `pull {"after", "limit"}`, both optional (an empty body is `{}`): send
+/// the next batch after `after` (default: the stored cursor).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pull {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Seq>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
 }
 
+/// `nack {"seq", "reason"}`: the device can never take message `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nack {
+    pub seq: Seq,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `{"online": bool, "ts"}`: a device's on `{south}/{device}/status` (its
+/// last will is `{"online": false}`, without `ts`), the gateway's retained
+/// one on `{north}/status` (always with `ts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub online: bool,
+    /// Sender's clock, ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ts: Option<i64>,
+}
+
+/// What the gateway reads of a device's [`Status`].
 #[derive(Deserialize)]
-struct Status {
+struct Online {
     online: bool,
+}
+
+/// Any of the control messages, ready to publish.
+pub fn to_bytes<T: Serialize>(message: &T) -> Vec<u8> {
+    serde_json::to_vec(message).expect("a control message serializes")
 }
 
 /// Which control topic a message came on.
@@ -67,10 +98,10 @@ pub fn parse_control(kind: ControlKind, bytes: &[u8]) -> Result<Control, String>
     let err = |e: serde_json::Error| format!("bad {kind:?} body: {e}");
     Ok(match kind {
         ControlKind::Confirm => Control::Confirm {
-            upto: Seq(serde_json::from_slice::<Upto>(bytes).map_err(err)?.upto),
+            upto: serde_json::from_slice::<Confirm>(bytes).map_err(err)?.upto,
         },
         ControlKind::Read => Control::Read {
-            upto: Seq(serde_json::from_slice::<Upto>(bytes).map_err(err)?.upto),
+            upto: serde_json::from_slice::<Read>(bytes).map_err(err)?.upto,
         },
         ControlKind::Pull => {
             // An empty body is a pull with defaults.
@@ -80,60 +111,27 @@ pub fn parse_control(kind: ControlKind, bytes: &[u8]) -> Result<Control, String>
                 serde_json::from_slice::<Pull>(bytes).map_err(err)?
             };
             Control::Pull {
-                after: p.after.map(Seq),
+                after: p.after,
                 limit: p.limit,
             }
         }
         ControlKind::Nack => {
             let n = serde_json::from_slice::<Nack>(bytes).map_err(err)?;
             Control::Nack {
-                seq: Seq(n.seq),
+                seq: n.seq,
                 reason: n.reason.unwrap_or_else(|| "no reason given".into()),
             }
         }
+        // Only `online` counts from a device: its clock is not the gateway's concern.
         ControlKind::Status => Control::Status {
-            online: serde_json::from_slice::<Status>(bytes).map_err(err)?.online,
+            online: serde_json::from_slice::<Online>(bytes).map_err(err)?.online,
         },
     })
-}
-
-/// An inbox batch: `{"messages": [...], "more": bool}`. Stored entries are
-/// spliced, not re-parsed: `{"seq":N,` + the stored object minus its `{`.
-pub fn inbox_batch(entries: &[BatchEntry], more: bool) -> Bytes {
-    let mut out = Vec::with_capacity(
-        32 + entries
-            .iter()
-            .map(|e| e.body.as_ref().map_or(64, |b| b.len() + 24))
-            .sum::<usize>(),
-    );
-    out.extend_from_slice(b"{\"messages\":[");
-    for (i, e) in entries.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        match &e.body {
-            Some(body) if body.len() > 2 && body[0] == b'{' => {
-                out.extend_from_slice(format!("{{\"seq\":{},", e.seq.0).as_bytes());
-                out.extend_from_slice(&body[1..]);
-            }
-            _ => {
-                let status = match e.state {
-                    DeliveryState::Dead => "failed",
-                    _ => "expired",
-                };
-                let tomb = serde_json::json!({"seq": e.seq.0, "msg_id": e.msg_id.as_str(), "status": status});
-                out.extend_from_slice(tomb.to_string().as_bytes());
-            }
-        }
-    }
-    out.extend_from_slice(format!("],\"more\":{more}}}").as_bytes());
-    Bytes::from(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::MsgId;
 
     #[test]
     fn control_bodies_parse() {
@@ -169,37 +167,89 @@ mod tests {
             parse_control(ControlKind::Status, br#"{"online":false}"#),
             Ok(Control::Status { online: false })
         );
+        assert_eq!(
+            parse_control(ControlKind::Status, br#"{"online":true,"ts":"now"}"#),
+            Ok(Control::Status { online: true }),
+            "a device's clock is not judged"
+        );
         assert!(parse_control(ControlKind::Confirm, b"{}").is_err());
         assert!(parse_control(ControlKind::Confirm, br#"{"upto":-1}"#).is_err());
     }
 
     #[test]
-    fn batches_splice_entries_and_tombstones() {
-        let entries = vec![
-            BatchEntry {
-                seq: Seq(41),
-                msg_id: MsgId::new("n-9").unwrap(),
-                state: DeliveryState::Stored,
-                body: Some(Bytes::from_static(
-                    br#"{"msg_id":"n-9","payload":"shift B"}"#,
-                )),
-            },
-            BatchEntry {
-                seq: Seq(44),
-                msg_id: MsgId::new("n-12").unwrap(),
-                state: DeliveryState::Expired,
-                body: None,
-            },
-        ];
-        let v: serde_json::Value = serde_json::from_slice(&inbox_batch(&entries, true)).unwrap();
+    fn the_protocol_examples_parse() {
         assert_eq!(
-            v,
-            serde_json::json!({"messages": [
-                {"seq": 41, "msg_id": "n-9", "payload": "shift B"},
-                {"seq": 44, "msg_id": "n-12", "status": "expired"}
-            ], "more": true})
+            serde_json::from_str::<Confirm>(r#"{"upto": 57}"#).unwrap(),
+            Confirm { upto: Seq(57) }
         );
-        let empty: serde_json::Value = serde_json::from_slice(&inbox_batch(&[], false)).unwrap();
-        assert_eq!(empty, serde_json::json!({"messages": [], "more": false}));
+        assert_eq!(
+            serde_json::from_str::<Pull>(r#"{"after": 40, "limit": 200}"#).unwrap(),
+            Pull {
+                after: Some(Seq(40)),
+                limit: Some(200)
+            }
+        );
+        assert_eq!(
+            serde_json::from_str::<Read>(r#"{"upto": 52}"#).unwrap(),
+            Read { upto: Seq(52) }
+        );
+        assert_eq!(
+            serde_json::from_str::<Nack>(r#"{"seq": 58, "reason": "..."}"#).unwrap(),
+            Nack {
+                seq: Seq(58),
+                reason: Some("...".into())
+            }
+        );
+        assert_eq!(
+            serde_json::from_str::<Status>(r#"{"online": true}"#).unwrap(),
+            Status {
+                online: true,
+                ts: None
+            }
+        );
+    }
+
+    #[test]
+    fn what_a_device_writes_the_gateway_reads() {
+        let read = |kind, bytes: Vec<u8>| parse_control(kind, &bytes).unwrap();
+        assert_eq!(
+            read(ControlKind::Confirm, to_bytes(&Confirm { upto: Seq(9) })),
+            Control::Confirm { upto: Seq(9) }
+        );
+        assert_eq!(
+            read(ControlKind::Read, to_bytes(&Read { upto: Seq(8) })),
+            Control::Read { upto: Seq(8) }
+        );
+        assert_eq!(to_bytes(&Pull::default()), b"{}");
+        assert_eq!(
+            read(ControlKind::Pull, to_bytes(&Pull::default())),
+            Control::Pull {
+                after: None,
+                limit: None
+            }
+        );
+        let nack = Nack {
+            seq: Seq(3),
+            reason: Some("no such screen".into()),
+        };
+        assert_eq!(
+            read(ControlKind::Nack, to_bytes(&nack)),
+            Control::Nack {
+                seq: Seq(3),
+                reason: "no such screen".into()
+            }
+        );
+        let offline = Status {
+            online: false,
+            ts: Some(5),
+        };
+        assert_eq!(
+            serde_json::from_slice::<Status>(&to_bytes(&offline)).unwrap(),
+            offline
+        );
+        assert_eq!(
+            read(ControlKind::Status, to_bytes(&offline)),
+            Control::Status { online: false }
+        );
     }
 }

@@ -1,23 +1,113 @@
-//! The uplink envelope (docs/PROTOCOL.md, "Payload envelope").
+//! The payload envelope (docs/PROTOCOL.md, "Payload envelope"), both ways.
 //!
-//! [`parse_uplink`] is the only place device bytes are judged. It accepts a
-//! message or says exactly why not ([`Rejection`]); it never panics on any
-//! input. Unknown fields are kept and passed north untouched; fields the
-//! gateway sets are overwritten by [`north_body`].
+//! Two views of the same JSON. [`WireEnvelope`] and [`WireDownlink`] are its
+//! plain shape, what a device or backend writes and what a client reads.
+//! [`parse_uplink`] and [`parse_downlink`] are the gateway's intake: the only
+//! place device and backend bytes are judged, accepting a message or saying
+//! exactly why not ([`Rejection`]), never panicking on any input. Unknown
+//! fields are kept and passed on untouched; fields the gateway sets are
+//! overwritten by [`north_body`].
 
 use std::time::Duration;
 
 use base64::Engine as _;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::ids::{DeviceId, MsgId, Seq};
+use crate::ids::MsgId;
+
+pub use super::north::{north_body, with_seq, Stamp};
+pub use super::sniff::sniff_msg_id;
+
+/// An envelope as written: `{"msg_id", "ts", "payload" | "payload_b64",
+/// "ttl_s", "retry", ...}`. Deserializing checks the shape and the id only;
+/// the gateway's rules (base64 that decodes, `ttl_s` bounds) are
+/// [`parse_uplink`]'s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireEnvelope {
+    pub msg_id: MsgId,
+    /// Sender's clock, ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ts: Option<i64>,
+    #[serde(flatten)]
+    pub payload: Payload,
+    /// Expires this many seconds after it was stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// `false`: never retried; a first failure dead-letters it. Absent is `true`.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub retry: bool,
+    /// Every other field, passed on untouched.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// Exactly one of `payload` (any JSON) or `payload_b64` (bytes, base64).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Payload {
+    #[serde(rename = "payload")]
+    Json(Value),
+    #[serde(rename = "payload_b64")]
+    Base64(String),
+}
+
+impl Payload {
+    /// Bytes, carried as `payload_b64`.
+    pub fn bytes(bytes: &[u8]) -> Payload {
+        Payload::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+}
+
+impl WireEnvelope {
+    /// An envelope with just an id and a payload.
+    pub fn new(msg_id: MsgId, payload: Payload) -> WireEnvelope {
+        WireEnvelope {
+            msg_id,
+            ts: None,
+            payload,
+            ttl_s: None,
+            retry: true,
+            extra: Map::new(),
+        }
+    }
+
+    /// `{"msg_id", "payload"}` with an application's JSON.
+    pub fn json(msg_id: MsgId, payload: Value) -> WireEnvelope {
+        WireEnvelope::new(msg_id, Payload::Json(payload))
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an envelope serializes")
+    }
+}
+
+/// A downlink envelope from the backend: an envelope with `to` (device ids
+/// and `@group` names) on `{north}/down`, or without it on `{north}/down/{device}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireDownlink {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<String>,
+    #[serde(flatten)]
+    pub envelope: WireEnvelope,
+}
+
+impl WireDownlink {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a downlink serializes")
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
 
 /// The longest `ttl_s` accepted: ten years. Longer is refused, so every
 /// expiry time fits the store's millisecond clock with room to spare.
 pub const MAX_TTL_S: u64 = 10 * 366 * 86_400;
-
-/// Fields the gateway sets on the north body; a device's value is replaced.
-const GATEWAY_FIELDS: [&str; 5] = ["gateway", "device", "seq", "stream", "stored_ts"];
 
 /// An accepted uplink envelope.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,91 +247,6 @@ pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejectio
     })
 }
 
-/// The top-level `msg_id` of a JSON object that may be cut short (an
-/// oversized message of which only the head was kept), if it comes before
-/// the cut and is a valid id. Reads at most `head`; never panics.
-pub fn sniff_msg_id(head: &[u8]) -> Option<MsgId> {
-    let mut s = Scanner { b: head, i: 0 };
-    s.ws();
-    s.eat(b'{')?;
-    loop {
-        s.ws();
-        let key = s.string()?;
-        s.ws();
-        s.eat(b':')?;
-        s.ws();
-        if key == b"msg_id" {
-            let value = s.string()?;
-            return std::str::from_utf8(value)
-                .ok()
-                .and_then(|v| MsgId::new(v).ok());
-        }
-        s.skip_value()?;
-        s.ws();
-        s.eat(b',')?;
-    }
-}
-
-/// A forward-only reader over possibly truncated JSON; `None` means "cut
-/// short or not JSON".
-struct Scanner<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl<'a> Scanner<'a> {
-    fn ws(&mut self) {
-        while self.b.get(self.i).is_some_and(|c| c.is_ascii_whitespace()) {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.b.get(self.i) == Some(&c)).then(|| self.i += 1)
-    }
-
-    /// A string's raw bytes between the quotes (escapes left as they are).
-    fn string(&mut self) -> Option<&'a [u8]> {
-        self.eat(b'"')?;
-        let start = self.i;
-        loop {
-            match *self.b.get(self.i)? {
-                b'\\' => self.i += 2,
-                b'"' => {
-                    self.i += 1;
-                    return Some(&self.b[start..self.i - 1]);
-                }
-                _ => self.i += 1,
-            }
-        }
-    }
-
-    /// Skips one value of any kind, nested ones included.
-    fn skip_value(&mut self) -> Option<()> {
-        let mut depth = 0usize;
-        loop {
-            match *self.b.get(self.i)? {
-                b'"' => {
-                    self.string()?;
-                }
-                b'{' | b'[' => {
-                    depth += 1;
-                    self.i += 1;
-                }
-                b'}' | b']' => {
-                    depth = depth.checked_sub(1)?;
-                    self.i += 1;
-                }
-                b',' if depth == 0 => return Some(()),
-                _ => self.i += 1,
-            }
-            if depth == 0 && matches!(self.b.get(self.i), Some(b',' | b'}')) {
-                return Some(());
-            }
-        }
-    }
-}
-
 /// A downlink envelope: the inbox entry to store, and who it is for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DownEnvelope {
@@ -294,44 +299,6 @@ pub fn parse_downlink(
         to,
         entry,
     })
-}
-
-/// Where a message stands for the north body (all but its `seq`).
-pub struct Stamp<'a> {
-    pub gateway: &'a str,
-    pub device: &'a DeviceId,
-    pub stream: &'a str,
-    pub stored_ms: i64,
-}
-
-/// The body sent north without its `seq`: the envelope's fields with the
-/// gateway's own set. Built before the store, so the writer thread only
-/// splices the seq in ([`with_seq`]).
-pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
-    let mut body = fields.clone();
-    for f in GATEWAY_FIELDS {
-        body.remove(f);
-    }
-    body.insert("gateway".into(), stamp.gateway.into());
-    body.insert("device".into(), stamp.device.as_str().into());
-    body.insert("stream".into(), stamp.stream.into());
-    body.insert("stored_ts".into(), stamp.stored_ms.into());
-    if !matches!(body.get("ts"), Some(Value::Number(_))) {
-        body.insert("ts".into(), stamp.stored_ms.into());
-    }
-    serde_json::to_vec(&body).expect("a JSON map serializes")
-}
-
-/// `{"seq":N,` followed by `body` without its opening brace. `body` is a
-/// non-empty JSON object from [`north_body`] (it always has `gateway`).
-pub fn with_seq(body: &[u8], seq: Seq) -> Vec<u8> {
-    debug_assert!(body.len() > 2 && body[0] == b'{');
-    let mut out = Vec::with_capacity(body.len() + 24);
-    out.extend_from_slice(b"{\"seq\":");
-    out.extend_from_slice(seq.0.to_string().as_bytes());
-    out.push(b',');
-    out.extend_from_slice(&body[1..]);
-    out
 }
 
 #[cfg(test)]
@@ -426,29 +393,6 @@ mod tests {
     }
 
     #[test]
-    fn a_msg_id_is_sniffed_from_a_cut_head_at_the_top_level_only() {
-        let id = |s: &str| sniff_msg_id(s.as_bytes()).map(|m| m.as_str().to_string());
-        assert_eq!(
-            id(r#"{"msg_id":"a-1","payload":"xxxx"#).as_deref(),
-            Some("a-1")
-        );
-        assert_eq!(
-            id(r#" { "ts" : 5, "payload": {"msg_id":"inner","x":[1,{"y":"}"}]}, "msg_id" : "outer", "p"#)
-                .as_deref(),
-            Some("outer")
-        );
-        assert_eq!(id(r#"{"payload":"xxxxxxxxxxxx"#), None, "cut before the id");
-        assert_eq!(id(r#"{"msg_id":"a b"}"#), None, "not a valid id");
-        assert_eq!(id(r#"{"msg_id":"a-"#), None, "the id itself is cut");
-        assert_eq!(id("[1,2]"), None);
-        assert_eq!(id(""), None);
-        assert_eq!(id(r#"{"a":"\"","msg_id":"q-1"}"#).as_deref(), Some("q-1"));
-        for n in 0..40 {
-            sniff_msg_id(&br#"{"a":[{"b":"\\"}],"msg_id":"z"}"#[..n.min(30)]);
-        }
-    }
-
-    #[test]
     fn downlink_entries_drop_to_and_gain_ts() {
         let d = parse_downlink(
             br#"{"msg_id":"n-9","to":["a","@line3"],"payload":"shift B","seq":5}"#,
@@ -471,28 +415,60 @@ mod tests {
     }
 
     #[test]
-    fn north_body_overrides_gateway_fields_and_keeps_the_rest() {
-        let e = parse(
-            r#"{"msg_id":"a-1","payload":{"t":1},"seq":999,"device":"spoof","extra":"kept"}"#,
+    fn the_protocol_example_is_a_wire_envelope() {
+        let text = r#"{"msg_id": "a-000017", "ts": 1764470000123, "payload": {"temp": 81.5}}"#;
+        let e: WireEnvelope = serde_json::from_str(text).unwrap();
+        assert_eq!(e.msg_id.as_str(), "a-000017");
+        assert_eq!(e.ts, Some(1764470000123));
+        assert_eq!(e.payload, Payload::Json(serde_json::json!({"temp": 81.5})));
+        assert!(e.retry && e.ttl_s.is_none() && e.extra.is_empty());
+        let v: Value = serde_json::from_slice(&e.to_bytes()).unwrap();
+        assert_eq!(v, serde_json::from_str::<Value>(text).unwrap());
+    }
+
+    #[test]
+    fn wire_envelopes_round_trip_with_their_unknown_fields() {
+        let mut e = WireEnvelope::new(MsgId::new("b-1").unwrap(), Payload::bytes(b"hi"));
+        e.ttl_s = Some(60);
+        e.retry = false;
+        e.extra.insert("unit".into(), "C".into());
+        let bytes = e.to_bytes();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&bytes).unwrap(),
+            serde_json::json!({"msg_id": "b-1", "payload_b64": "aGk=", "ttl_s": 60, "retry": false, "unit": "C"})
+        );
+        assert_eq!(serde_json::from_slice::<WireEnvelope>(&bytes).unwrap(), e);
+        let accepted = parse_uplink(&bytes, 1024).unwrap();
+        assert_eq!(accepted.msg_id, e.msg_id);
+        assert_eq!(
+            (accepted.ttl, accepted.retry),
+            (Some(Duration::from_secs(60)), false)
+        );
+        assert!(serde_json::from_str::<WireEnvelope>(r#"{"msg_id":"a"}"#).is_err());
+        assert!(serde_json::from_str::<WireEnvelope>(r#"{"msg_id":"a b","payload":1}"#).is_err());
+    }
+
+    #[test]
+    fn wire_downlinks_carry_to_only_when_set() {
+        let d: WireDownlink = serde_json::from_str(
+            r#"{"msg_id": "n-9", "to": ["d1", "@line3"], "payload": "shift B starts 14:00"}"#,
         )
         .unwrap();
-        let device = DeviceId::new("press-7").unwrap();
-        let stamp = Stamp {
-            gateway: "g1",
-            device: &device,
-            stream: "alarm",
-            stored_ms: 77,
+        assert_eq!(d.to, ["d1", "@line3"]);
+        assert!(d.envelope.extra.is_empty(), "to is not an unknown field");
+        assert_eq!(
+            serde_json::from_slice::<WireDownlink>(&d.to_bytes()).unwrap(),
+            d
+        );
+        let parsed = parse_downlink(&d.to_bytes(), 1024, 0).unwrap();
+        assert_eq!(parsed.to, d.to);
+        let one = WireDownlink {
+            to: Vec::new(),
+            envelope: d.envelope,
         };
-        let body: Value =
-            serde_json::from_slice(&with_seq(&north_body(&e.fields, &stamp), Seq(4))).unwrap();
-        assert_eq!(body["seq"], 4);
-        assert_eq!(body["device"], "press-7");
-        assert_eq!(body["gateway"], "g1");
-        assert_eq!(body["stream"], "alarm");
-        assert_eq!(body["stored_ts"], 77);
-        assert_eq!(body["ts"], 77, "ts defaults to the store time");
-        assert_eq!(body["extra"], "kept");
-        assert_eq!(body["payload"]["t"], 1);
-        assert_eq!(body["msg_id"], "a-1");
+        assert_eq!(
+            String::from_utf8(one.to_bytes()).unwrap(),
+            r#"{"msg_id":"n-9","payload":"shift B starts 14:00"}"#
+        );
     }
 }

@@ -1,10 +1,29 @@
-//! The wire contract of docs/PROTOCOL.md as plain types and functions:
-//! topics, the uplink envelope, receipts and backend acks. No I/O here.
+//! The wire contract of docs/PROTOCOL.md as plain types and functions, for
+//! both sides: the gateway and the clients of [`crate::client`] build and
+//! read every message and topic through this module. No I/O here.
+//!
+//! - [`topics`]: every topic, for one device ([`topics::DeviceTopics`]), one
+//!   gateway's north side ([`topics::NorthTopics`]) and the gateway's
+//!   parsing of what arrives ([`topics::Topics`]).
+//! - [`envelope`]: the payload envelope, and the gateway's intake checks.
+//! - [`receipt`]: uplink receipts to devices, delivery receipts north.
+//! - [`ack`]: the backend's `ok`/`nack` for uplinks.
+//! - [`control`]: `confirm`, `pull`, `read`, `nack`, `status` from devices,
+//!   and the status both devices and the gateway publish.
+//! - [`inbox`]: downlink batches to devices.
+//! - [`north`]: the uplink message the backend receives.
+//!
+//! Each wire type derives `Serialize` and `Deserialize`, so what one side
+//! writes the other reads with the same type; the unit tests parse the
+//! examples of docs/PROTOCOL.md verbatim.
 
 pub mod ack;
 pub mod control;
 pub mod envelope;
+pub mod inbox;
+pub mod north;
 pub mod receipt;
+mod sniff;
 pub mod topics;
 
 /// The largest MQTT packet there is: the remaining length is at most
@@ -22,6 +41,17 @@ pub fn publish_packet_len(topic_len: usize, payload_len: usize) -> usize {
         _ => 5,
     };
     header + remaining
+}
+
+/// Appends `{"seq":N,` and `object` without its opening brace: a stored
+/// JSON object gains its `seq` without being parsed again. `object` is a
+/// non-empty JSON object.
+pub(crate) fn push_with_seq(out: &mut Vec<u8>, seq: crate::ids::Seq, object: &[u8]) {
+    debug_assert!(object.len() > 2 && object[0] == b'{');
+    out.extend_from_slice(b"{\"seq\":");
+    out.extend_from_slice(seq.0.to_string().as_bytes());
+    out.push(b',');
+    out.extend_from_slice(&object[1..]);
 }
 
 /// Milliseconds since the Unix epoch, the protocol's clock.

@@ -1,13 +1,15 @@
-//! Uplink receipts to devices (`{prefix}/{device}/ack`).
+//! Receipts: uplink receipts to devices (`{south}/{device}/ack`,
+//! [`Receipt`]) and delivery receipts to the backend (`{north}/receipts`,
+//! [`NorthReceipt`], one object or an array).
 //!
 //! A receipt states a fact already committed to the store; building one is
 //! the last step after a commit, never a promise.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::{MsgId, Seq};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ReceiptStatus {
     Stored,
@@ -16,16 +18,18 @@ pub enum ReceiptStatus {
     Rejected,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// An uplink receipt, as the device reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Receipt {
     /// `null` where the message's id could not be read.
-    pub msg_id: Option<String>,
+    pub msg_id: Option<MsgId>,
     pub status: ReceiptStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seq: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<Seq>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The dead-letter row of a `rejected` message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<i64>,
 }
 
@@ -51,7 +55,7 @@ impl Receipt {
         dead_letter: i64,
     ) -> Receipt {
         Receipt {
-            msg_id: msg_id.map(|m| m.as_str().to_string()),
+            msg_id: msg_id.cloned(),
             status: ReceiptStatus::Rejected,
             seq: None,
             reason: Some(reason.into()),
@@ -61,9 +65,9 @@ impl Receipt {
 
     fn of(msg_id: &MsgId, status: ReceiptStatus, seq: Seq) -> Receipt {
         Receipt {
-            msg_id: Some(msg_id.as_str().to_string()),
+            msg_id: Some(msg_id.clone()),
             status,
-            seq: Some(seq.0),
+            seq: Some(seq),
             reason: None,
             dead_letter: None,
         }
@@ -71,6 +75,45 @@ impl Receipt {
 
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a receipt serializes")
+    }
+}
+
+/// Where a downlink delivery stands, as told north (`failed` is a dead
+/// letter; `rejected` a downlink that was not accepted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NorthStatus {
+    Stored,
+    Delivered,
+    Read,
+    Expired,
+    Failed,
+    Rejected,
+}
+
+impl NorthStatus {
+    pub const ALL: [NorthStatus; 6] = [
+        NorthStatus::Stored,
+        NorthStatus::Delivered,
+        NorthStatus::Read,
+        NorthStatus::Expired,
+        NorthStatus::Failed,
+        NorthStatus::Rejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NorthStatus::Stored => "stored",
+            NorthStatus::Delivered => "delivered",
+            NorthStatus::Read => "read",
+            NorthStatus::Expired => "expired",
+            NorthStatus::Failed => "failed",
+            NorthStatus::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<NorthStatus> {
+        NorthStatus::ALL.into_iter().find(|n| n.as_str() == s)
     }
 }
 
@@ -99,14 +142,85 @@ mod tests {
         assert_eq!(failed["status"], "failed");
         assert_eq!(failed["reason"], "nacked: unknown sensor");
     }
+
+    #[test]
+    fn the_protocol_examples_are_receipts() {
+        let id = MsgId::new("a-000017").unwrap();
+        let examples = [
+            (
+                r#"{"msg_id": "a-000017", "status": "stored", "seq": 17}"#,
+                Receipt::stored(&id, Seq(17)),
+            ),
+            (
+                r#"{"msg_id": "a-000017", "status": "delivered", "seq": 17}"#,
+                Receipt::delivered(&id, Seq(17)),
+            ),
+            (
+                r#"{"msg_id": null, "status": "rejected", "reason": "malformed: expected JSON object", "dead_letter": 12}"#,
+                Receipt::rejected(None, "malformed: expected JSON object", 12),
+            ),
+        ];
+        for (text, receipt) in examples {
+            assert_eq!(serde_json::from_str::<Receipt>(text).unwrap(), receipt);
+            assert_eq!(
+                serde_json::from_slice::<Receipt>(&receipt.to_bytes()).unwrap(),
+                receipt
+            );
+        }
+        let failed: Receipt = serde_json::from_str(
+            r#"{"msg_id": "a-000017", "status": "failed", "reason": "nacked: unknown sensor"}"#,
+        )
+        .unwrap();
+        assert_eq!((failed.status, failed.seq), (ReceiptStatus::Failed, None));
+    }
+
+    #[test]
+    fn north_receipts_round_trip_one_or_many() {
+        let r = NorthReceipt {
+            msg_id: Some("n-9".into()),
+            device: Some("press-7".into()),
+            status: "read",
+            seq: Some(41),
+            ts: 1764470000999,
+            reason: None,
+        };
+        let one = serde_json::to_vec(&r).unwrap();
+        assert_eq!(
+            String::from_utf8(one.clone()).unwrap(),
+            r#"{"msg_id":"n-9","device":"press-7","status":"read","seq":41,"ts":1764470000999}"#
+        );
+        assert_eq!(NorthReceipt::parse_many(&one).unwrap(), vec![r.clone()]);
+        let rejected = NorthReceipt {
+            msg_id: None,
+            device: None,
+            status: "rejected",
+            seq: None,
+            ts: 1,
+            reason: Some("malformed: missing msg_id".into()),
+        };
+        let many = serde_json::to_vec(&[r.clone(), rejected.clone()]).unwrap();
+        assert_eq!(NorthReceipt::parse_many(&many).unwrap(), vec![r, rejected]);
+        assert_eq!(
+            NorthReceipt::parse_many(br#"{"msg_id":"m","status":"lost","ts":1}"#).ok(),
+            None,
+            "only the protocol's statuses"
+        );
+        for s in NorthStatus::ALL {
+            assert_eq!(NorthStatus::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+    }
 }
 
-/// A receipt north on `{prefix}/receipts`, for one downlink delivery.
+/// A receipt north on `{prefix}/receipts`, for one downlink delivery:
+/// `{msg_id, device, status, seq, ts, reason}`. `msg_id` is `null` and
+/// `device` absent for a downlink whose id or recipient could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NorthReceipt {
     pub msg_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// One of [`NorthStatus`]'s names.
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
@@ -115,7 +229,55 @@ pub struct NorthReceipt {
     pub reason: Option<String>,
 }
 
+/// [`NorthReceipt`] on the way in: a `&'static str` cannot be read, so the
+/// status is read as a [`NorthStatus`] (only the protocol's names pass).
+#[derive(Deserialize)]
+struct ReadNorthReceipt {
+    msg_id: Option<String>,
+    #[serde(default)]
+    device: Option<String>,
+    status: NorthStatus,
+    #[serde(default)]
+    seq: Option<u64>,
+    ts: i64,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for NorthReceipt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<NorthReceipt, D::Error> {
+        let r = ReadNorthReceipt::deserialize(d)?;
+        Ok(NorthReceipt {
+            msg_id: r.msg_id,
+            device: r.device,
+            status: r.status.as_str(),
+            seq: r.seq,
+            ts: r.ts,
+            reason: r.reason,
+        })
+    }
+}
+
 impl NorthReceipt {
+    /// Its status as the enum; `None` is impossible for a deserialized one.
+    pub fn kind(&self) -> Option<NorthStatus> {
+        NorthStatus::parse(self.status)
+    }
+
+    /// Parses one receipts message: a receipt or an array of them.
+    pub fn parse_many(bytes: &[u8]) -> Result<Vec<NorthReceipt>, serde_json::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(NorthReceipt),
+            Many(Vec<NorthReceipt>),
+        }
+        Ok(match serde_json::from_slice(bytes)? {
+            OneOrMany::One(r) => vec![r],
+            OneOrMany::Many(rs) => rs,
+        })
+    }
+
     pub fn of(event: &crate::store::downlink::DeliveryEvent, ts: i64) -> NorthReceipt {
         NorthReceipt {
             msg_id: Some(event.msg_id.to_string()),

@@ -1,0 +1,134 @@
+//! What ferry publishes north for an uplink, on
+//! `{north}/up/{device}/{stream...}` (docs/PROTOCOL.md, North): the envelope's
+//! fields with the gateway's own set, `seq` first.
+//!
+//! [`NorthMessage`] is its shape, for the backend's side. The gateway builds
+//! the bytes in two steps instead ([`north_body`] before the store,
+//! [`with_seq`] in the writer), and a test holds the two to one another.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::envelope::WireEnvelope;
+use crate::ids::{DeviceId, GatewayId, Seq};
+
+/// Fields the gateway sets on the north body; a device's value is replaced.
+const GATEWAY_FIELDS: [&str; 5] = ["gateway", "device", "seq", "stream", "stored_ts"];
+
+/// An uplink message as the backend receives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NorthMessage {
+    pub seq: Seq,
+    pub gateway: GatewayId,
+    pub device: DeviceId,
+    /// The uplink topic's stream levels (`line3/temp`).
+    pub stream: String,
+    /// When the gateway committed it, ms since the epoch.
+    pub stored_ts: i64,
+    /// The device's envelope; its `ts` is the store time where it had none.
+    #[serde(flatten)]
+    pub envelope: WireEnvelope,
+}
+
+impl NorthMessage {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a north message serializes")
+    }
+}
+
+/// Where a message stands for the north body (all but its `seq`).
+pub struct Stamp<'a> {
+    pub gateway: &'a str,
+    pub device: &'a DeviceId,
+    pub stream: &'a str,
+    pub stored_ms: i64,
+}
+
+/// The body sent north without its `seq`: the envelope's fields with the
+/// gateway's own set. Built before the store, so the writer thread only
+/// splices the seq in ([`with_seq`]).
+pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
+    let mut body = fields.clone();
+    for f in GATEWAY_FIELDS {
+        body.remove(f);
+    }
+    body.insert("gateway".into(), stamp.gateway.into());
+    body.insert("device".into(), stamp.device.as_str().into());
+    body.insert("stream".into(), stamp.stream.into());
+    body.insert("stored_ts".into(), stamp.stored_ms.into());
+    if !matches!(body.get("ts"), Some(Value::Number(_))) {
+        body.insert("ts".into(), stamp.stored_ms.into());
+    }
+    serde_json::to_vec(&body).expect("a JSON map serializes")
+}
+
+/// `{"seq":N,` followed by `body` without its opening brace. `body` is a
+/// non-empty JSON object from [`north_body`] (it always has `gateway`).
+pub fn with_seq(body: &[u8], seq: Seq) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 24);
+    super::push_with_seq(&mut out, seq, body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::envelope::parse_uplink;
+
+    fn parse(s: &str) -> crate::protocol::envelope::Envelope {
+        parse_uplink(s.as_bytes(), 1024).unwrap()
+    }
+
+    #[test]
+    fn north_body_overrides_gateway_fields_and_keeps_the_rest() {
+        let e = parse(
+            r#"{"msg_id":"a-1","payload":{"t":1},"seq":999,"device":"spoof","extra":"kept"}"#,
+        );
+        let device = DeviceId::new("press-7").unwrap();
+        let stamp = Stamp {
+            gateway: "g1",
+            device: &device,
+            stream: "alarm",
+            stored_ms: 77,
+        };
+        let body: Value =
+            serde_json::from_slice(&with_seq(&north_body(&e.fields, &stamp), Seq(4))).unwrap();
+        assert_eq!(body["seq"], 4);
+        assert_eq!(body["device"], "press-7");
+        assert_eq!(body["gateway"], "g1");
+        assert_eq!(body["stream"], "alarm");
+        assert_eq!(body["stored_ts"], 77);
+        assert_eq!(body["ts"], 77, "ts defaults to the store time");
+        assert_eq!(body["extra"], "kept");
+        assert_eq!(body["payload"]["t"], 1);
+        assert_eq!(body["msg_id"], "a-1");
+    }
+
+    #[test]
+    fn what_the_gateway_sends_north_is_a_north_message() {
+        let e = parse(r#"{"msg_id":"a-1","ts":5,"payload":{"t":1},"ttl_s":60,"unit":"C"}"#);
+        let device = DeviceId::new("press-7").unwrap();
+        let stamp = Stamp {
+            gateway: "edge-01",
+            device: &device,
+            stream: "line3/temp",
+            stored_ms: 77,
+        };
+        let bytes = with_seq(&north_body(&e.fields, &stamp), Seq(4));
+        let m: NorthMessage = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(m.seq, Seq(4));
+        assert_eq!(m.gateway.as_str(), "edge-01");
+        assert_eq!(m.device, device);
+        assert_eq!((m.stream.as_str(), m.stored_ts), ("line3/temp", 77));
+        assert_eq!(m.envelope.msg_id.as_str(), "a-1");
+        assert_eq!((m.envelope.ts, m.envelope.ttl_s), (Some(5), Some(60)));
+        assert_eq!(m.envelope.extra.len(), 1, "{:?}", m.envelope.extra);
+        assert_eq!(m.envelope.extra["unit"], "C");
+        let again: NorthMessage = serde_json::from_slice(&m.to_bytes()).unwrap();
+        assert_eq!(again, m);
+        assert_eq!(
+            serde_json::from_slice::<Value>(&m.to_bytes()).unwrap(),
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        );
+    }
+}
