@@ -7,15 +7,14 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS, SubscribeFilter};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::outbox::Outbox;
-use super::reconnect_delay;
 use crate::ids::{DeviceId, GatewayId, IdError, MsgId};
+use crate::mqtt::{self, Event, Session};
 use crate::protocol::ack::{encode_acks, BackendAck};
 use crate::protocol::envelope::{WireDownlink, WireEnvelope};
 use crate::protocol::north::NorthMessage;
@@ -98,25 +97,26 @@ impl BackendClient {
     /// `opts.gateway` is not a valid gateway id.
     pub fn try_connect(opts: BackendOptions) -> Result<BackendClient, IdError> {
         let topics = NorthTopics::new(&opts.prefix, &GatewayId::new(opts.gateway.as_str())?);
-        let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
-        mqtt.set_keep_alive(Duration::from_secs(30))
-            .set_clean_session(!opts.persistent_session)
-            .set_max_packet_size(16 << 20, 16 << 20)
-            .set_inflight(1000);
-        let (client, mut eventloop) = AsyncClient::new(mqtt, 65_536);
-        let mut net = rumqttc::NetworkOptions::new();
-        net.set_tcp_nodelay(true);
-        eventloop.set_network_options(net);
+        let mut mqtt = mqtt::Options::new(
+            opts.client_id.clone(),
+            opts.host.clone(),
+            opts.port,
+            opts.client_id.clone(),
+        );
+        mqtt.clean_session = !opts.persistent_session;
+        mqtt.inflight = 1000;
+        mqtt.subscriptions = vec![topics.up_filter(), topics.receipts(), topics.status()];
+        let (session, session_events) = Session::start(mqtt);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = Task {
-            client,
+            session,
             topics: topics.clone(),
             downs: Outbox::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
         };
-        tokio::spawn(task.run(eventloop, commands_rx));
+        tokio::spawn(task.run(session_events, commands_rx));
         Ok(BackendClient {
             commands,
             events,
@@ -230,7 +230,7 @@ impl BackendClient {
 }
 
 struct Task {
-    client: AsyncClient,
+    session: Session<()>,
     topics: NorthTopics,
     /// Downlinks awaiting `stored`: msg_id → (topic, body, devices still missing, last sent).
     downs: Outbox<HashSet<String>>,
@@ -241,36 +241,26 @@ struct Task {
 impl Task {
     async fn run(
         mut self,
-        mut eventloop: EventLoop,
+        mut session: mpsc::Receiver<Event<()>>,
         mut commands: mpsc::UnboundedReceiver<Command>,
     ) {
-        let mut failures = 0u32;
         let mut resend = tokio::time::interval(self.resend_after / 2);
         loop {
             tokio::select! {
-                ev = eventloop.poll() => match ev {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        failures = 0;
-                        let filters = [self.topics.up_filter(), self.topics.receipts(), self.topics.status()]
-                            .map(|path| SubscribeFilter::new(path, QoS::AtLeastOnce));
-                        let _ = self.client.try_subscribe_many(filters);
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                ev = session.recv() => match ev {
+                    Some(Event::Up { .. }) => {
                         self.resend(true);
                         if self.events.send(BackendEvent::Connected).is_err() {
                             return;
                         }
                     }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        if !self.on_publish(&p.topic, &p.payload) {
+                    Some(Event::Message(m)) => {
+                        if !self.on_publish(&m.topic, &m.payload) {
                             return;
                         }
                     }
-                    Ok(_) => {}
-                    Err(_) => {
-                        tokio::time::sleep(reconnect_delay(failures)).await;
-                        failures = failures.saturating_add(1);
-                    }
+                    Some(_) => {}
+                    None => return,
                 },
                 cmd = commands.recv() => match cmd {
                     Some(Command::Publish { topic, body }) => self.publish(topic, body),
@@ -292,9 +282,7 @@ impl Task {
     }
 
     fn publish(&self, topic: String, body: Bytes) {
-        let _ = self
-            .client
-            .try_publish(topic, QoS::AtLeastOnce, false, body.to_vec());
+        self.session.send(topic, body.to_vec(), false);
     }
 
     fn on_publish(&mut self, topic: &str, payload: &[u8]) -> bool {

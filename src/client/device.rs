@@ -6,14 +6,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Packet, QoS, SubscribeFilter};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::outbox::Outbox;
-use super::reconnect_delay;
 use crate::ids::{DeviceId, IdError, MsgId, Seq};
+use crate::mqtt::{self, Event, Session, Will};
 use crate::protocol::control::{self, Confirm, Nack, Pull, Read, Status};
 use crate::protocol::envelope::WireEnvelope;
 use crate::protocol::inbox::{InboxBatch, InboxEntry};
@@ -116,25 +115,27 @@ impl DeviceClient {
     /// `opts.device` is not a valid device id.
     pub fn try_connect(opts: DeviceOptions) -> Result<DeviceClient, IdError> {
         let topics = DeviceTopics::new(&opts.prefix, &DeviceId::new(opts.device.as_str())?);
-        let mut mqtt = MqttOptions::new(opts.device.clone(), opts.host.clone(), opts.port);
-        mqtt.set_keep_alive(opts.keep_alive)
-            .set_clean_session(!opts.persistent_session)
-            .set_max_packet_size(4 << 20, 4 << 20)
-            .set_inflight(200)
-            .set_last_will(LastWill::new(
-                topics.status(),
-                status_body(false),
-                QoS::AtLeastOnce,
-                false,
-            ));
-        let (client, mut eventloop) = AsyncClient::new(mqtt, 1024);
-        let mut net = rumqttc::NetworkOptions::new();
-        net.set_tcp_nodelay(true);
-        eventloop.set_network_options(net);
+        let mut mqtt = mqtt::Options::new(
+            opts.device.clone(),
+            opts.host.clone(),
+            opts.port,
+            opts.device.clone(),
+        );
+        mqtt.keep_alive = opts.keep_alive;
+        mqtt.clean_session = !opts.persistent_session;
+        mqtt.max_outgoing_packet = 4 << 20;
+        mqtt.inflight = 200;
+        mqtt.subscriptions = vec![topics.ack(), topics.inbox()];
+        mqtt.last_will = Some(Will {
+            topic: topics.status(),
+            payload: Bytes::from(status_body(false)),
+            retain: false,
+        });
+        let (session, session_events) = Session::start(mqtt);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = Task {
-            client,
+            session,
             topics: topics.clone(),
             ack_topic: topics.ack(),
             cursor: Cursor::new(opts.cursor),
@@ -142,7 +143,7 @@ impl DeviceClient {
             events: events_tx,
             resend_after: opts.resend_after,
         };
-        tokio::spawn(task.run(eventloop, commands_rx));
+        tokio::spawn(task.run(session_events, commands_rx));
         Ok(DeviceClient {
             commands,
             events,
@@ -223,7 +224,7 @@ fn status_body(online: bool) -> Vec<u8> {
 }
 
 struct Task {
-    client: AsyncClient,
+    session: Session<()>,
     topics: DeviceTopics,
     /// `topics.ack()`, to tell receipts from batches.
     ack_topic: String,
@@ -237,22 +238,15 @@ struct Task {
 impl Task {
     async fn run(
         mut self,
-        mut eventloop: EventLoop,
+        mut session: mpsc::Receiver<Event<()>>,
         mut commands: mpsc::UnboundedReceiver<Command>,
     ) {
-        let mut failures = 0u32;
         let mut connected = false;
         let mut resend = tokio::time::interval(self.resend_after / 2);
         loop {
             tokio::select! {
-                ev = eventloop.poll() => match ev {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        failures = 0;
-                        let filters = [self.topics.ack(), self.topics.inbox()]
-                            .map(|path| SubscribeFilter::new(path, QoS::AtLeastOnce));
-                        let _ = self.client.try_subscribe_many(filters);
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                ev = session.recv() => match ev {
+                    Some(Event::Up { .. }) => {
                         connected = true;
                         self.publish(self.topics.status(), Bytes::from(status_body(true)));
                         // From the gateway's cursor: an unconfirmed batch comes
@@ -263,20 +257,17 @@ impl Task {
                             return;
                         }
                     }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        if !self.on_publish(&p.topic, &p.payload) {
+                    Some(Event::Message(m)) => {
+                        if !self.on_publish(&m.topic, &m.payload) {
                             return;
                         }
                     }
-                    Ok(_) => {}
-                    Err(_) => {
-                        if connected {
-                            connected = false;
-                            let _ = self.events.send(DeviceEvent::Disconnected);
-                        }
-                        tokio::time::sleep(reconnect_delay(failures)).await;
-                        failures = failures.saturating_add(1);
+                    Some(Event::Down) => {
+                        connected = false;
+                        let _ = self.events.send(DeviceEvent::Disconnected);
                     }
+                    Some(_) => {}
+                    None => return,
                 },
                 cmd = commands.recv() => match cmd {
                     Some(Command::Send { msg_id, topic, body }) => {
@@ -296,9 +287,7 @@ impl Task {
     }
 
     fn publish(&self, topic: String, body: Bytes) {
-        let _ = self
-            .client
-            .try_publish(topic, QoS::AtLeastOnce, false, body.to_vec());
+        self.session.send(topic, body.to_vec(), false);
     }
 
     fn resend(&mut self, all: bool) {

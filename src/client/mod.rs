@@ -1,6 +1,7 @@
 //! Client library for programs that talk to ferry: a Rust device
 //! ([`device::DeviceClient`]) and a backend ([`backend::BackendClient`]),
-//! both on rumqttc, both doing their half of docs/PROTOCOL.md:
+//! both on [`crate::mqtt`] sessions, both doing their half of
+//! docs/PROTOCOL.md through the wire types of [`crate::protocol`]:
 //!
 //! - a device announces itself (`status`, and `{"online": false}` as its
 //!   last will), pulls its backlog on every connect, drops inbox entries at
@@ -15,25 +16,8 @@
 //! writes. Events hand the application each message as received (JSON);
 //! its typed form is the matching wire type's `deserialize(&value)`.
 //!
-//! Both reconnect with exponential backoff and jitter: after every
-//! connection error the event loop waits before polling again (rumqttc
-//! itself would reconnect at once).
+//! Both reconnect with exponential backoff and jitter (the session's).
 
 pub mod backend;
 pub mod device;
 mod outbox;
-
-use std::time::Duration;
-
-use crate::config::RetryConfig;
-
-/// Reconnect delays for clients: 100 ms doubling to 10 s, half of it jitter.
-pub(crate) fn reconnect_delay(failures: u32) -> Duration {
-    let cfg = RetryConfig {
-        base: Duration::from_millis(100),
-        max: Duration::from_secs(10),
-        max_attempts: 1,
-        jitter: 0.5,
-    };
-    crate::backoff::delay_random(&cfg, failures)
-}
