@@ -31,6 +31,7 @@ use crate::config::NorthConfig;
 use crate::ids::{DeviceId, Seq};
 use crate::mqtt::{self, Announce, Event, Message, Reconnect, Session, Will};
 pub use crate::mqtt::{AckToken, OVERSIZE_HEAD};
+use crate::protocol::control::{self, Status};
 use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 
@@ -164,10 +165,10 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
 }
 
 fn status_body(online: bool) -> Bytes {
-    Bytes::from(
-        serde_json::to_vec(&serde_json::json!({"online": online, "ts": now_ms()}))
-            .expect("status serializes"),
-    )
+    Bytes::from(control::to_bytes(&Status {
+        online,
+        ts: Some(now_ms() as i64),
+    }))
 }
 
 /// Turns the session's events into the pipelines' [`NorthEvent`]s.

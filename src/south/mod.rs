@@ -35,8 +35,6 @@ use crate::mqtt::{self, AckToken};
 use crate::protocol::topics::Topics;
 pub use embedded::SouthError;
 
-/// The topic kinds devices publish on, one subscription each.
-const DEVICE_KINDS: [&str; 6] = ["up/#", "confirm", "pull", "read", "nack", "status"];
 /// Messages between the south side and the pipeline.
 const INBOUND_CAPACITY: usize = 8192;
 /// Bytes of an oversized publish kept: enough for its `msg_id`.
@@ -45,11 +43,9 @@ const OVERSIZE_HEAD: usize = mqtt::OVERSIZE_HEAD;
 /// under it; a longer one is cut short like an oversized payload).
 const TOPIC_ALLOWANCE: usize = 1024;
 
-/// The filters ferry reads device traffic from.
-fn device_filters(topics: &Topics) -> impl Iterator<Item = String> + '_ {
-    DEVICE_KINDS
-        .iter()
-        .map(|k| format!("{}/+/{k}", topics.south_prefix()))
+/// The filters ferry reads device traffic from, one per topic kind.
+fn device_filters(topics: &Topics) -> impl Iterator<Item = String> {
+    topics.device_filters().into_iter()
 }
 
 /// A message a device published.
