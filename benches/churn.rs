@@ -11,7 +11,8 @@
 //! 2. runs `--rounds` rounds of `--per-round` new, distinct devices that
 //!    connect the same way and leave; reports RSS after each round.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
 mod common;
 
 use std::time::{Duration, Instant};

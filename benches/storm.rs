@@ -30,7 +30,8 @@
 //!     [--timeout-s 120] [--setup-timeout-s 300] [--log-level FILTER] [--save-log FILE]
 //! ```
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
 mod common;
 
 use std::collections::{BTreeMap, HashSet};

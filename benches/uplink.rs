@@ -23,7 +23,8 @@
 //!     [--client-nodelay true|false]
 //! ```
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
 mod common;
 
 use std::io::Write as _;

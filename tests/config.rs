@@ -1,8 +1,7 @@
 //! `ferry check-config` and `FERRY_*` environment overrides, through the
 //! real binary (the environment is the process's, so not a unit test).
 
-mod common;
-
+use crate::support;
 use std::path::Path;
 
 fn shipped() -> &'static Path {
@@ -10,7 +9,7 @@ fn shipped() -> &'static Path {
 }
 
 fn check_with_env(env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = common::ferry_command();
+    let mut cmd = support::ferry_command();
     cmd.arg("check-config").arg("--config").arg(shipped());
     for (k, v) in env {
         cmd.env(k, v);
@@ -54,7 +53,7 @@ fn an_unknown_environment_key_is_named() {
 
 #[test]
 fn a_missing_config_file_is_a_usage_error_not_a_panic() {
-    let out = common::ferry_command()
+    let out = support::ferry_command()
         .args(["run", "--config", "/nonexistent/ferry.toml"])
         .output()
         .expect("ferry runs");

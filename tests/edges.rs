@@ -4,12 +4,11 @@
 //! `max_connections`, subscriptions past the limit, and the log a normal
 //! disconnect leaves.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{boot_id, ferry_command, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs};
+use crate::support;
+use crate::support::{boot_id, ferry_command, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs};
 use rumqttc::{ConnectReturnCode, Packet, SubscribeReasonCode};
 use serde_json::{json, Value};
 
@@ -22,14 +21,14 @@ fn status(r: &Value) -> &str {
 
 /// A gateway whose north link stays down: uplinks wait in the store.
 fn lone_ferry(gateway: &str) -> Ferry {
-    Ferry::start(FerryOpts::new(gateway, common::free_port()))
+    Ferry::start(FerryOpts::new(gateway, support::free_port()))
 }
 
 /// A gateway whose store lives on `disk` and whose north link stays down.
 fn ferry_on(disk: &Tmpfs, gateway: &str) -> Ferry {
     Ferry::start(FerryOpts {
         data_dir: Some(disk.path.join("data")),
-        ..FerryOpts::new(gateway, common::free_port())
+        ..FerryOpts::new(gateway, support::free_port())
     })
 }
 
@@ -218,7 +217,7 @@ async fn ttl_at_its_edges_is_refused_or_kept_without_overflow() {
     assert_eq!(r.as_ref().map(status), Some("stored"), "{r:?}");
     let expires: i64 =
         ferry.query_i64("SELECT expires_ms FROM uplink WHERE msg_id = 'longest'", []);
-    let now = common::now_ms() as i64;
+    let now = support::now_ms() as i64;
     assert!(
         expires > now + 9 * 365 * 86_400_000,
         "expires in ten years, not in the past: {expires}"
@@ -248,7 +247,7 @@ async fn ttl_at_its_edges_is_refused_or_kept_without_overflow() {
 async fn keep_alive_zero_is_accepted_and_every_keep_alive_is_capped() {
     let ferry = Ferry::start(FerryOpts {
         max_keep_alive_s: 5,
-        ..FerryOpts::new("gw-keepalive", common::free_port())
+        ..FerryOpts::new("gw-keepalive", support::free_port())
     });
     let (mut zero, ack) = RawMqtt::try_connect(ferry.south_port, "ka-zero", 0)
         .await
@@ -286,7 +285,7 @@ async fn keep_alive_zero_is_accepted_and_every_keep_alive_is_capped() {
 async fn a_connect_past_max_connections_gets_a_refusing_connack_and_a_log_line() {
     let ferry = Ferry::start(FerryOpts {
         max_connections: 3,
-        ..FerryOpts::new("gw-full-house", common::free_port())
+        ..FerryOpts::new("gw-full-house", support::free_port())
     });
     let mut first = Vec::new();
     for i in 0..3 {
@@ -324,7 +323,7 @@ async fn a_connect_past_max_connections_gets_a_refusing_connack_and_a_log_line()
 async fn subscriptions_past_the_limit_get_a_failure_code() {
     let ferry = Ferry::start(FerryOpts {
         max_subscriptions: 2,
-        ..FerryOpts::new("gw-subs", common::free_port())
+        ..FerryOpts::new("gw-subs", support::free_port())
     });
     let mut raw = RawMqtt::connect(ferry.south_port, "subs", 30).await;
     let codes = raw

@@ -1,10 +1,9 @@
 //! The gateway's life on the north side: retained status while it runs, a
 //! clean exit on SIGTERM that leaves `online: false` behind.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::support;
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 
 /// The first retained status a fresh subscriber sees.
@@ -25,8 +24,8 @@ async fn retained_status(port: u16, gateway: &str, client_id: &str) -> serde_jso
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
-    let mosquitto = common::Mosquitto::start();
-    let mut ferry = common::Ferry::start(common::FerryOpts::new("gw-life", mosquitto.port));
+    let mosquitto = support::Mosquitto::start();
+    let mut ferry = support::Ferry::start(support::FerryOpts::new("gw-life", mosquitto.port));
 
     // Online once its subscriptions are acknowledged.
     let mut status = retained_status(mosquitto.port, "gw-life", "watch-1").await;
@@ -41,7 +40,7 @@ async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
 
     // The last will carries the time ferry started; a clean exit says when
     // it left.
-    let before_exit = common::now_ms();
+    let before_exit = support::now_ms();
     assert!(
         ferry.terminate(Duration::from_secs(5)),
         "ferry did not exit within 5 s of SIGTERM:\n{}",

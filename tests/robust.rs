@@ -3,12 +3,13 @@
 //! disk) against the real `ferry` binary and a real Mosquitto, and checks
 //! that it is answered while everyone else's traffic flows.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt};
+use crate::support;
+use crate::support::{
+    boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt,
+};
 use serde_json::{json, Value};
 
 const SECS_10: Duration = Duration::from_secs(10);
@@ -314,7 +315,7 @@ fn envelope(id: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_pipelined_uplinks_with_the_north_link_down_all_get_stored() {
     // Nothing listens upstream: every message waits in the store.
-    let ferry = Ferry::start(FerryOpts::new("gw-burst", common::free_port()));
+    let ferry = Ferry::start(FerryOpts::new("gw-burst", support::free_port()));
     let mut device = Device::connect(ferry.south_port, "burst").await;
     let boot = boot_id();
     let n = 2000;
@@ -336,7 +337,7 @@ async fn two_thousand_pipelined_uplinks_with_the_north_link_down_all_get_stored(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_stops_reading_for_three_seconds_still_gets_every_receipt() {
-    let ferry = Ferry::start(FerryOpts::new("gw-pause", common::free_port()));
+    let ferry = Ferry::start(FerryOpts::new("gw-pause", support::free_port()));
     let mut raw = RawMqtt::connect(ferry.south_port, "pauser", 60).await;
     raw.subscribe(&["devices/pauser/ack".to_string()]).await;
     let boot = boot_id();
@@ -388,10 +389,10 @@ async fn connect_devices(port: u16, ids: Vec<String>, parallel: usize) -> Vec<Ra
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_returns_to_its_first_round_after_twenty_thousand_devices_come_and_go() {
-    common::raise_fd_limit();
+    support::raise_fd_limit();
     let ferry = Ferry::start(FerryOpts {
         max_connections: 6000,
-        ..FerryOpts::new("gw-churn", common::free_port())
+        ..FerryOpts::new("gw-churn", support::free_port())
     });
     let pid = ferry.pid().expect("ferry runs");
     let rounds = 4;
@@ -402,13 +403,13 @@ async fn memory_returns_to_its_first_round_after_twenty_thousand_devices_come_an
             .map(|i| format!("churn-{round}-{i}"))
             .collect::<Vec<_>>();
         let devices = connect_devices(ferry.south_port, ids, 200).await;
-        let connected = common::rss_kib(pid).unwrap();
+        let connected = support::rss_kib(pid).unwrap();
         for mut d in devices {
             d.send(rumqttc::Packet::Disconnect).await;
         }
         // Let the broker and the pipeline see every device leave.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let left = common::rss_kib(pid).unwrap();
+        let left = support::rss_kib(pid).unwrap();
         eprintln!(
             "round {round}: {connected} KiB with {per_round} connected, {left} KiB after they left"
         );

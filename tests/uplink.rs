@@ -6,12 +6,11 @@
 //! `devices/{id}/ack`, messages on `ferry/{gateway}/up/...`, and rows in the
 //! store.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{boot_id, Backend, Device, Ferry, FerryOpts, Mosquitto, NorthMessage};
+use crate::support;
+use crate::support::{boot_id, Backend, Device, Ferry, FerryOpts, Mosquitto, NorthMessage};
 use serde_json::{json, Value};
 
 const SECS_5: Duration = Duration::from_secs(5);
@@ -647,8 +646,8 @@ async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_
 /// (exit code, stderr).
 fn check_config(contents: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = common::write_file(dir.path(), "ferry.toml", contents);
-    let out = common::ferry_command()
+    let path = support::write_file(dir.path(), "ferry.toml", contents);
+    let out = support::ferry_command()
         .arg("check-config")
         .arg("--config")
         .arg(&path)
