@@ -86,11 +86,10 @@ async fn main() {
     };
     common::raise_fd_limit();
     let max = args.idle.max(args.per_round) + 100;
-    let ferry = Ferry::start(FerryOpts {
-        max_connections: max,
-        log_level: "warn".into(),
-        ..FerryOpts::new("gw-churn", common::free_port())
-    });
+    let ferry = Ferry::start(FerryOpts::new("gw-churn", common::free_port()).with(|c| {
+        c.south.max_connections = max;
+        c.log.level = "warn".to_string();
+    }));
     let pid = ferry.pid().expect("ferry runs");
     tokio::time::sleep(Duration::from_secs(1)).await;
     let base = common::rss_kib(pid).unwrap_or(0);

@@ -292,23 +292,20 @@ struct Env {
 
 fn start_env(args: &Args) -> Env {
     let mosquitto = common::Mosquitto::start();
-    let mut opts = common::FerryOpts::new("storm-gw", mosquitto.port);
-    // Production values from conf/ferry.toml, not the tests' short ones.
-    opts.ack_timeout_ms = 10_000;
-    opts.keep_alive_s = 30;
-    opts.retry_base_ms = 1000;
-    opts.retry_max_ms = 300_000;
-    opts.retry_max_attempts = 10;
-    opts.store_sync = args.sync.clone();
-    opts.log_level = args.log_level.clone();
-    // FerryOpts renders no [downlink] section: this is its only one.
-    opts.extra_toml = vec![
-        "[downlink]".to_string(),
-        format!("batch_size = {}", args.batch),
-        format!("confirm_timeout_ms = {}", args.confirm_timeout_ms),
-    ];
-    // Above the storm's devices: a CONNECT beyond it gets no CONNACK.
-    opts.max_connections = args.devices.max(10_000);
+    let opts = common::FerryOpts::new("storm-gw", mosquitto.port).with(|c| {
+        // Production values from conf/ferry.toml, not the tests' short ones.
+        c.north.ack_timeout_ms = 10_000;
+        c.north.keep_alive_s = 30;
+        c.retry.base_ms = 1000;
+        c.retry.max_ms = 300_000;
+        c.retry.max_attempts = 10;
+        c.store.sync = args.sync.clone();
+        c.log.level = args.log_level.clone();
+        c.downlink.batch_size = args.batch;
+        c.downlink.confirm_timeout_ms = args.confirm_timeout_ms;
+        // Above the storm's devices: a CONNECT beyond it gets no CONNACK.
+        c.south.max_connections = args.devices.max(10_000);
+    });
     let ferry = common::Ferry::start(opts);
     let ferry_pid = ferry.pid().unwrap_or(0);
     let mosquitto_pid = mosquitto

@@ -981,18 +981,19 @@ struct Env {
 
 fn start_env(args: &Args) -> Env {
     let mosquitto = common::Mosquitto::start();
-    let mut opts = common::FerryOpts::new("bench-gw", mosquitto.port);
-    // Production values from conf/ferry.toml, not the tests' short ones.
-    opts.ack_timeout_ms = 10_000;
-    opts.keep_alive_s = 30;
-    opts.retry_base_ms = 1000;
-    opts.retry_max_ms = 300_000;
-    opts.retry_max_attempts = 10;
-    opts.max_payload_bytes = 65536.max(args.payload_bytes as u64 + 1024);
-    opts.store_sync = args.sync.clone();
-    if let Some(m) = args.max_inflight {
-        opts.max_inflight = m;
-    }
+    let opts = common::FerryOpts::new("bench-gw", mosquitto.port).with(|c| {
+        // Production values from conf/ferry.toml, not the tests' short ones.
+        c.north.ack_timeout_ms = 10_000;
+        c.north.keep_alive_s = 30;
+        c.retry.base_ms = 1000;
+        c.retry.max_ms = 300_000;
+        c.retry.max_attempts = 10;
+        c.south.max_payload_bytes = 65536.max(args.payload_bytes + 1024);
+        c.store.sync = args.sync.clone();
+        if let Some(m) = args.max_inflight {
+            c.north.max_inflight = m as usize;
+        }
+    });
     let ferry = common::Ferry::start(opts);
     let ferry_pid = ferry.pid().unwrap_or(0);
     let mosquitto_pid = mosquitto

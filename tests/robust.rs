@@ -85,12 +85,11 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
     // connection of whoever sends one.
     let mq = Mosquitto::start_with(&["max_packet_size 20000"]);
     let attempts = 3;
-    let ferry = Ferry::start(FerryOpts {
-        retry_max_attempts: attempts,
-        retry_base_ms: 100,
-        retry_max_ms: 400,
-        ..FerryOpts::new("gw-poison", mq.port)
-    });
+    let ferry = Ferry::start(FerryOpts::new("gw-poison", mq.port).with(|c| {
+        c.retry.max_attempts = attempts;
+        c.retry.base_ms = 100;
+        c.retry.max_ms = 400;
+    }));
     let _backend = Backend::connect_auto_ack(mq.port, "gw-poison").await;
     let mut big = Device::connect(ferry.south_port, "big").await;
     let mut small = Device::connect(ferry.south_port, "small").await;
@@ -201,10 +200,8 @@ async fn north_receipts_until(
 async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link() {
     let mq = Mosquitto::start();
     let gw = "gw-bigup";
-    let ferry = Ferry::start(FerryOpts {
-        north_max_packet_bytes: 1 << 20,
-        ..FerryOpts::new(gw, mq.port)
-    });
+    let ferry =
+        Ferry::start(FerryOpts::new(gw, mq.port).with(|c| c.north.max_packet_bytes = 1 << 20));
     let mut backend = Backend::connect(mq.port, gw).await;
     let mut receipts = receipts_reader(mq.port, gw).await;
     let mut device = Device::connect(ferry.south_port, "d1").await;
@@ -390,10 +387,9 @@ async fn connect_devices(port: u16, ids: Vec<String>, parallel: usize) -> Vec<Ra
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_returns_to_its_first_round_after_twenty_thousand_devices_come_and_go() {
     support::raise_fd_limit();
-    let ferry = Ferry::start(FerryOpts {
-        max_connections: 6000,
-        ..FerryOpts::new("gw-churn", support::free_port())
-    });
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-churn", support::free_port()).with(|c| c.south.max_connections = 6000),
+    );
     let pid = ferry.pid().expect("ferry runs");
     let rounds = 4;
     let per_round = 5000;

@@ -9,7 +9,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::support;
 use crate::support::{boot_id, Backend, Device, Ferry, FerryOpts, Mosquitto, NorthMessage};
 use serde_json::{json, Value};
 
@@ -568,10 +567,9 @@ async fn stored_messages_survive_a_sigkill_and_are_delivered_after_restart_with_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_flow() {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts {
-        max_payload_bytes: 1024,
-        ..FerryOpts::new("gw-reject", mq.port)
-    });
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-reject", mq.port).with(|c| c.south.max_payload_bytes = 1024),
+    );
     let _backend = Backend::connect_auto_ack(mq.port, "gw-reject").await;
     let mut bad = Device::connect(ferry.south_port, "reject-bad").await;
     let mut good = Device::connect(ferry.south_port, "reject-good").await;
@@ -639,76 +637,5 @@ async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_
         ferry.query_i64("SELECT COUNT(*) FROM dead_letter", []),
         3,
         "one dead letter per rejected uplink"
-    );
-}
-
-/// Runs `ferry check-config` on `contents` in a temp dir; returns
-/// (exit code, stderr).
-fn check_config(contents: &str) -> (Option<i32>, String) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = support::write_file(dir.path(), "ferry.toml", contents);
-    let out = support::ferry_command()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .current_dir(dir.path())
-        .output()
-        .expect("run ferry check-config");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn harness_config(opts: &FerryOpts) -> String {
-    opts.render(18830, std::path::Path::new("data"))
-}
-
-#[test]
-fn check_config_accepts_the_shipped_config_and_the_test_config() {
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/ferry.toml");
-    let text = std::fs::read_to_string(shipped).expect("read conf/ferry.toml");
-    let (code, stderr) = check_config(&text);
-    assert_eq!(code, Some(0), "conf/ferry.toml: {stderr}");
-    let (code, stderr) = check_config(&harness_config(&FerryOpts::new("gw-check", 1884)));
-    assert_eq!(code, Some(0), "the harness's config: {stderr}");
-}
-
-#[test]
-fn check_config_rejects_an_unknown_key_with_exit_64_naming_it() {
-    let valid = harness_config(&FerryOpts::new("gw-check", 1884));
-    assert!(valid.contains("[north]\n"));
-    let bad = valid.replacen("[north]\n", "[north]\nhots = \"x\"\n", 1);
-    let (code, stderr) = check_config(&bad);
-    assert_eq!(code, Some(64), "stderr: {stderr}");
-    assert!(
-        stderr.contains("north.hots"),
-        "stderr must name north.hots: {stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "a panic is not an error message: {stderr}"
-    );
-}
-
-#[test]
-fn check_config_rejects_a_jitter_above_one_naming_it() {
-    let bad = harness_config(&FerryOpts {
-        retry_jitter: 2.0,
-        ..FerryOpts::new("gw-check", 1884)
-    });
-    assert!(bad.contains("jitter = 2.0"), "{bad}");
-    let (code, stderr) = check_config(&bad);
-    assert!(
-        code.is_some_and(|c| c != 0),
-        "exit {code:?}, stderr: {stderr}"
-    );
-    assert!(
-        stderr.contains("retry.jitter"),
-        "stderr must name retry.jitter: {stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "a panic is not an error message: {stderr}"
     );
 }

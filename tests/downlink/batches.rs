@@ -10,11 +10,10 @@ async fn a_thousand_downlinks_for_a_new_device_are_stored_then_sent_in_order_one
     const N: u64 = 1000;
     const DEVICE: &str = "panel-backlog";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(opts_with(
-        "gw-down-backlog",
-        mq.port,
-        &["[downlink]\nbatch_size = 200\nconfirm_timeout_ms = 10000"],
-    ));
+    let ferry = Ferry::start(FerryOpts::new("gw-down-backlog", mq.port).with(|c| {
+        c.downlink.batch_size = 200;
+        c.downlink.confirm_timeout_ms = 10_000;
+    }));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let mut sent: HashMap<String, u64> = HashMap::new();
@@ -131,11 +130,10 @@ async fn a_catch_up_cut_by_sigkill_resumes_after_restart_from_the_confirmed_curs
     const BATCH: u64 = 50;
     const DEVICE: &str = "panel-crash";
     let mq = Mosquitto::start();
-    let mut ferry = Ferry::start(opts_with(
-        "gw-down-crash",
-        mq.port,
-        &["[downlink]\nbatch_size = 50\nconfirm_timeout_ms = 10000"],
-    ));
+    let mut ferry = Ferry::start(FerryOpts::new("gw-down-crash", mq.port).with(|c| {
+        c.downlink.batch_size = 50;
+        c.downlink.confirm_timeout_ms = 10_000;
+    }));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     for i in 1..=N {
@@ -315,11 +313,9 @@ async fn a_device_reconnecting_without_confirming_gets_the_same_batch_and_its_cl
 async fn an_unconfirmed_batch_is_sent_again_with_a_growing_timeout_while_the_device_is_online() {
     const DEVICE: &str = "panel-slow";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(opts_with(
-        "gw-down-resend",
-        mq.port,
-        &["[downlink]\nconfirm_timeout_ms = 300"],
-    ));
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-down-resend", mq.port).with(|c| c.downlink.confirm_timeout_ms = 300),
+    );
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     for i in 1..=3 {

@@ -7,11 +7,8 @@ use super::*;
 async fn past_the_queue_cap_the_oldest_deliveries_expire_as_tombstones_and_keep_their_content() {
     const DEVICE: &str = "panel-cap";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(opts_with(
-        "gw-down-cap",
-        mq.port,
-        &["[downlink]\nqueue_cap = 3"],
-    ));
+    let ferry =
+        Ferry::start(FerryOpts::new("gw-down-cap", mq.port).with(|c| c.downlink.queue_cap = 3));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let ids: Vec<String> = (1..=5).map(|i| format!("cap-{boot}-{i}")).collect();

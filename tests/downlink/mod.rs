@@ -49,12 +49,6 @@ async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bo
     }
 }
 
-fn opts_with(gateway: &str, north_port: u16, extra: &[&str]) -> FerryOpts {
-    let mut opts = FerryOpts::new(gateway, north_port);
-    opts.extra_toml = extra.iter().map(|s| s.to_string()).collect();
-    opts
-}
-
 // ---------------------------------------------------------------------------
 // Receipts north
 // ---------------------------------------------------------------------------

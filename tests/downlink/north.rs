@@ -106,11 +106,10 @@ async fn downlinks_sent_across_an_upstream_broker_restart_are_all_queued_once_an
 async fn malformed_downlinks_are_rejected_with_a_reason_and_dead_lettered() {
     const DEVICE: &str = "panel-m";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(opts_with(
-        "gw-down-bad",
-        mq.port,
-        &["[groups]\nline3 = [\"panel-m\"]"],
-    ));
+    let ferry = Ferry::start(FerryOpts::new("gw-down-bad", mq.port).with(|c| {
+        c.groups
+            .insert("line3".to_string(), vec!["panel-m".to_string()]);
+    }));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let raw = BareClient::connect(
         mq.port,

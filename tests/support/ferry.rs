@@ -1,167 +1,20 @@
-//! The gateway under test: the real `ferry` binary in its own temp dir, the
-//! config it is started with, and read-only access to its store.
+//! The gateway under test: the real `ferry` binary in its own temp dir,
+//! started on a [`FerryOpts`] config, and read-only access to its store.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ferry::config::RawConfig;
+
+use super::config::{to_toml, FerryOpts};
 use super::proc::{kill_and_reap, signal, wait_exit};
 use super::{blocking, file_tail, free_port, port_accepts};
 
 /// How long `Ferry::start` waits for the south listener.
 const FERRY_START_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A TOML basic string.
-fn toml_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// What a test may change in ferry's config; everything else is fixed.
-#[derive(Clone, Debug)]
-pub struct FerryOpts {
-    /// `gateway.id`.
-    pub gateway: String,
-    /// `north.port` (the upstream Mosquitto).
-    pub north_port: u16,
-    pub max_payload_bytes: u64,
-    /// `south.max_connections`.
-    pub max_connections: usize,
-    /// `south.max_keep_alive_s`.
-    pub max_keep_alive_s: u64,
-    /// `south.max_subscriptions`.
-    pub max_subscriptions: usize,
-    /// `north.max_packet_bytes`.
-    pub north_max_packet_bytes: u64,
-    pub ack_timeout_ms: u64,
-    pub max_inflight: u32,
-    pub keep_alive_s: u64,
-    pub retry_base_ms: u64,
-    pub retry_max_ms: u64,
-    pub retry_max_attempts: u32,
-    pub retry_jitter: f64,
-    /// `store.sync`: "full" or "normal".
-    pub store_sync: String,
-    pub store_max_batch: u64,
-    pub log_level: String,
-    /// Raw lines appended after the last section (`[log]`): start them
-    /// with a section header of their own.
-    pub extra_toml: Vec<String>,
-    /// `gateway.data_dir`; a fresh temp dir when `None`.
-    pub data_dir: Option<PathBuf>,
-}
-
-impl Default for FerryOpts {
-    fn default() -> Self {
-        FerryOpts {
-            gateway: "gw-test".to_string(),
-            north_port: 1884,
-            max_payload_bytes: 65536,
-            max_connections: 1000,
-            max_keep_alive_s: 600,
-            max_subscriptions: 8,
-            north_max_packet_bytes: 16 << 20,
-            ack_timeout_ms: 2000,
-            max_inflight: 32,
-            keep_alive_s: 5,
-            retry_base_ms: 200,
-            retry_max_ms: 2000,
-            retry_max_attempts: 5,
-            retry_jitter: 0.2,
-            store_sync: "full".to_string(),
-            store_max_batch: 2048,
-            log_level: "info".to_string(),
-            extra_toml: Vec::new(),
-            data_dir: None,
-        }
-    }
-}
-
-impl FerryOpts {
-    /// Test defaults for `gateway` talking to Mosquitto on `north_port`.
-    pub fn new(gateway: &str, north_port: u16) -> FerryOpts {
-        FerryOpts {
-            gateway: gateway.to_string(),
-            north_port,
-            ..FerryOpts::default()
-        }
-    }
-
-    /// The full config file: every key of `conf/ferry.toml`.
-    pub fn render(&self, south_port: u16, data_dir: &Path) -> String {
-        let mut s = format!(
-            "[gateway]\n\
-             id = {id}\n\
-             data_dir = {data_dir}\n\
-             \n\
-             [south]\n\
-             listen = \"127.0.0.1:{south_port}\"\n\
-             max_payload_bytes = {max_payload}\n\
-             topic_prefix = \"devices\"\n\
-             max_connections = {max_connections}\n\
-             max_keep_alive_s = {max_keep_alive}\n\
-             max_subscriptions = {max_subscriptions}\n\
-             \n\
-             [north]\n\
-             host = \"127.0.0.1\"\n\
-             port = {north_port}\n\
-             client_id = \"\"\n\
-             username = \"\"\n\
-             password = \"\"\n\
-             keep_alive_s = {keep_alive}\n\
-             ack_timeout_ms = {ack_timeout}\n\
-             max_inflight = {max_inflight}\n\
-             topic_prefix = \"ferry\"\n\
-             max_packet_bytes = {north_max_packet}\n\
-             \n\
-             [retry]\n\
-             base_ms = {base}\n\
-             max_ms = {max}\n\
-             max_attempts = {attempts}\n\
-             jitter = {jitter:?}\n\
-             \n\
-             [store]\n\
-             sync = {sync}\n\
-             max_batch = {max_batch}\n\
-             \n\
-             [log]\n\
-             level = {level}\n",
-            id = toml_str(&self.gateway),
-            data_dir = toml_str(&data_dir.display().to_string()),
-            max_payload = self.max_payload_bytes,
-            max_connections = self.max_connections,
-            max_keep_alive = self.max_keep_alive_s,
-            max_subscriptions = self.max_subscriptions,
-            north_max_packet = self.north_max_packet_bytes,
-            north_port = self.north_port,
-            keep_alive = self.keep_alive_s,
-            ack_timeout = self.ack_timeout_ms,
-            max_inflight = self.max_inflight,
-            base = self.retry_base_ms,
-            max = self.retry_max_ms,
-            attempts = self.retry_max_attempts,
-            jitter = self.retry_jitter,
-            sync = toml_str(&self.store_sync),
-            max_batch = self.store_max_batch,
-            level = toml_str(&self.log_level),
-        );
-        for line in &self.extra_toml {
-            s.push_str(line);
-            s.push('\n');
-        }
-        s
-    }
-}
 
 /// Path of the binary under test.
 pub fn ferry_binary() -> PathBuf {
@@ -187,7 +40,8 @@ pub struct Ferry {
     pub gateway: String,
     pub config_path: PathBuf,
     pub log_path: PathBuf,
-    pub opts: FerryOpts,
+    /// The config it runs on, as written to `config_path`.
+    pub config: RawConfig,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -201,19 +55,19 @@ impl Ferry {
             .tempdir()
             .expect("temp dir for ferry");
         let south_port = free_port();
-        let data_dir = opts
-            .data_dir
-            .clone()
-            .unwrap_or_else(|| dir.path().join("data"));
+        let mut config = opts.config;
+        config.south.listen = format!("127.0.0.1:{south_port}");
+        // An absolute data_dir (a test's own disk) stays as it is.
+        config.gateway.data_dir = dir.path().join(&config.gateway.data_dir);
         let config_path = dir.path().join("ferry.toml");
-        fs::write(&config_path, opts.render(south_port, &data_dir)).expect("write ferry.toml");
+        fs::write(&config_path, to_toml(&config)).expect("write ferry.toml");
         let mut ferry = Ferry {
             south_port,
-            data_dir,
-            gateway: opts.gateway.clone(),
+            data_dir: config.gateway.data_dir.clone(),
+            gateway: config.gateway.id.clone(),
             log_path: dir.path().join("ferry.log"),
             config_path,
-            opts,
+            config,
             dir,
             child: None,
         };

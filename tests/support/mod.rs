@@ -2,7 +2,9 @@
 //! clients playing the field devices and the backend, all on 127.0.0.1.
 //!
 //! - [`mosquitto`]: the upstream broker, one per test, on a free port.
-//! - [`ferry`]: the gateway binary and the config it is started with.
+//! - [`config`]: the config a test starts ferry with, ferry's own raw
+//!   config type serialized to TOML.
+//! - [`ferry`]: the gateway binary.
 //! - [`session`]: the rumqttc event loops (the only ones in the harness),
 //!   and the clients built straight on them.
 //! - [`clients`]: a field device and the backend, on [`session`].
@@ -16,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod clients;
+pub mod config;
 pub mod ferry;
 pub mod mosquitto;
 pub mod proc;
@@ -29,7 +32,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use clients::{Backend, Device, NorthMessage};
-pub use ferry::{ferry_command, Ferry, FerryOpts};
+pub use config::FerryOpts;
+pub use ferry::{ferry_command, Ferry};
 pub use mosquitto::Mosquitto;
 pub use proc::{raise_fd_limit, rss_kib, Tmpfs};
 pub use raw_mqtt::RawMqtt;
