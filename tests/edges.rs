@@ -7,10 +7,12 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::support;
-use crate::support::{boot_id, ferry_command, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs};
 use rumqttc::{ConnectReturnCode, Packet, SubscribeReasonCode};
 use serde_json::{json, Value};
+
+use crate::support::{
+    self, boot_id, ferry_command, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs,
+};
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use crate::support;
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
+
+use crate::support;
 
 /// The first retained status a fresh subscriber sees.
 async fn retained_status(port: u16, gateway: &str, client_id: &str) -> serde_json::Value {

@@ -6,11 +6,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::support;
-use crate::support::{
-    boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt,
-};
 use serde_json::{json, Value};
+
+use crate::support::{
+    self, boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt,
+};
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);

@@ -14,10 +14,11 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::support::{boot_id, cut_off, BareClient, Ferry, FerryOpts, Mosquitto};
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions, InboxMessage};
 use serde_json::{json, Value};
+
+use crate::support::{boot_id, cut_off, BareClient, Ferry, FerryOpts, Mosquitto};
 
 mod batches;
 mod expiry;
