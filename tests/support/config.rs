@@ -45,11 +45,6 @@ impl FerryOpts {
         self
     }
 
-    /// `gateway.id`.
-    pub fn gateway(&self) -> &str {
-        &self.config.gateway.id
-    }
-
     /// The config file, as `ferry run --config` reads it.
     pub fn to_toml(&self) -> String {
         to_toml(&self.config)
