@@ -11,39 +11,29 @@
 //! 2. runs `--rounds` rounds of `--per-round` new, distinct devices that
 //!    connect the same way and leave; reports RSS after each round.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use common::{Ferry, FerryOpts, RawMqtt};
+use clap::Parser;
 use futures_util::stream::{self, StreamExt};
+use support::harness::{free_port, Ferry, FerryOpts, RawMqtt};
 
+/// Memory per connected device, and memory after devices come and go.
+#[derive(Parser, Debug)]
+#[command(name = "churn")]
 struct Args {
+    /// Devices connected at once and kept idle (0 skips this part).
+    #[arg(long, default_value_t = 10_000)]
     idle: usize,
+    /// Rounds of new devices that connect and leave.
+    #[arg(long, default_value_t = 4)]
     rounds: usize,
+    /// Distinct devices in each round.
+    #[arg(long, default_value_t = 5000)]
     per_round: usize,
-}
-
-fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
-    let mut args = Args {
-        idle: 10_000,
-        rounds: 4,
-        per_round: 5000,
-    };
-    let mut flags = common::Flags::new(raw);
-    while let Some(flag) = flags.next_flag() {
-        match flag.as_str() {
-            "--idle" => args.idle = flags.num(&flag)?,
-            "--rounds" => args.rounds = flags.num(&flag)?,
-            "--per-round" => args.per_round = flags.num(&flag)?,
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    if args.rounds == 0 || args.per_round == 0 {
-        return Err("--rounds and --per-round must be at least 1".into());
-    }
-    Ok(args)
+    #[command(flatten)]
+    _cargo: support::CargoBench,
 }
 
 async fn connect_all(port: u16, ids: Vec<String>) -> Vec<RawMqtt> {
@@ -76,23 +66,20 @@ fn mib(kib: u64) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("churn: {e}");
-            std::process::exit(64);
-        }
-    };
-    common::raise_fd_limit();
+    let args = Args::parse();
+    if args.rounds == 0 || args.per_round == 0 {
+        support::invalid::<Args>("--rounds and --per-round must be at least 1".into());
+    }
     let max = args.idle.max(args.per_round) + 100;
-    let ferry = Ferry::start(FerryOpts {
-        max_connections: max,
-        log_level: "warn".into(),
-        ..FerryOpts::new("gw-churn", common::free_port())
-    });
+    // Each device is a socket here and one in ferry (which inherits this).
+    support::raise_fd_limit(max as u64 * 2 + 1024);
+    let ferry = Ferry::start(FerryOpts::new("gw-churn", free_port()).with(|c| {
+        c.south.max_connections = max;
+        c.log.level = "warn".to_string();
+    }));
     let pid = ferry.pid().expect("ferry runs");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let base = common::rss_kib(pid).unwrap_or(0);
+    let base = support::vm_kib(pid, "VmRSS").unwrap_or(0);
     println!("ferry idle, no devices: {}", mib(base));
 
     if args.idle > 0 {
@@ -101,7 +88,7 @@ async fn main() {
         let devices = connect_all(ferry.south_port, ids).await;
         let took = started.elapsed();
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let connected = common::rss_kib(pid).unwrap_or(0);
+        let connected = support::vm_kib(pid, "VmRSS").unwrap_or(0);
         println!(
             "{} idle devices connected in {:.1} s: {} ({:.1} KiB per device above idle)",
             args.idle,
@@ -112,7 +99,7 @@ async fn main() {
         leave_all(devices).await;
         println!(
             "after they left: {}",
-            mib(common::rss_kib(pid).unwrap_or(0))
+            mib(support::vm_kib(pid, "VmRSS").unwrap_or(0))
         );
     }
 
@@ -122,9 +109,9 @@ async fn main() {
             .map(|i| format!("churn-{round}-{i}"))
             .collect();
         let devices = connect_all(ferry.south_port, ids).await;
-        let connected = common::rss_kib(pid).unwrap_or(0);
+        let connected = support::vm_kib(pid, "VmRSS").unwrap_or(0);
         leave_all(devices).await;
-        let left = common::rss_kib(pid).unwrap_or(0);
+        let left = support::vm_kib(pid, "VmRSS").unwrap_or(0);
         println!(
             "round {}: {} distinct devices; {} connected, {} after they left",
             round + 1,

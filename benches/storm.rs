@@ -30,23 +30,23 @@
 //!     [--timeout-s 120] [--setup-timeout-s 300] [--log-level FILTER] [--save-log FILE]
 //! ```
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+mod support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-const USAGE: &str = "usage: cargo bench --bench storm -- [--devices N] [--per-device N] \
-[--batch N] [--payload-bytes N] [--confirm-timeout-ms MS] [--sync full|normal] \
-[--timeout-s S] [--setup-timeout-s S] [--log-level FILTER] [--save-log FILE]";
+use support::{
+    clock_ticks_per_s, cpu_ticks, reset_peak_rss, thread_ticks, vm_kib, CargoBench, Env,
+};
 
 /// The WARN line ferry writes for every confirm timeout.
 const CONFIRM_TIMEOUT_LINE: &str = "downlink batch not confirmed in time; resending";
@@ -63,139 +63,63 @@ const TARGET_RSS_MB: f64 = 300.0;
 
 // ---------------------------------------------------------------- arguments
 
-#[derive(Clone, Debug)]
+/// Reconnect storm: N devices with M downlinks queued each connect at once
+/// and drain their inboxes.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "storm")]
 struct Args {
+    /// Devices (N).
+    #[arg(long, default_value_t = 2000)]
     devices: usize,
+    /// Downlink messages queued per device (M).
+    #[arg(long, default_value_t = 100)]
     per_device: usize,
+    /// downlink.batch_size, 1..=1000.
+    #[arg(long, default_value_t = 200)]
     batch: usize,
+    /// Approximate payload of each downlink, bytes.
+    #[arg(long, default_value_t = 100)]
     payload_bytes: usize,
+    /// downlink.confirm_timeout_ms, at least 100.
+    #[arg(long, default_value_t = 10_000)]
     confirm_timeout_ms: u64,
+    /// store.sync.
+    #[arg(long, default_value = "full", value_parser = ["full", "normal"])]
     sync: String,
+    /// Bound on the storm, seconds.
+    #[arg(long = "timeout-s", value_name = "S", default_value = "120", value_parser = support::parse_secs)]
     timeout: Duration,
+    /// Bound on the setup (queueing every message), seconds.
+    #[arg(long = "setup-timeout-s", value_name = "S", default_value = "300", value_parser = support::parse_secs)]
     setup_timeout: Duration,
+    /// ferry's log filter.
+    #[arg(long, value_name = "FILTER", default_value = PRODUCTION_LOG_LEVEL)]
     log_level: String,
     /// Copy ferry's log here at the end (its temp dir is removed).
+    #[arg(long, value_name = "FILE")]
     save_log: Option<String>,
+    #[command(flatten)]
+    _cargo: CargoBench,
 }
 
-impl Default for Args {
-    fn default() -> Self {
-        Args {
-            devices: 2000,
-            per_device: 100,
-            batch: 200,
-            payload_bytes: 100,
-            confirm_timeout_ms: 10_000,
-            sync: "full".to_string(),
-            timeout: Duration::from_secs(120),
-            setup_timeout: Duration::from_secs(300),
-            log_level: PRODUCTION_LOG_LEVEL.to_string(),
-            save_log: None,
+impl Args {
+    /// The flags, checked; exits with a usage error on a bad one.
+    fn parse_checked() -> Args {
+        let args = Args::parse();
+        if args.devices == 0 || args.per_device == 0 {
+            support::invalid::<Args>("--devices and --per-device must be at least 1".into());
         }
-    }
-}
-
-fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
-    let mut args = Args::default();
-    let mut flags = common::Flags::new(raw);
-    while let Some(flag) = flags.next_flag() {
-        match flag.as_str() {
-            "--devices" => args.devices = flags.num(&flag)?,
-            "--per-device" => args.per_device = flags.num(&flag)?,
-            "--batch" => args.batch = flags.num(&flag)?,
-            "--payload-bytes" => args.payload_bytes = flags.num(&flag)?,
-            "--confirm-timeout-ms" => args.confirm_timeout_ms = flags.num(&flag)?,
-            "--timeout-s" => args.timeout = Duration::from_secs(flags.num(&flag)?),
-            "--setup-timeout-s" => args.setup_timeout = Duration::from_secs(flags.num(&flag)?),
-            "--log-level" => args.log_level = flags.value(&flag)?,
-            "--save-log" => args.save_log = Some(flags.value(&flag)?),
-            "--sync" => {
-                args.sync = flags.value(&flag)?;
-                if args.sync != "full" && args.sync != "normal" {
-                    return Err(format!("--sync: `{}` is not full or normal", args.sync));
-                }
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument `{other}`")),
+        if !(1..=1000).contains(&args.batch) {
+            support::invalid::<Args>("--batch must be in 1..=1000 (downlink.batch_size)".into());
         }
+        if args.confirm_timeout_ms < 100 {
+            support::invalid::<Args>("--confirm-timeout-ms must be at least 100".into());
+        }
+        args
     }
-    if args.devices == 0 || args.per_device == 0 {
-        return Err("--devices and --per-device must be at least 1".into());
-    }
-    if !(1..=1000).contains(&args.batch) {
-        return Err("--batch must be in 1..=1000 (downlink.batch_size)".into());
-    }
-    if args.confirm_timeout_ms < 100 {
-        return Err("--confirm-timeout-ms must be at least 100".into());
-    }
-    Ok(args)
 }
 
 // ------------------------------------------------------------ /proc helpers
-
-fn clock_ticks_per_s() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
-
-/// utime + stime from the text of a /proc/.../stat file.
-fn stat_ticks(stat: &str) -> u64 {
-    // Fields after the `(comm)`, which may itself hold spaces.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state); utime and stime are fields 14 and 15.
-    let get = |k: usize| {
-        f.get(k - 3)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    get(14) + get(15)
-}
-
-/// utime + stime of a process (all its threads), in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| stat_ticks(&s))
-        .unwrap_or(0)
-}
-
-/// CPU ticks per thread of a process, keyed by `name (tid)`.
-fn thread_ticks(pid: u32) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let tid = e.file_name().to_string_lossy().to_string();
-        let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-        let ticks = std::fs::read_to_string(e.path().join("stat"))
-            .map(|s| stat_ticks(&s))
-            .unwrap_or(0);
-        out.insert(format!("{} ({tid})", name.trim()), ticks);
-    }
-    out
-}
-
-/// A `Vm*` line of /proc/{pid}/status, in KiB.
-fn vm_kib(pid: u32, key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
-
-/// Resets the process's VmHWM to its current RSS; false if not allowed.
-fn reset_peak_rss(pid: u32) -> bool {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
-}
 
 /// Counters of the `TcpExt:` lines of /proc/net/netstat (system-wide).
 fn tcp_ext() -> BTreeMap<String, u64> {
@@ -236,91 +160,17 @@ fn accept_queue(port: u16) -> Option<(u64, u64)> {
     Some((f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?))
 }
 
-/// The pid of a process whose command line holds `needle` (the harness
-/// does not expose Mosquitto's child; its config path is unique).
-fn pid_with_arg(needle: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-        String::from_utf8_lossy(&cmdline)
-            .contains(needle)
-            .then_some(pid)
-    })
-}
-
-/// Raises RLIMIT_NOFILE (soft, and hard if allowed) to at least `want`;
-/// returns the soft limit in force afterwards. ferry inherits it.
-fn raise_fd_limit(want: u64) -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 0;
-        }
-        if lim.rlim_cur >= want as libc::rlim_t {
-            return lim.rlim_cur;
-        }
-        let raised = libc::rlimit {
-            rlim_cur: want as libc::rlim_t,
-            rlim_max: lim.rlim_max.max(want as libc::rlim_t),
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
-            let soft = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
-        }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-    }
-    lim.rlim_cur
-}
-
 // -------------------------------------------------------------- environment
 
-/// The gateway and its upstream, torn down (ferry first) on drop.
-struct Env {
-    ferry: common::Ferry,
-    mosquitto: common::Mosquitto,
-    ferry_pid: u32,
-    mosquitto_pid: u32,
-}
-
 fn start_env(args: &Args) -> Env {
-    let mosquitto = common::Mosquitto::start();
-    let mut opts = common::FerryOpts::new("storm-gw", mosquitto.port);
-    // Production values from conf/ferry.toml, not the tests' short ones.
-    opts.ack_timeout_ms = 10_000;
-    opts.keep_alive_s = 30;
-    opts.retry_base_ms = 1000;
-    opts.retry_max_ms = 300_000;
-    opts.retry_max_attempts = 10;
-    opts.store_sync = args.sync.clone();
-    opts.log_level = args.log_level.clone();
-    // FerryOpts renders no [downlink] section: this is its only one.
-    opts.extra_toml = vec![
-        "[downlink]".to_string(),
-        format!("batch_size = {}", args.batch),
-        format!("confirm_timeout_ms = {}", args.confirm_timeout_ms),
-    ];
-    // Above the storm's devices: a CONNECT beyond it gets no CONNACK.
-    opts.max_connections = args.devices.max(10_000);
-    let ferry = common::Ferry::start(opts);
-    let ferry_pid = ferry.pid().unwrap_or(0);
-    let mosquitto_pid = mosquitto
-        .log_path()
-        .parent()
-        .and_then(|dir| pid_with_arg(&dir.display().to_string()))
-        .unwrap_or(0);
-    Env {
-        ferry,
-        mosquitto,
-        ferry_pid,
-        mosquitto_pid,
-    }
+    Env::start("storm-gw", |c| {
+        c.store.sync = args.sync.clone();
+        c.log.level = args.log_level.clone();
+        c.downlink.batch_size = args.batch;
+        c.downlink.confirm_timeout_ms = args.confirm_timeout_ms;
+        // Above the storm's devices: a CONNECT beyond it gets no CONNACK.
+        c.south.max_connections = args.devices.max(10_000);
+    })
 }
 
 // ------------------------------------------------------------------ backend
@@ -705,18 +555,9 @@ fn log_summary(log: &str) {
 // --------------------------------------------------------------------- main
 
 fn main() {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("error: {e}");
-            }
-            eprintln!("{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse_checked();
     // Each device is a socket here and one in ferry (which inherits this).
-    let nofile = raise_fd_limit((args.devices as u64 * 2 + 1024).max(8192));
+    let nofile = support::raise_fd_limit((args.devices as u64 * 2 + 1024).max(8192));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -753,7 +594,7 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
     );
 
     // ------------------------------------------------ setup: queue everything
-    let run = common::boot_id();
+    let run = support::harness::boot_id();
     let msg_prefix = format!("storm-{run}-");
     let stats = Arc::new(BackendStats::default());
     let mut backend = BackendClient::connect(BackendOptions {

@@ -23,14 +23,15 @@
 //!     [--client-nodelay true|false]
 //! ```
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+mod support;
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, NetworkOptions, Outgoing, Packet, QoS};
 use serde::{Deserialize, Serialize};
@@ -38,10 +39,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, timeout_at, MissedTickBehavior};
 
-const USAGE: &str = "usage: cargo bench --bench uplink -- [--devices N] \
-[--messages-per-device N] [--payload-bytes N] [--rate MSGS_PER_S (0 = half the saturation rate)] \
-[--window N] [--mode both|saturation|paced] [--sync full|normal] [--max-inflight N] [--timeout-s S] [--quiet-wait-s S] \
-[--client-nodelay true|false]";
+use support::{clock_ticks_per_s, cores, cpu_ticks, thread_ticks, vm_kib, CargoBench, Env};
 
 /// Devices connect in groups of this many, so that setup is not a connect
 /// storm (each CONNECT costs a round trip to rumqttd's router).
@@ -51,94 +49,69 @@ const ACK_BATCH: usize = 100;
 
 // ---------------------------------------------------------------- arguments
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// Which phases to run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
 enum Mode {
     Both,
     Saturation,
     Paced,
 }
 
-#[derive(Clone, Debug)]
+/// Uplink benchmark: N devices → ferry → Mosquitto → one backend.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "uplink")]
 struct Args {
+    /// Devices (N).
+    #[arg(long, default_value_t = 100)]
     devices: usize,
+    /// Messages each device sends per phase.
+    #[arg(long, default_value_t = 2000)]
     messages_per_device: usize,
+    /// Payload of each message, bytes.
+    #[arg(long, default_value_t = 200)]
     payload_bytes: usize,
     /// Total msgs/s for the paced phase; 0 = half the saturation stored rate.
+    #[arg(long, value_name = "MSGS_PER_S", default_value_t = 0.0)]
     rate: f64,
+    /// Most messages a device keeps without a `stored` receipt.
+    #[arg(long, default_value_t = 64)]
     window: usize,
+    /// Phases to run.
+    #[arg(long, value_enum, default_value_t = Mode::Both)]
     mode: Mode,
+    /// store.sync.
+    #[arg(long, default_value = "full", value_parser = ["full", "normal"])]
     sync: String,
+    /// north.max_inflight (ferry's default when not given).
+    #[arg(long, value_name = "N")]
     max_inflight: Option<u32>,
+    /// Bound on each phase, seconds.
+    #[arg(long = "timeout-s", value_name = "S", default_value = "120", value_parser = support::parse_secs)]
     timeout: Duration,
-    /// How long to wait for other work on the machine to finish first.
+    /// How long to wait for other work on the machine to finish first, seconds.
+    #[arg(long = "quiet-wait-s", value_name = "S", default_value = "120", value_parser = support::parse_secs)]
     quiet_wait: Duration,
     /// TCP_NODELAY on the bench's device and backend sockets.
+    #[arg(long, value_name = "true|false", default_value_t = true, action = clap::ArgAction::Set)]
     client_nodelay: bool,
+    #[command(flatten)]
+    _cargo: CargoBench,
 }
 
-impl Default for Args {
-    fn default() -> Self {
-        Args {
-            devices: 100,
-            messages_per_device: 2000,
-            payload_bytes: 200,
-            rate: 0.0,
-            window: 64,
-            mode: Mode::Both,
-            sync: "full".to_string(),
-            max_inflight: None,
-            timeout: Duration::from_secs(120),
-            quiet_wait: Duration::from_secs(120),
-            client_nodelay: true,
+impl Args {
+    /// The flags, checked; exits with a usage error on a bad one.
+    fn parse_checked() -> Args {
+        let args = Args::parse();
+        if args.devices == 0 || args.messages_per_device == 0 || args.window == 0 {
+            support::invalid::<Args>(
+                "--devices, --messages-per-device and --window must be at least 1".into(),
+            );
         }
-    }
-}
-
-fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
-    let mut args = Args::default();
-    let mut flags = common::Flags::new(raw);
-    while let Some(flag) = flags.next_flag() {
-        match flag.as_str() {
-            "--devices" => args.devices = flags.num(&flag)?,
-            "--messages-per-device" => args.messages_per_device = flags.num(&flag)?,
-            "--payload-bytes" => args.payload_bytes = flags.num(&flag)?,
-            "--rate" => args.rate = flags.num(&flag)?,
-            "--window" => args.window = flags.num(&flag)?,
-            "--max-inflight" => args.max_inflight = Some(flags.num(&flag)?),
-            "--timeout-s" => args.timeout = Duration::from_secs(flags.num(&flag)?),
-            "--quiet-wait-s" => args.quiet_wait = Duration::from_secs(flags.num(&flag)?),
-            "--client-nodelay" => {
-                args.client_nodelay = match flags.value(&flag).ok().as_deref() {
-                    Some("true") => true,
-                    Some("false") => false,
-                    other => return Err(format!("--client-nodelay: {other:?} is not true|false")),
-                }
-            }
-            "--sync" => {
-                args.sync = flags.value(&flag)?;
-                if args.sync != "full" && args.sync != "normal" {
-                    return Err(format!("--sync: `{}` is not full or normal", args.sync));
-                }
-            }
-            "--mode" => {
-                args.mode = match flags.value(&flag).ok().as_deref() {
-                    Some("both") => Mode::Both,
-                    Some("saturation") => Mode::Saturation,
-                    Some("paced") => Mode::Paced,
-                    other => return Err(format!("--mode: {other:?} is not both|saturation|paced")),
-                }
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument `{other}`")),
+        if !(args.rate >= 0.0 && args.rate.is_finite()) {
+            support::invalid::<Args>("--rate must be a number ≥ 0".into());
         }
+        args
     }
-    if args.devices == 0 || args.messages_per_device == 0 || args.window == 0 {
-        return Err("--devices, --messages-per-device and --window must be at least 1".into());
-    }
-    if !(args.rate >= 0.0 && args.rate.is_finite()) {
-        return Err("--rate must be a number ≥ 0".into());
-    }
-    Ok(args)
 }
 
 // ----------------------------------------------------------- wire messages
@@ -824,28 +797,6 @@ async fn run_phase(
 
 // ------------------------------------------------------------ /proc helpers
 
-fn clock_ticks_per_s() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
-
-/// `(comm, utime + stime)` from a /proc/.../stat file, in clock ticks.
-fn stat_ticks(path: &str) -> Option<(String, u64)> {
-    let stat = std::fs::read_to_string(path).ok()?;
-    // `pid (comm) state ...`; comm may itself hold spaces and parentheses.
-    let (head, rest) = stat.rsplit_once(')')?;
-    let comm = head.split_once('(')?.1.to_string();
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (state); utime and stime are fields 14 and 15.
-    let get = |k: usize| f.get(k - 3).and_then(|v| v.parse::<u64>().ok());
-    Some((comm, get(14)? + get(15)?))
-}
-
 /// Busy ticks of the whole machine (all cores), from /proc/stat.
 fn machine_busy_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -889,7 +840,8 @@ struct CpuSnapshot {
     at: Instant,
     machine: u64,
     procs: Vec<u64>,
-    threads: Vec<(u32, String, u64)>,
+    /// Ticks per thread of ferry, keyed by `comm (tid)`.
+    threads: BTreeMap<String, u64>,
 }
 
 /// CPU used over a phase, in % of one core.
@@ -897,29 +849,18 @@ struct CpuSnapshot {
 struct CpuUse {
     machine: f64,
     procs: Vec<(String, f64)>,
-    /// The busiest threads of ferry: `name/tid`, %.
+    /// The busiest threads of ferry: `comm (tid)`, %.
     ferry_threads: Vec<(String, f64)>,
 }
 
 impl CpuSnapshot {
     fn take(watched: &Watched) -> CpuSnapshot {
-        let procs = watched
+        let procs = watched.iter().map(|(_, pid)| cpu_ticks(*pid)).collect();
+        let threads = watched
             .iter()
-            .map(|(_, pid)| stat_ticks(&format!("/proc/{pid}/stat")).map_or(0, |(_, t)| t))
-            .collect();
-        let mut threads = Vec::new();
-        if let Some((_, pid)) = watched.iter().find(|(label, _)| label == "ferry") {
-            if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-                for e in dir.flatten() {
-                    let Some(tid) = e.file_name().to_str().and_then(|t| t.parse().ok()) else {
-                        continue;
-                    };
-                    if let Some((comm, t)) = stat_ticks(&format!("/proc/{pid}/task/{tid}/stat")) {
-                        threads.push((tid, comm, t));
-                    }
-                }
-            }
-        }
+            .find(|(label, _)| label == "ferry")
+            .map(|(_, pid)| thread_ticks(*pid))
+            .unwrap_or_default();
         CpuSnapshot {
             at: Instant::now(),
             machine: machine_busy_ticks(),
@@ -939,13 +880,9 @@ impl CpuSnapshot {
         let mut ferry_threads: Vec<(String, f64)> = self
             .threads
             .iter()
-            .map(|(tid, comm, now)| {
-                let then = before
-                    .threads
-                    .iter()
-                    .find(|(t, _, _)| t == tid)
-                    .map_or(0, |(_, _, t)| *t);
-                (format!("{comm}/{tid}"), pct(now.saturating_sub(then)))
+            .map(|(thread, now)| {
+                let then = before.threads.get(thread).copied().unwrap_or(0);
+                (thread.clone(), pct(now.saturating_sub(then)))
             })
             .filter(|(_, p)| *p >= 1.0)
             .collect();
@@ -959,71 +896,19 @@ impl CpuSnapshot {
     }
 }
 
-/// A `Vm*` line of /proc/{pid}/status, in KiB.
-fn vm_kib(pid: u32, key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
-
 // -------------------------------------------------------------- environment
 
-/// The gateway and its upstream, torn down (ferry first) on drop.
-struct Env {
-    ferry: common::Ferry,
-    mosquitto: common::Mosquitto,
-    ferry_pid: u32,
-    mosquitto_pid: u32,
-}
-
 fn start_env(args: &Args) -> Env {
-    let mosquitto = common::Mosquitto::start();
-    let mut opts = common::FerryOpts::new("bench-gw", mosquitto.port);
-    // Production values from conf/ferry.toml, not the tests' short ones.
-    opts.ack_timeout_ms = 10_000;
-    opts.keep_alive_s = 30;
-    opts.retry_base_ms = 1000;
-    opts.retry_max_ms = 300_000;
-    opts.retry_max_attempts = 10;
-    opts.max_payload_bytes = 65536.max(args.payload_bytes as u64 + 1024);
-    opts.store_sync = args.sync.clone();
-    if let Some(m) = args.max_inflight {
-        opts.max_inflight = m;
-    }
-    let ferry = common::Ferry::start(opts);
-    let ferry_pid = ferry.pid().unwrap_or(0);
-    let mosquitto_pid = mosquitto
-        .log_path()
-        .parent()
-        .and_then(|dir| pid_with_arg(&dir.display().to_string()))
-        .unwrap_or(0);
-    Env {
-        ferry,
-        mosquitto,
-        ferry_pid,
-        mosquitto_pid,
-    }
-}
-
-/// The pid of a process whose command line holds `needle` (the harness
-/// does not expose Mosquitto's child; its config path is unique).
-fn pid_with_arg(needle: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-        String::from_utf8_lossy(&cmdline)
-            .contains(needle)
-            .then_some(pid)
+    Env::start("bench-gw", |c| {
+        c.south.max_payload_bytes = 65536.max(args.payload_bytes + 1024);
+        c.store.sync = args.sync.clone();
+        if let Some(m) = args.max_inflight {
+            c.north.max_inflight = m as usize;
+        }
     })
 }
 
 // ------------------------------------------------------------------- report
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(0, |n| n.get())
-}
 
 fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
@@ -1097,16 +982,7 @@ fn print_phase(r: &PhaseResult) {
 // --------------------------------------------------------------------- main
 
 fn main() {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("error: {e}");
-            }
-            eprintln!("{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse_checked();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,16 +1,20 @@
-//! `ferry check-config` and `FERRY_*` environment overrides, through the
-//! real binary (the environment is the process's, so not a unit test).
-
-mod common;
+//! The config file through the real binary and the real loader: `ferry
+//! check-config`, `FERRY_*` environment overrides (the environment is the
+//! process's, so not a unit test), and the harness's own config, which is
+//! ferry's `RawConfig` serialized with `toml` and must load back as written.
 
 use std::path::Path;
+
+use ferry::config::{Config, RawConfig};
+
+use crate::support::{self, config::to_toml, FerryOpts};
 
 fn shipped() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/ferry.toml"))
 }
 
 fn check_with_env(env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = common::ferry_command();
+    let mut cmd = support::ferry_command();
     cmd.arg("check-config").arg("--config").arg(shipped());
     for (k, v) in env {
         cmd.env(k, v);
@@ -54,7 +58,7 @@ fn an_unknown_environment_key_is_named() {
 
 #[test]
 fn a_missing_config_file_is_a_usage_error_not_a_panic() {
-    let out = common::ferry_command()
+    let out = support::ferry_command()
         .args(["run", "--config", "/nonexistent/ferry.toml"])
         .output()
         .expect("ferry runs");
@@ -63,5 +67,124 @@ fn a_missing_config_file_is_a_usage_error_not_a_panic() {
     assert!(
         stderr.contains("/nonexistent/ferry.toml") && !stderr.contains("panicked"),
         "{stderr}"
+    );
+}
+
+/// Runs `ferry check-config` on `contents` in a temp dir; returns
+/// (exit code, stderr).
+fn check_config(contents: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = support::write_file(dir.path(), "ferry.toml", contents);
+    let out = support::ferry_command()
+        .arg("check-config")
+        .arg("--config")
+        .arg(&path)
+        .current_dir(dir.path())
+        .output()
+        .expect("run ferry check-config");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `config` written as TOML and read back by ferry's own loader.
+fn load_back(config: &RawConfig) -> RawConfig {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = support::write_file(dir.path(), "ferry.toml", &to_toml(config));
+    RawConfig::load(&path).unwrap_or_else(|e| {
+        panic!(
+            "the serialized config does not load ({e}); is a FERRY_* variable set?\n{}",
+            to_toml(config)
+        )
+    })
+}
+
+/// Two raw configs compared field by field (RawConfig has no PartialEq).
+fn assert_same(loaded: &RawConfig, intended: &RawConfig) {
+    let as_json = |c: &RawConfig| serde_json::to_value(c).expect("RawConfig serializes");
+    assert_eq!(
+        as_json(loaded),
+        as_json(intended),
+        "loaded back:\n{}\nintended:\n{}",
+        to_toml(loaded),
+        to_toml(intended)
+    );
+}
+
+#[test]
+fn the_serialized_default_and_harness_configs_load_back_as_written() {
+    assert_same(&load_back(&RawConfig::default()), &RawConfig::default());
+
+    let intended = FerryOpts::new("gw-round-trip", 18840)
+        .with(|c| {
+            c.south.listen = "127.0.0.1:18830".to_string();
+            c.gateway.data_dir = "/var/lib/ferry".into();
+            c.retry.jitter = 0.5;
+            c.downlink.batch_size = 7;
+            c.groups.insert(
+                "line3".to_string(),
+                vec!["panel-1".to_string(), "panel-2".to_string()],
+            );
+        })
+        .config;
+    let loaded = load_back(&intended);
+    assert_same(&loaded, &intended);
+    let checked = Config::from_raw(loaded).expect("the harness config passes the checks");
+    assert_eq!(checked.gateway.to_string(), "gw-round-trip");
+    assert_eq!(checked.south.listen.port(), 18830);
+    assert_eq!(checked.north.port, 18840);
+    assert_eq!(checked.retry.jitter, 0.5);
+    assert_eq!(checked.downlink.batch_size, 7);
+    assert_eq!(checked.groups["line3"].len(), 2);
+}
+
+#[test]
+fn check_config_accepts_the_shipped_config_and_the_test_config() {
+    let text = std::fs::read_to_string(shipped()).expect("read conf/ferry.toml");
+    let (code, stderr) = check_config(&text);
+    assert_eq!(code, Some(0), "conf/ferry.toml: {stderr}");
+    let (code, stderr) = check_config(&FerryOpts::new("gw-check", 1884).to_toml());
+    assert_eq!(code, Some(0), "the harness's config: {stderr}");
+}
+
+#[test]
+fn check_config_rejects_an_unknown_key_with_exit_64_naming_it() {
+    let valid = FerryOpts::new("gw-check", 1884).to_toml();
+    let mut file: toml::Table = valid.parse().expect("the harness writes TOML");
+    file["north"]
+        .as_table_mut()
+        .expect("[north]")
+        .insert("hots".to_string(), "x".into());
+    let (code, stderr) = check_config(&file.to_string());
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    assert!(
+        stderr.contains("north.hots"),
+        "stderr must name north.hots: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "a panic is not an error message: {stderr}"
+    );
+}
+
+#[test]
+fn check_config_rejects_a_jitter_above_one_naming_it() {
+    let bad = FerryOpts::new("gw-check", 1884)
+        .with(|c| c.retry.jitter = 2.0)
+        .to_toml();
+    assert!(bad.contains("jitter = 2.0"), "{bad}");
+    let (code, stderr) = check_config(&bad);
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "exit {code:?}, stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("retry.jitter"),
+        "stderr must name retry.jitter: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "a panic is not an error message: {stderr}"
     );
 }

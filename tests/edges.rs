@@ -4,14 +4,15 @@
 //! `max_connections`, subscriptions past the limit, and the log a normal
 //! disconnect leaves.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{boot_id, ferry_command, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs};
 use rumqttc::{ConnectReturnCode, Packet, SubscribeReasonCode};
 use serde_json::{json, Value};
+
+use crate::support::{
+    self, boot_id, ferry_command, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs,
+};
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
@@ -22,15 +23,15 @@ fn status(r: &Value) -> &str {
 
 /// A gateway whose north link stays down: uplinks wait in the store.
 fn lone_ferry(gateway: &str) -> Ferry {
-    Ferry::start(FerryOpts::new(gateway, common::free_port()))
+    Ferry::start(FerryOpts::new(gateway, support::free_port()))
 }
 
 /// A gateway whose store lives on `disk` and whose north link stays down.
 fn ferry_on(disk: &Tmpfs, gateway: &str) -> Ferry {
-    Ferry::start(FerryOpts {
-        data_dir: Some(disk.path.join("data")),
-        ..FerryOpts::new(gateway, common::free_port())
-    })
+    Ferry::start(
+        FerryOpts::new(gateway, support::free_port())
+            .with(|c| c.gateway.data_dir = disk.path.join("data")),
+    )
 }
 
 /// Reads receipts until `done` holds or `timeout` passes.
@@ -218,7 +219,7 @@ async fn ttl_at_its_edges_is_refused_or_kept_without_overflow() {
     assert_eq!(r.as_ref().map(status), Some("stored"), "{r:?}");
     let expires: i64 =
         ferry.query_i64("SELECT expires_ms FROM uplink WHERE msg_id = 'longest'", []);
-    let now = common::now_ms() as i64;
+    let now = support::now_ms() as i64;
     assert!(
         expires > now + 9 * 365 * 86_400_000,
         "expires in ten years, not in the past: {expires}"
@@ -246,10 +247,9 @@ async fn ttl_at_its_edges_is_refused_or_kept_without_overflow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_zero_is_accepted_and_every_keep_alive_is_capped() {
-    let ferry = Ferry::start(FerryOpts {
-        max_keep_alive_s: 5,
-        ..FerryOpts::new("gw-keepalive", common::free_port())
-    });
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-keepalive", support::free_port()).with(|c| c.south.max_keep_alive_s = 5),
+    );
     let (mut zero, ack) = RawMqtt::try_connect(ferry.south_port, "ka-zero", 0)
         .await
         .expect("a CONNACK for keep-alive 0");
@@ -284,10 +284,9 @@ async fn keep_alive_zero_is_accepted_and_every_keep_alive_is_capped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_past_max_connections_gets_a_refusing_connack_and_a_log_line() {
-    let ferry = Ferry::start(FerryOpts {
-        max_connections: 3,
-        ..FerryOpts::new("gw-full-house", common::free_port())
-    });
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-full-house", support::free_port()).with(|c| c.south.max_connections = 3),
+    );
     let mut first = Vec::new();
     for i in 0..3 {
         first.push(RawMqtt::connect(ferry.south_port, &format!("seat-{i}"), 30).await);
@@ -322,10 +321,9 @@ async fn a_connect_past_max_connections_gets_a_refusing_connack_and_a_log_line()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_past_the_limit_get_a_failure_code() {
-    let ferry = Ferry::start(FerryOpts {
-        max_subscriptions: 2,
-        ..FerryOpts::new("gw-subs", common::free_port())
-    });
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-subs", support::free_port()).with(|c| c.south.max_subscriptions = 2),
+    );
     let mut raw = RawMqtt::connect(ferry.south_port, "subs", 30).await;
     let codes = raw
         .subscribe(&[

@@ -2,12 +2,12 @@
 //! on SIGTERM (exit 0, every `stored` receipt backed by a committed row,
 //! `online: false` left behind).
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
+
+use crate::support;
 
 /// The first retained status a fresh subscriber sees.
 async fn retained_status(port: u16, gateway: &str, client_id: &str) -> serde_json::Value {
@@ -27,8 +27,8 @@ async fn retained_status(port: u16, gateway: &str, client_id: &str) -> serde_jso
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
-    let mosquitto = common::Mosquitto::start();
-    let mut ferry = common::Ferry::start(common::FerryOpts::new("gw-life", mosquitto.port));
+    let mosquitto = support::Mosquitto::start();
+    let mut ferry = support::Ferry::start(support::FerryOpts::new("gw-life", mosquitto.port));
 
     // Online once its subscriptions are acknowledged.
     let mut status = retained_status(mosquitto.port, "gw-life", "watch-1").await;
@@ -43,7 +43,7 @@ async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
 
     // The last will carries the time ferry started; a clean exit says when
     // it left.
-    let before_exit = common::now_ms();
+    let before_exit = support::now_ms();
     let status = ferry.terminate_status(Duration::from_secs(5));
     assert!(
         status.is_some_and(|s| s.success()),
@@ -83,24 +83,24 @@ async fn wait_online(port: u16, gateway: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_exits_zero_and_every_stored_receipt_is_a_committed_row() {
-    let mosquitto = common::Mosquitto::start();
-    let mut opts = common::FerryOpts::new("gw-drain", mosquitto.port);
-    opts.extra_toml = vec!["[shutdown]".into(), "grace_s = 10".into()];
-    let mut ferry = common::Ferry::start(opts);
-    let _backend = common::Backend::connect_auto_ack(mosquitto.port, "gw-drain").await;
+    let mosquitto = support::Mosquitto::start();
+    let opts =
+        support::FerryOpts::new("gw-drain", mosquitto.port).with(|c| c.shutdown.grace_s = 10);
+    let mut ferry = support::Ferry::start(opts);
+    let _backend = support::Backend::connect_auto_ack(mosquitto.port, "gw-drain").await;
     wait_online(mosquitto.port, "gw-drain").await;
 
     // Three devices publishing as fast as the broker takes it, until ferry
     // is gone.
-    let boot = common::boot_id();
+    let boot = support::boot_id();
     let mut devices = Vec::new();
     let mut publishers = Vec::new();
     for d in 0..3 {
-        let device = common::Device::connect(ferry.south_port, &format!("drain-{d}")).await;
+        let device = support::Device::connect(ferry.south_port, &format!("drain-{d}")).await;
         let (client, topic, boot) = (device.client(), device.up_topic("t"), boot.clone());
         publishers.push(tokio::spawn(async move {
             for i in 0u64.. {
-                let body = serde_json::json!({"msg_id": format!("{boot}-{i:06}"), "ts": common::now_ms(), "payload": i});
+                let body = serde_json::json!({"msg_id": format!("{boot}-{i:06}"), "ts": support::now_ms(), "payload": i});
                 let bytes = serde_json::to_vec(&body).expect("serialize envelope");
                 if client.publish(&topic, rumqttc::QoS::AtLeastOnce, false, bytes).await.is_err() {
                     return;
@@ -215,13 +215,13 @@ fn note(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_the_upstream_gone_still_exits_zero_with_what_was_stored() {
-    let mut mosquitto = common::Mosquitto::start();
-    let mut ferry = common::Ferry::start(common::FerryOpts::new("gw-alone", mosquitto.port));
+    let mut mosquitto = support::Mosquitto::start();
+    let mut ferry = support::Ferry::start(support::FerryOpts::new("gw-alone", mosquitto.port));
     wait_online(mosquitto.port, "gw-alone").await;
     mosquitto.stop();
 
-    let mut device = common::Device::connect(ferry.south_port, "alone-1").await;
-    let ids = device.publish_many("t", &common::boot_id(), "m", 20).await;
+    let mut device = support::Device::connect(ferry.south_port, "alone-1").await;
+    let ids = device.publish_many("t", &support::boot_id(), "m", 20).await;
     let receipts = device
         .receipts_until(Duration::from_secs(10), |r| r.len() >= ids.len())
         .await;

@@ -3,13 +3,14 @@
 //! disk) against the real `ferry` binary and a real Mosquitto, and checks
 //! that it is answered while everyone else's traffic flows.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt};
 use serde_json::{json, Value};
+
+use crate::support::{
+    self, boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt,
+};
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
@@ -84,12 +85,11 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
     // connection of whoever sends one.
     let mq = Mosquitto::start_with(&["max_packet_size 20000"]);
     let attempts = 3;
-    let ferry = Ferry::start(FerryOpts {
-        retry_max_attempts: attempts,
-        retry_base_ms: 100,
-        retry_max_ms: 400,
-        ..FerryOpts::new("gw-poison", mq.port)
-    });
+    let ferry = Ferry::start(FerryOpts::new("gw-poison", mq.port).with(|c| {
+        c.retry.max_attempts = attempts;
+        c.retry.base_ms = 100;
+        c.retry.max_ms = 400;
+    }));
     let _backend = Backend::connect_auto_ack(mq.port, "gw-poison").await;
     let mut big = Device::connect(ferry.south_port, "big").await;
     let mut small = Device::connect(ferry.south_port, "small").await;
@@ -200,10 +200,8 @@ async fn north_receipts_until(
 async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link() {
     let mq = Mosquitto::start();
     let gw = "gw-bigup";
-    let ferry = Ferry::start(FerryOpts {
-        north_max_packet_bytes: 1 << 20,
-        ..FerryOpts::new(gw, mq.port)
-    });
+    let ferry =
+        Ferry::start(FerryOpts::new(gw, mq.port).with(|c| c.north.max_packet_bytes = 1 << 20));
     let mut backend = Backend::connect(mq.port, gw).await;
     let mut receipts = receipts_reader(mq.port, gw).await;
     let mut device = Device::connect(ferry.south_port, "d1").await;
@@ -314,7 +312,7 @@ fn envelope(id: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_pipelined_uplinks_with_the_north_link_down_all_get_stored() {
     // Nothing listens upstream: every message waits in the store.
-    let ferry = Ferry::start(FerryOpts::new("gw-burst", common::free_port()));
+    let ferry = Ferry::start(FerryOpts::new("gw-burst", support::free_port()));
     let mut device = Device::connect(ferry.south_port, "burst").await;
     let boot = boot_id();
     let n = 2000;
@@ -336,7 +334,7 @@ async fn two_thousand_pipelined_uplinks_with_the_north_link_down_all_get_stored(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_stops_reading_for_three_seconds_still_gets_every_receipt() {
-    let ferry = Ferry::start(FerryOpts::new("gw-pause", common::free_port()));
+    let ferry = Ferry::start(FerryOpts::new("gw-pause", support::free_port()));
     let mut raw = RawMqtt::connect(ferry.south_port, "pauser", 60).await;
     raw.subscribe(&["devices/pauser/ack".to_string()]).await;
     let boot = boot_id();
@@ -388,11 +386,10 @@ async fn connect_devices(port: u16, ids: Vec<String>, parallel: usize) -> Vec<Ra
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_returns_to_its_first_round_after_twenty_thousand_devices_come_and_go() {
-    common::raise_fd_limit();
-    let ferry = Ferry::start(FerryOpts {
-        max_connections: 6000,
-        ..FerryOpts::new("gw-churn", common::free_port())
-    });
+    support::raise_fd_limit();
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-churn", support::free_port()).with(|c| c.south.max_connections = 6000),
+    );
     let pid = ferry.pid().expect("ferry runs");
     let rounds = 4;
     let per_round = 5000;
@@ -402,13 +399,13 @@ async fn memory_returns_to_its_first_round_after_twenty_thousand_devices_come_an
             .map(|i| format!("churn-{round}-{i}"))
             .collect::<Vec<_>>();
         let devices = connect_devices(ferry.south_port, ids, 200).await;
-        let connected = common::rss_kib(pid).unwrap();
+        let connected = support::rss_kib(pid).unwrap();
         for mut d in devices {
             d.send(rumqttc::Packet::Disconnect).await;
         }
         // Let the broker and the pipeline see every device leave.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let left = common::rss_kib(pid).unwrap();
+        let left = support::rss_kib(pid).unwrap();
         eprintln!(
             "round {round}: {connected} KiB with {per_round} connected, {left} KiB after they left"
         );

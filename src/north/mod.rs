@@ -167,7 +167,7 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
 fn status_body(online: bool) -> Bytes {
     Bytes::from(control::to_bytes(&Status {
         online,
-        ts: Some(now_ms() as i64),
+        ts: Some(now_ms()),
     }))
 }
 

@@ -1,0 +1,300 @@
+//! The north side of downlinks: an upstream broker restart, malformed
+//! envelopes, and a repeated downlink.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downlinks_sent_across_an_upstream_broker_restart_are_all_queued_once_and_delivered() {
+    const N: usize = 300;
+    const DEVICE: &str = "panel-storm";
+    let mut mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-down-bounce", mq.port));
+    let mut north = North::connect(mq.port, &ferry.gateway, Duration::from_secs(2)).await;
+    let boot = boot_id();
+    let mut device = device_client(ferry.south_port, DEVICE);
+    connected(&mut device, DEVICE).await;
+    let consumer = tokio::spawn(async move {
+        let mut inbox = Inbox::default();
+        take_inbox(&mut device, SECS_60, true, &mut inbox, |i| {
+            i.handed.len() >= N
+        })
+        .await;
+        // Anything handed twice would show up here.
+        inbox_until(&mut device, QUIET, true, &mut inbox, |_| false).await;
+        inbox
+    });
+
+    let ids: Vec<String> = (1..=N).map(|i| format!("st-{boot}-{i:04}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        if i == N / 3 {
+            mq.stop();
+        }
+        if i == 2 * N / 3 {
+            mq.restart();
+        }
+        north.send(&[DEVICE], id, json!({"i": i}));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let inbox = consumer.await.expect("device task");
+    let handed: Vec<&str> = inbox.handed.iter().map(|m| m.msg_id.as_str()).collect();
+    assert_eq!(
+        handed.iter().collect::<HashSet<_>>().len(),
+        handed.len(),
+        "the device was handed a message twice"
+    );
+    assert_eq!(
+        handed.iter().copied().collect::<HashSet<_>>(),
+        ids.iter().map(String::as_str).collect::<HashSet<_>>(),
+        "the device got every downlink"
+    );
+    assert_eq!(
+        inbox.seqs(),
+        (1..=N as u64).collect::<Vec<_>>(),
+        "handed in seq order, contiguous"
+    );
+
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM down_delivery", []),
+        N as i64,
+        "each downlink queued once"
+    );
+    assert_eq!(
+        ferry.query_i64("SELECT count(DISTINCT seq) FROM down_delivery", []),
+        N as i64
+    );
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM down_message", []),
+        N as i64
+    );
+    eventually(
+        SECS_20,
+        "every delivery is `delivered` in the store",
+        || {
+            ferry.query_i64(
+                "SELECT count(*) FROM down_delivery WHERE state = 'delivered'",
+                [],
+            ) == N as i64
+        },
+    )
+    .await;
+    // Each downlink was answered north (its `stored` may have been lost with
+    // the broker; the resend is then answered with its current status).
+    // `delivered` receipts are not counted: those of confirms made while
+    // the broker was down are held and published when ferry is back, which
+    // can be before the backend (clean session) has subscribed again, and
+    // nothing ever repeats a `delivered`. Delivery is checked on the device
+    // and in the store above.
+    north
+        .expect(SECS_30, "an answer for every downlink", |r| {
+            r.iter()
+                .filter(|r| matches!(status(r), "stored" | "delivered"))
+                .map(key_of)
+                .collect::<HashSet<_>>()
+                .len()
+                == N
+        })
+        .await;
+    let answered: HashSet<Key> = north.receipts.iter().map(key_of).collect();
+    assert!(
+        ids.iter().all(|id| answered.contains(&key(id, DEVICE))),
+        "a downlink without an answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_downlinks_are_rejected_with_a_reason_and_dead_lettered() {
+    const DEVICE: &str = "panel-m";
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-down-bad", mq.port).with(|c| {
+        c.groups
+            .insert("line3".to_string(), vec!["panel-m".to_string()]);
+    }));
+    let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
+    let raw = BareClient::connect(
+        mq.port,
+        &format!("raw-backend-{}", std::process::id()),
+        vec![],
+    )
+    .await;
+    let boot = boot_id();
+    let one = format!("ferry/{}/down/{DEVICE}", ferry.gateway);
+    let many = format!("ferry/{}/down", ferry.gateway);
+    let no_recipient = format!("bad-{boot}-norecipient");
+    let unknown_group = format!("bad-{boot}-group");
+    let bad_device = format!("bad-{boot}-device");
+    let to_not_list = format!("bad-{boot}-to");
+    let cases: Vec<(&str, String, Option<&str>, &str)> = vec![
+        (
+            one.as_str(),
+            "{\"msg_id\": \"x\", ".to_string(),
+            None,
+            "JSON",
+        ),
+        (
+            one.as_str(),
+            json!({"payload": 1}).to_string(),
+            None,
+            "msg_id",
+        ),
+        (
+            many.as_str(),
+            json!({"msg_id": no_recipient, "payload": 1}).to_string(),
+            Some(&no_recipient),
+            "recipient",
+        ),
+        (
+            many.as_str(),
+            json!({"msg_id": unknown_group, "payload": 1, "to": ["@nope"]}).to_string(),
+            Some(&unknown_group),
+            "group",
+        ),
+        (
+            many.as_str(),
+            json!({"msg_id": bad_device, "payload": 1, "to": ["no spaces allowed"]}).to_string(),
+            Some(&bad_device),
+            "device id",
+        ),
+        (
+            many.as_str(),
+            json!({"msg_id": to_not_list, "payload": 1, "to": DEVICE}).to_string(),
+            Some(&to_not_list),
+            "array",
+        ),
+        (
+            one.as_str(),
+            json!({"msg_id": "has a space", "payload": 1}).to_string(),
+            None,
+            "msg_id",
+        ),
+    ];
+    for (n, (topic, body, msg_id, hint)) in cases.iter().enumerate() {
+        raw.publish(topic, body.as_bytes()).await;
+        north
+            .expect(SECS_20, &format!("`rejected` for {body}"), |r| {
+                r.iter().filter(|r| status(r) == "rejected").count() > n
+            })
+            .await;
+        let rejected = north
+            .receipts
+            .iter()
+            .filter(|r| status(r) == "rejected")
+            .nth(n)
+            .expect("checked");
+        let expected_id = msg_id.map(Value::from).unwrap_or(Value::Null);
+        assert_eq!(rejected["msg_id"], expected_id, "{body} → {rejected}");
+        let reason = rejected["reason"].as_str().unwrap_or("");
+        assert!(
+            reason.contains(hint),
+            "the reason for {body} names the problem ({hint}): {rejected}"
+        );
+        assert_eq!(
+            ferry.query_i64(
+                "SELECT count(*) FROM dead_letter WHERE direction = 'down' AND raw = ?1 \
+                 AND topic = ?2 AND length(reason) > 0",
+                rusqlite::params![body.as_bytes(), topic]
+            ),
+            1,
+            "a dead letter for {body}"
+        );
+    }
+    assert_eq!(
+        ferry.query_i64(
+            "SELECT count(*) FROM dead_letter WHERE msg_id = ?1",
+            [&unknown_group]
+        ),
+        1,
+        "the dead letter keeps a readable msg_id"
+    );
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM down_message", []),
+        0,
+        "nothing malformed was queued"
+    );
+
+    // The gateway goes on: a well-formed downlink to the group is stored.
+    let good = format!("ok-{boot}");
+    raw.publish(
+        &many,
+        json!({"msg_id": good, "payload": "fine", "to": ["@line3"]}).to_string(),
+    )
+    .await;
+    north
+        .expect(SECS_20, "`stored` for the good downlink", |r| {
+            seqs_with(r, "stored").get(&key(&good, DEVICE)) == Some(&1)
+        })
+        .await;
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM dead_letter", []),
+        cases.len() as i64,
+        "one dead letter per malformed downlink"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_downlink_is_answered_with_its_current_status_and_queued_only_for_new_devices() {
+    let (a, b, c) = ("rep-a", "rep-b", "rep-c");
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-down-repeat", mq.port));
+    let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
+    let boot = boot_id();
+    let mut dev_a = device_client(ferry.south_port, a);
+    connected(&mut dev_a, a).await;
+    let msg_id = format!("rep-{boot}");
+    north.send(&[a, b], &msg_id, json!("twice"));
+    let mut inbox = Inbox::default();
+    take_inbox(&mut dev_a, SECS_20, true, &mut inbox, |i| {
+        !i.handed.is_empty()
+    })
+    .await;
+    north
+        .expect(SECS_20, "`stored` ×2 and `delivered` for rep-a", |r| {
+            count_with(r, "stored") == 2 && count_with(r, "delivered") == 1
+        })
+        .await;
+    north.settle(QUIET).await;
+    let before = north.receipts.len();
+
+    // The backend sends it again, now naming a third device.
+    north.send(&[a, b, c], &msg_id, json!("twice"));
+    north
+        .expect(SECS_20, "an answer for each of the three", |r| {
+            r[before..].iter().map(key_of).collect::<HashSet<_>>().len() == 3
+        })
+        .await;
+    north.settle(QUIET).await;
+    let repeat: HashMap<Key, (String, u64)> = north.receipts[before..]
+        .iter()
+        .map(|r| {
+            (
+                key_of(r),
+                (status(r).to_string(), r["seq"].as_u64().unwrap_or(0)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        repeat,
+        HashMap::from([
+            (key(&msg_id, a), ("delivered".to_string(), 1)),
+            (key(&msg_id, b), ("stored".to_string(), 1)),
+            (key(&msg_id, c), ("stored".to_string(), 1)),
+        ]),
+        "the repeat is answered with each delivery's current status and original seq"
+    );
+    assert_eq!(
+        ferry.query_i64(
+            "SELECT count(*) FROM down_delivery d JOIN down_message m ON m.id = d.message_id \
+             WHERE m.msg_id = ?1",
+            [&msg_id]
+        ),
+        3,
+        "queued once per device"
+    );
+    assert_eq!(
+        ferry.query_i64("SELECT max(down_seq) FROM devices", []),
+        1,
+        "no device got a second seq"
+    );
+    inbox_until(&mut dev_a, QUIET, true, &mut inbox, |_| false).await;
+    assert_eq!(inbox.seqs(), vec![1], "rep-a got it once");
+}

@@ -1,0 +1,348 @@
+//! The well-behaved peers, on [`Session`]: a field device on ferry's south
+//! broker and the backend on the upstream Mosquitto, both reading JSON.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rumqttc::{AsyncClient, Publish, QoS};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::now_ms;
+use super::session::{unique_client_id, PublishHook, Session};
+
+/// A field device on ferry's south broker; its client id is its device id.
+pub struct Device {
+    pub id: String,
+    session: Session,
+}
+
+impl Device {
+    /// Connects with a clean session and subscribes to `devices/{id}/ack`.
+    pub async fn connect(south_port: u16, id: &str) -> Device {
+        Device::connect_with_session(south_port, id, true).await
+    }
+
+    /// Like `connect`, choosing `clean_session`.
+    pub async fn connect_with_session(south_port: u16, id: &str, clean_session: bool) -> Device {
+        let session = Session::connect(
+            id,
+            south_port,
+            vec![format!("devices/{id}/ack")],
+            clean_session,
+            None,
+        )
+        .await;
+        Device {
+            id: id.to_string(),
+            session,
+        }
+    }
+
+    /// The device's MQTT client, for sending from another task.
+    pub fn client(&self) -> AsyncClient {
+        self.session.client.clone()
+    }
+
+    pub fn up_topic(&self, stream: &str) -> String {
+        format!("devices/{}/up/{stream}", self.id)
+    }
+
+    /// Publishes `{"msg_id", "ts", "payload"}` on `devices/{id}/up/{stream}`.
+    pub async fn publish_envelope(&self, stream: &str, msg_id: &str, payload: Value) {
+        let envelope = json!({"msg_id": msg_id, "ts": now_ms(), "payload": payload});
+        self.publish_json(stream, &envelope).await;
+    }
+
+    /// Publishes `count` envelopes `{boot}-{tag}{i:04}` on `stream`; returns
+    /// their msg_ids in order.
+    pub async fn publish_many(
+        &self,
+        stream: &str,
+        boot: &str,
+        tag: &str,
+        count: usize,
+    ) -> Vec<String> {
+        let mut ids = Vec::with_capacity(count);
+        for i in 0..count {
+            let id = format!("{boot}-{tag}{i:04}");
+            self.publish_envelope(stream, &id, json!({"i": i, "tag": tag}))
+                .await;
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// Publishes any JSON value as the envelope.
+    pub async fn publish_json(&self, stream: &str, envelope: &Value) {
+        let bytes = serde_json::to_vec(envelope).expect("serialize envelope");
+        self.publish_raw(&self.up_topic(stream), bytes).await;
+    }
+
+    /// Publishes bytes on any topic at QoS 1.
+    pub async fn publish_raw(&self, topic: &str, bytes: impl Into<Vec<u8>>) {
+        self.session
+            .client
+            .publish(topic, QoS::AtLeastOnce, false, bytes.into())
+            .await
+            .expect("queue publish");
+    }
+
+    /// The next receipt, parsed; `None` after `timeout`.
+    pub async fn next_receipt(&mut self, timeout: Duration) -> Option<Value> {
+        let p = self.session.next(timeout).await?;
+        Some(serde_json::from_slice(&p.payload).unwrap_or_else(|e| {
+            panic!(
+                "device {} got a receipt that is not JSON ({e}): {:?}",
+                self.id,
+                String::from_utf8_lossy(&p.payload)
+            )
+        }))
+    }
+
+    /// Collects receipts until `done(all collected so far)` holds or
+    /// `timeout` passes; returns what it collected either way.
+    pub async fn receipts_until(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        let mut all = Vec::new();
+        while !done(&all) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.next_receipt(left).await {
+                Some(r) => all.push(r),
+                None => break,
+            }
+        }
+        all
+    }
+
+    /// The next receipt for `msg_id`, skipping (and returning) others.
+    pub async fn next_receipt_for(
+        &mut self,
+        msg_id: &str,
+        timeout: Duration,
+    ) -> (Option<Value>, Vec<Value>) {
+        let deadline = Instant::now() + timeout;
+        let mut skipped = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return (None, skipped);
+            }
+            match self.next_receipt(left).await {
+                Some(r) if r["msg_id"] == msg_id => return (Some(r), skipped),
+                Some(r) => skipped.push(r),
+                None => return (None, skipped),
+            }
+        }
+    }
+
+    /// SubAcks seen so far (one per (re)connect).
+    pub fn subacks(&self) -> u64 {
+        *self.session.subacks.borrow()
+    }
+
+    /// Waits until at least `n` SubAcks were seen, e.g. after a reconnect.
+    pub async fn wait_subacks(&mut self, n: u64, timeout: Duration) -> bool {
+        self.session.wait_subacks(n, timeout).await
+    }
+}
+
+/// One message the backend received on `ferry/{gateway}/up/#`.
+#[derive(Clone, Debug)]
+pub struct NorthMessage {
+    pub topic: String,
+    pub raw: Vec<u8>,
+    /// The parsed body (`Value::Null` if it was not JSON).
+    pub body: Value,
+}
+
+impl NorthMessage {
+    fn from_publish(p: &Publish) -> NorthMessage {
+        NorthMessage {
+            topic: p.topic.clone(),
+            raw: p.payload.to_vec(),
+            body: serde_json::from_slice(&p.payload).unwrap_or(Value::Null),
+        }
+    }
+
+    pub fn device(&self) -> &str {
+        self.body["device"].as_str().unwrap_or("")
+    }
+
+    pub fn msg_id(&self) -> &str {
+        self.body["msg_id"].as_str().unwrap_or("")
+    }
+
+    pub fn seq(&self) -> Option<u64> {
+        self.body["seq"].as_u64()
+    }
+}
+
+fn ack_ok_body(device: &str, msg_id: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"device": device, "msg_id": msg_id, "status": "ok"}))
+        .expect("serialize ack")
+}
+
+/// The backend on the upstream Mosquitto.
+pub struct Backend {
+    pub gateway: String,
+    auto_ack: Arc<AtomicBool>,
+    session: Session,
+    acker: JoinHandle<()>,
+}
+
+impl Backend {
+    /// Connects with a clean session and subscribes to `ferry/{gateway}/up/#`.
+    /// Acks nothing by itself.
+    pub async fn connect(mosquitto_port: u16, gateway: &str) -> Backend {
+        Backend::connect_with(mosquitto_port, gateway, false).await
+    }
+
+    /// Like `connect`, but acks `ok` every message it receives.
+    pub async fn connect_auto_ack(mosquitto_port: u16, gateway: &str) -> Backend {
+        Backend::connect_with(mosquitto_port, gateway, true).await
+    }
+
+    async fn connect_with(mosquitto_port: u16, gateway: &str, auto_ack: bool) -> Backend {
+        let auto_ack = Arc::new(AtomicBool::new(auto_ack));
+        let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<(String, String)>();
+        let flag = auto_ack.clone();
+        let hook: PublishHook = Box::new(move |p: &Publish| {
+            if flag.load(Ordering::Relaxed) {
+                let m = NorthMessage::from_publish(p);
+                let _ = ack_tx.send((m.device().to_string(), m.msg_id().to_string()));
+            }
+        });
+        let session = Session::connect(
+            &unique_client_id(&format!("backend-{gateway}")),
+            mosquitto_port,
+            vec![format!("ferry/{gateway}/up/#")],
+            true,
+            Some(hook),
+        )
+        .await;
+        let client = session.client.clone();
+        let ack_topic = format!("ferry/{gateway}/ack");
+        let acker = tokio::spawn(async move {
+            while let Some((device, msg_id)) = ack_rx.recv().await {
+                let _ = client
+                    .publish(
+                        &ack_topic,
+                        QoS::AtLeastOnce,
+                        false,
+                        ack_ok_body(&device, &msg_id),
+                    )
+                    .await;
+            }
+        });
+        Backend {
+            gateway: gateway.to_string(),
+            auto_ack,
+            session,
+            acker,
+        }
+    }
+
+    /// Turns acking every received message on or off.
+    pub fn set_auto_ack(&self, on: bool) {
+        self.auto_ack.store(on, Ordering::Relaxed);
+    }
+
+    pub fn ack_topic(&self) -> String {
+        format!("ferry/{}/ack", self.gateway)
+    }
+
+    /// The next message; `None` after `timeout`.
+    pub async fn next_message(&mut self, timeout: Duration) -> Option<NorthMessage> {
+        let p = self.session.next(timeout).await?;
+        Some(NorthMessage::from_publish(&p))
+    }
+
+    /// Collects messages until `done(all collected so far)` holds or
+    /// `timeout` passes; returns what it collected either way.
+    pub async fn messages_until(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&[NorthMessage]) -> bool,
+    ) -> Vec<NorthMessage> {
+        let deadline = Instant::now() + timeout;
+        let mut all = Vec::new();
+        while !done(&all) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.next_message(left).await {
+                Some(m) => all.push(m),
+                None => break,
+            }
+        }
+        all
+    }
+
+    /// Everything that arrives within `window`.
+    pub async fn drain_for(&mut self, window: Duration) -> Vec<NorthMessage> {
+        self.messages_until(window, |_| false).await
+    }
+
+    /// Publishes raw bytes on any topic at QoS 1.
+    pub async fn publish_raw(&self, topic: &str, body: Vec<u8>) {
+        self.session
+            .client
+            .publish(topic, QoS::AtLeastOnce, false, body)
+            .await
+            .expect("queue publish");
+    }
+
+    /// Publishes raw bytes on `ferry/{gateway}/ack`.
+    pub async fn publish_ack_raw(&self, body: Vec<u8>) {
+        self.session
+            .client
+            .publish(self.ack_topic(), QoS::AtLeastOnce, false, body)
+            .await
+            .expect("queue ack");
+    }
+
+    /// `{"device", "msg_id", "status": "ok"}`.
+    pub async fn ack_ok(&self, device: &str, msg_id: &str) {
+        self.publish_ack_raw(ack_ok_body(device, msg_id)).await;
+    }
+
+    /// `{"device", "msg_id", "status": "nack", "reason", "retry"}`.
+    pub async fn nack(&self, device: &str, msg_id: &str, reason: &str, retry: bool) {
+        let body = json!({
+            "device": device,
+            "msg_id": msg_id,
+            "status": "nack",
+            "reason": reason,
+            "retry": retry,
+        });
+        self.publish_ack_raw(serde_json::to_vec(&body).expect("serialize nack"))
+            .await;
+    }
+
+    /// SubAcks seen so far (one per (re)connect).
+    pub fn subacks(&self) -> u64 {
+        *self.session.subacks.borrow()
+    }
+
+    /// Waits until at least `n` SubAcks were seen, e.g. after a reconnect.
+    pub async fn wait_subacks(&mut self, n: u64, timeout: Duration) -> bool {
+        self.session.wait_subacks(n, timeout).await
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.acker.abort();
+    }
+}

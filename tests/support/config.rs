@@ -1,0 +1,57 @@
+//! The config a test starts ferry with: ferry's own [`RawConfig`], the type
+//! its loader deserializes, with short test timings, written out by
+//! serializing it with `toml`. A test changes the fields it cares about;
+//! there is no TOML written by hand that could drift from the loader.
+
+use ferry::config::RawConfig;
+
+/// ferry's config for one test; [`super::Ferry::start`] writes it and
+/// starts the gateway on it.
+#[derive(Clone, Debug)]
+pub struct FerryOpts {
+    /// The whole file. `Ferry::start` sets `south.listen` to a free port
+    /// and reads a relative `gateway.data_dir` inside the gateway's own
+    /// temp dir.
+    pub config: RawConfig,
+}
+
+impl FerryOpts {
+    /// ferry's defaults, except for test timings: gateway `gateway`, the
+    /// upstream Mosquitto on 127.0.0.1:`north_port`, a 5 s keep-alive,
+    /// 2 s ack timeout, resends after 200 ms..2 s, 5 attempts, 1000
+    /// devices, the store in `./data` and the log at `info`.
+    pub fn new(gateway: &str, north_port: u16) -> FerryOpts {
+        let mut c = RawConfig::default();
+        c.gateway.id = gateway.to_string();
+        c.gateway.data_dir = "data".into();
+        c.south.listen = "127.0.0.1:0".to_string();
+        c.south.max_connections = 1000;
+        c.north.host = "127.0.0.1".to_string();
+        c.north.port = north_port;
+        c.north.keep_alive_s = 5;
+        c.north.ack_timeout_ms = 2000;
+        c.retry.base_ms = 200;
+        c.retry.max_ms = 2000;
+        c.retry.max_attempts = 5;
+        c.retry.jitter = 0.2;
+        c.log.level = "info".to_string();
+        FerryOpts { config: c }
+    }
+
+    /// These options with `change` applied to the config:
+    /// `FerryOpts::new("gw", port).with(|c| c.south.max_connections = 3)`.
+    pub fn with(mut self, change: impl FnOnce(&mut RawConfig)) -> FerryOpts {
+        change(&mut self.config);
+        self
+    }
+
+    /// The config file, as `ferry run --config` reads it.
+    pub fn to_toml(&self) -> String {
+        to_toml(&self.config)
+    }
+}
+
+/// Any raw config as a TOML file.
+pub fn to_toml(config: &RawConfig) -> String {
+    toml::to_string(config).unwrap_or_else(|e| panic!("config to TOML: {e}\n{config:#?}"))
+}

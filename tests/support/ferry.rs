@@ -1,0 +1,217 @@
+//! The gateway under test: the real `ferry` binary in its own temp dir,
+//! started on a [`FerryOpts`] config, and read-only access to its store.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry::config::RawConfig;
+
+use super::config::{to_toml, FerryOpts};
+use super::proc::{kill_and_reap, signal, wait_exit};
+use super::{blocking, file_tail, free_port, port_accepts};
+
+/// How long `Ferry::start` waits for the south listener.
+const FERRY_START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Path of the binary under test.
+pub fn ferry_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// A `ferry` command with no `FERRY_*` overrides leaking in from outside.
+pub fn ferry_command() -> Command {
+    let mut cmd = Command::new(ferry_binary());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("FERRY_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("RUST_BACKTRACE", "1").env("NO_COLOR", "1");
+    cmd
+}
+
+/// The real gateway binary in its own temp dir; SIGKILLed on drop.
+pub struct Ferry {
+    pub south_port: u16,
+    pub data_dir: PathBuf,
+    pub gateway: String,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    /// The config it runs on, as written to `config_path`.
+    pub config: RawConfig,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Ferry {
+    /// Writes the config and starts `ferry run`; returns once the south
+    /// listener accepts TCP.
+    pub fn start(opts: FerryOpts) -> Ferry {
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-gw-")
+            .tempdir()
+            .expect("temp dir for ferry");
+        let south_port = free_port();
+        let mut config = opts.config;
+        config.south.listen = format!("127.0.0.1:{south_port}");
+        // An absolute data_dir (a test's own disk) stays as it is.
+        config.gateway.data_dir = dir.path().join(&config.gateway.data_dir);
+        let config_path = dir.path().join("ferry.toml");
+        fs::write(&config_path, to_toml(&config)).expect("write ferry.toml");
+        let mut ferry = Ferry {
+            south_port,
+            data_dir: config.gateway.data_dir.clone(),
+            gateway: config.gateway.id.clone(),
+            log_path: dir.path().join("ferry.log"),
+            config_path,
+            config,
+            dir,
+            child: None,
+        };
+        ferry.spawn();
+        ferry
+    }
+
+    fn spawn(&mut self) {
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open ferry.log");
+        let _ = writeln!(log, "=== harness: starting ferry run ===");
+        let child = ferry_command()
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config_path)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn ferry");
+        self.child = Some(child);
+        let port = self.south_port;
+        let started = Instant::now();
+        blocking(|| loop {
+            if port_accepts(port) {
+                return;
+            }
+            let child = self.child.as_mut().expect("child");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                panic!(
+                    "ferry exited with {status} before its south port {port} accepted TCP\n\
+                     --- ferry log tail ---\n{}",
+                    self.log_tail()
+                );
+            }
+            if started.elapsed() > FERRY_START_TIMEOUT {
+                panic!(
+                    "ferry's south port {port} did not accept TCP within {FERRY_START_TIMEOUT:?}\n\
+                     --- ferry log tail ---\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        });
+    }
+
+    /// SIGKILL and reap: no shutdown path runs.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            blocking(|| kill_and_reap(&mut child));
+        }
+    }
+
+    /// SIGTERM, then waits up to `timeout` for a clean exit; true if it did.
+    /// SIGTERM, then waits up to `timeout` for an exit: its status, or
+    /// `None` if it was still running (it is then killed).
+    pub fn terminate_status(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        signal(&child, libc::SIGTERM);
+        blocking(|| {
+            if wait_exit(&mut child, timeout) {
+                child.try_wait().ok().flatten()
+            } else {
+                kill_and_reap(&mut child);
+                None
+            }
+        })
+    }
+
+    pub fn terminate(&mut self, timeout: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        signal(&child, libc::SIGTERM);
+        blocking(|| {
+            if wait_exit(&mut child, timeout) {
+                true
+            } else {
+                kill_and_reap(&mut child);
+                false
+            }
+        })
+    }
+
+    /// Starts it again: same config, data dir and ports (killing it first).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The store, opened read-only.
+    pub fn db(&self) -> rusqlite::Connection {
+        let path = self.data_dir.join("ferry.db");
+        let conn = rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .unwrap_or_else(|e| panic!("open {} read-only: {e}", path.display()));
+        conn.busy_timeout(Duration::from_secs(5))
+            .expect("set busy timeout");
+        conn
+    }
+
+    /// One integer from a query on the store, e.g. a `COUNT(*)`.
+    pub fn query_i64(&self, sql: &str, params: impl rusqlite::Params) -> i64 {
+        self.db()
+            .query_row(sql, params, |r| r.get(0))
+            .unwrap_or_else(|e| panic!("query `{sql}`: {e}"))
+    }
+
+    pub fn log_tail(&self) -> String {
+        file_tail(&self.log_path, 60)
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Ferry {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_and_reap(&mut child);
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- ferry ({}, south port {}) log tail ---\n{}",
+                self.gateway,
+                self.south_port,
+                self.log_tail()
+            );
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The upstream broker: a real Mosquitto on 127.0.0.1 in its own temp dir,
+//! one per test, killed on drop (its log tail printed if the test failed).
+
+use std::fs::{self, OpenOptions};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::proc::{kill_and_reap, signal, wait_exit};
+use super::{blocking, file_tail, free_port, port_accepts};
+
+/// How long `Mosquitto::start` waits for its listener.
+const MOSQUITTO_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn mosquitto_binary() -> PathBuf {
+    let fixed = PathBuf::from("/usr/sbin/mosquitto");
+    if fixed.is_file() {
+        return fixed;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join("mosquitto");
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "mosquitto not found: install it with `apt-get install -y mosquitto` \
+         (or run `bash .ci/run`, which does)"
+    );
+}
+
+/// A Mosquitto broker on 127.0.0.1 in its own temp dir; killed on drop.
+pub struct Mosquitto {
+    pub port: u16,
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Mosquitto {
+    /// Starts a broker on a free port.
+    pub fn start() -> Mosquitto {
+        Mosquitto::start_on(free_port())
+    }
+
+    /// Starts a broker on a free port with extra config lines.
+    pub fn start_with(extra: &[&str]) -> Mosquitto {
+        Mosquitto::start_configured(free_port(), extra)
+    }
+
+    /// Starts a broker on `port`.
+    pub fn start_on(port: u16) -> Mosquitto {
+        Mosquitto::start_configured(port, &[])
+    }
+
+    fn start_configured(port: u16, extra: &[&str]) -> Mosquitto {
+        let binary = mosquitto_binary();
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-mosquitto-")
+            .tempdir()
+            .expect("temp dir for mosquitto");
+        let log = dir.path().join("mosquitto.log");
+        let config = format!(
+            "listener {port} 127.0.0.1\n\
+             allow_anonymous true\n\
+             max_queued_messages 0\n\
+             max_inflight_messages 0\n\
+             persistence false\n\
+             user root\n\
+             log_dest file {log}\n\
+             log_type error\n\
+             log_type warning\n\
+             log_type notice\n\
+             log_type information\n\
+             connection_messages true\n{extra}",
+            log = log.display(),
+            extra = extra.iter().map(|l| format!("{l}\n")).collect::<String>()
+        );
+        fs::write(dir.path().join("mosquitto.conf"), config).expect("write mosquitto.conf");
+        let mut m = Mosquitto {
+            port,
+            binary,
+            dir,
+            child: None,
+        };
+        m.spawn();
+        m
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("mosquitto.log")
+    }
+
+    pub fn log_tail(&self) -> String {
+        file_tail(&self.log_path(), 40)
+    }
+
+    fn spawn(&mut self) {
+        let conf = self.dir.path().join("mosquitto.conf");
+        let stderr = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("mosquitto.stderr"))
+            .expect("open mosquitto.stderr");
+        let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn mosquitto");
+        self.child = Some(child);
+        let port = self.port;
+        let started = Instant::now();
+        blocking(|| loop {
+            if port_accepts(port) {
+                return;
+            }
+            let child = self.child.as_mut().expect("child");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "mosquitto on port {port} exited with {status} before listening\n\
+                     --- stderr ---\n{}\n--- log ---\n{}",
+                    file_tail(&self.dir.path().join("mosquitto.stderr"), 20),
+                    self.log_tail()
+                );
+            }
+            if started.elapsed() > MOSQUITTO_START_TIMEOUT {
+                panic!(
+                    "mosquitto on port {port} not listening after {MOSQUITTO_START_TIMEOUT:?}\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        });
+    }
+
+    /// SIGTERM, then waits for it to exit (SIGKILL after 5 s).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(&child, libc::SIGTERM);
+            blocking(|| {
+                if !wait_exit(&mut child, Duration::from_secs(5)) {
+                    kill_and_reap(&mut child);
+                }
+            });
+        }
+    }
+
+    /// Starts it again on the same port (stopping it first if it runs).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// The broker's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_and_reap(&mut child);
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- mosquitto (port {}) log tail ---\n{}",
+                self.port,
+                self.log_tail()
+            );
+        }
+    }
+}

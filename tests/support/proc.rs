@@ -1,0 +1,116 @@
+//! Child processes and the machine around them: signals, reaping, resident
+//! memory, the open-file limit, and a small tmpfs that can fill up.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+pub fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on the pid of a child we own and have not reaped yet.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// Waits up to `timeout` for the child to exit; true if it did.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return true,
+            Ok(None) if Instant::now() >= deadline => return false,
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+pub fn kill_and_reap(child: &mut Child) {
+    signal(child, libc::SIGKILL);
+    let _ = child.wait();
+}
+
+/// Resident memory of a process, KiB (`VmRSS` in /proc).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Raises this process's open-file limit to its hard limit (children, such
+/// as ferry, inherit it); returns the new limit.
+pub fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        lim.rlim_cur
+    }
+}
+
+/// A small tmpfs mounted for one test (a disk that can fill up); unmounted
+/// on drop. Mounting needs root, as `.ci/run` has.
+pub struct Tmpfs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(size_mib: u64) -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-tmpfs-")
+            .tempdir()
+            .expect("temp dir for a tmpfs");
+        let path = dir.path().join("disk");
+        fs::create_dir(&path).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test fills a disk: it mounts a {size_mib} MiB tmpfs and so must run as root \
+             (as `bash .ci/run` does); mount said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { path, _dir: dir }
+    }
+
+    /// Writes a file of zeros until the disk is full; returns its path.
+    pub fn fill(&self) -> PathBuf {
+        let ballast = self.path.join("ballast");
+        let mut f = File::create(&ballast).expect("create ballast");
+        let chunk = vec![0u8; 64 << 10];
+        loop {
+            if f.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        // What is left is smaller than a chunk: take it too.
+        for _ in 0..(64 << 10) {
+            if f.write_all(&[0u8; 1]).is_err() {
+                break;
+            }
+        }
+        let _ = f.sync_all();
+        ballast
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}

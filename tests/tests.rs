@@ -1,0 +1,17 @@
+//! ferry's integration tests: one test binary (as ripgrep's `tests/tests.rs`),
+//! so the harness in [`support`] compiles once and every area is a module.
+//!
+//! Each test starts what it needs (a real Mosquitto, the real `ferry`
+//! binary, devices and a backend) on free ports of 127.0.0.1. To add an
+//! area, write `tests/{area}.rs` (or `tests/{area}/mod.rs` with files per
+//! theme), start it with a `//!` saying what it covers, `use
+//! crate::support::...` for the harness, and declare it below.
+
+mod support;
+
+mod config;
+mod downlink;
+mod edges;
+mod lifecycle;
+mod robust;
+mod uplink;
