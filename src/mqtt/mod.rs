@@ -72,7 +72,8 @@ pub struct Options {
     /// Published retained (QoS 1) once subscribed; `Up` follows its PUBACK.
     pub announce: Option<Announce>,
     /// Acknowledge every incoming publish as it arrives (clients), instead
-    /// of when its owner passes the token to [`Session::ack`].
+    /// of when its owner passes the token to [`Session::ack`]. Manual acks
+    /// go out behind the [`Session::send`]s queued before them.
     pub auto_ack: bool,
     /// Let rumqttc replay unacknowledged [`Session::send`]s after a
     /// reconnect. Off for tracked sessions: their owners resend.

@@ -71,7 +71,10 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
     let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
     mqtt.set_keep_alive(opts.keep_alive)
         .set_clean_session(opts.clean_session)
-        .set_manual_acks(true)
+        // Automatic acks are rumqttc's own: sent as the publish is read,
+        // never queued behind the client's own publishes (which wait while
+        // the broker's inflight window is full).
+        .set_manual_acks(!opts.auto_ack)
         .set_inflight(opts.inflight.max(1))
         .set_max_packet_size(opts.max_incoming_packet, opts.max_outgoing_packet)
         .set_request_channel_capacity(REQUEST_CAPACITY);
@@ -93,7 +96,7 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
     eventloop.set_network_options(net);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let (polled_tx, polled_rx) = mpsc::channel(POLLED_QUEUE);
-    tokio::spawn(poll::run(eventloop, polled_tx, opts.replay));
+    let poller = PollerGuard(tokio::spawn(poll::run(eventloop, polled_tx, opts.replay)));
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (publishes_tx, publishes_rx) = mpsc::channel(PUBLISH_QUEUE);
     let closed = Arc::new(Notify::new());
@@ -106,7 +109,7 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
         epoch: 0,
         closed: closed.clone(),
     };
-    tokio::spawn(task.run(polled_rx, commands_rx, publishes_rx));
+    tokio::spawn(task.run(polled_rx, commands_rx, publishes_rx, poller));
     (
         Session {
             client,
@@ -134,8 +137,11 @@ impl<T: Tag> Task<T> {
         mut polled: mpsc::Receiver<FromPoller>,
         mut commands: mpsc::UnboundedReceiver<Command>,
         mut publishes: mpsc::Receiver<Outgoing<T>>,
+        // Dropped (and the connection with it) when the session ends.
+        _poller: PollerGuard,
     ) {
         let mut link = Link::Down { failures: 0 };
+        let mut handles = true;
         loop {
             let connected = matches!(link, Link::Connected { .. });
             if connected {
@@ -147,7 +153,9 @@ impl<T: Tag> Task<T> {
                     Some(p) => p,
                     None => return,
                 },
-                command = commands.recv() => {
+                // The owner is gone: so is the session.
+                _ = self.events.closed() => return,
+                command = commands.recv(), if handles => {
                     match command {
                         Some(Command::Ack(token)) => self.ready(token),
                         Some(Command::Subscribe(filter)) => self.add_subscription(filter, connected),
@@ -163,7 +171,7 @@ impl<T: Tag> Task<T> {
                             Link::Closing => {}
                         },
                         // Every handle is gone; the owner still reads events.
-                        None => {}
+                        None => handles = false,
                     }
                     continue;
                 }
@@ -464,13 +472,10 @@ impl<T: Tag> Task<T> {
             token: AckToken::default(),
             oversize,
         };
-        let message = if p.qos == QoS::AtMostOnce {
+        let message = if p.qos == QoS::AtMostOnce || self.opts.auto_ack {
             message
         } else {
             let token = self.acks.received(p);
-            if self.opts.auto_ack {
-                self.ready(token);
-            }
             Message { token, ..message }
         };
         self.emit(Event::Message(message)).await
@@ -482,6 +487,16 @@ impl<T: Tag> Task<T> {
                 warn!(link = %self.opts.name, error = %e, "ack could not be queued");
             }
         }
+    }
+}
+
+/// Stops the poller when the session ends. Its poll may be cut short
+/// mid-write then, which is harmless: nobody is left to care.
+struct PollerGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for PollerGuard {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -6,7 +6,7 @@
 //! of "North") from the outside: receipts on `ferry/{gateway}/receipts`,
 //! batches on `devices/{id}/inbox`, and rows in the store. Well-behaved
 //! devices and the backend use ferry's client library; where a test needs
-//! to see raw batches or to misbehave, it uses a bare rumqttc client
+//! to see raw batches or to misbehave, it uses a bare MQTT client
 //! (`support::BareClient`).
 //!
 //! Helpers are here; the tests are in one file per theme.

@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rumqttc::{AsyncClient, Publish, QoS};
+use ferry::mqtt::Message;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::now_ms;
-use super::session::{unique_client_id, PublishHook, Session};
+use super::session::{unique_client_id, Client, PublishHook, Session};
 
 /// A field device on ferry's south broker; its client id is its device id.
 pub struct Device {
@@ -42,7 +42,7 @@ impl Device {
     }
 
     /// The device's MQTT client, for sending from another task.
-    pub fn client(&self) -> AsyncClient {
+    pub fn client(&self) -> Client {
         self.session.client.clone()
     }
 
@@ -83,11 +83,10 @@ impl Device {
 
     /// Publishes bytes on any topic at QoS 1.
     pub async fn publish_raw(&self, topic: &str, bytes: impl Into<Vec<u8>>) {
-        self.session
-            .client
-            .publish(topic, QoS::AtLeastOnce, false, bytes.into())
-            .await
-            .expect("queue publish");
+        assert!(
+            self.session.client.publish(topic, bytes).await,
+            "publish queued"
+        );
     }
 
     /// The next receipt, parsed; `None` after `timeout`.
@@ -166,7 +165,7 @@ pub struct NorthMessage {
 }
 
 impl NorthMessage {
-    fn from_publish(p: &Publish) -> NorthMessage {
+    fn from_publish(p: &Message) -> NorthMessage {
         NorthMessage {
             topic: p.topic.clone(),
             raw: p.payload.to_vec(),
@@ -216,7 +215,7 @@ impl Backend {
         let auto_ack = Arc::new(AtomicBool::new(auto_ack));
         let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<(String, String)>();
         let flag = auto_ack.clone();
-        let hook: PublishHook = Box::new(move |p: &Publish| {
+        let hook: PublishHook = Box::new(move |p: &Message| {
             if flag.load(Ordering::Relaxed) {
                 let m = NorthMessage::from_publish(p);
                 let _ = ack_tx.send((m.device().to_string(), m.msg_id().to_string()));
@@ -234,13 +233,8 @@ impl Backend {
         let ack_topic = format!("ferry/{gateway}/ack");
         let acker = tokio::spawn(async move {
             while let Some((device, msg_id)) = ack_rx.recv().await {
-                let _ = client
-                    .publish(
-                        &ack_topic,
-                        QoS::AtLeastOnce,
-                        false,
-                        ack_ok_body(&device, &msg_id),
-                    )
+                client
+                    .publish(ack_topic.as_str(), ack_ok_body(&device, &msg_id))
                     .await;
             }
         });
@@ -296,20 +290,18 @@ impl Backend {
 
     /// Publishes raw bytes on any topic at QoS 1.
     pub async fn publish_raw(&self, topic: &str, body: Vec<u8>) {
-        self.session
-            .client
-            .publish(topic, QoS::AtLeastOnce, false, body)
-            .await
-            .expect("queue publish");
+        assert!(
+            self.session.client.publish(topic, body).await,
+            "publish queued"
+        );
     }
 
     /// Publishes raw bytes on `ferry/{gateway}/ack`.
     pub async fn publish_ack_raw(&self, body: Vec<u8>) {
-        self.session
-            .client
-            .publish(self.ack_topic(), QoS::AtLeastOnce, false, body)
-            .await
-            .expect("queue ack");
+        assert!(
+            self.session.client.publish(self.ack_topic(), body).await,
+            "ack queued"
+        );
     }
 
     /// `{"device", "msg_id", "status": "ok"}`.

@@ -5,7 +5,7 @@
 //! - [`config`]: the config a test starts ferry with, ferry's own raw
 //!   config type serialized to TOML.
 //! - [`ferry`]: the gateway binary.
-//! - [`session`]: the rumqttc event loops (the only ones in the harness),
+//! - [`session`]: the MQTT clients, on ferry's own session (`ferry::mqtt`),
 //!   and the clients built straight on them.
 //! - [`clients`]: a field device and the backend, on [`session`].
 //! - [`raw_mqtt`]: one TCP socket, MQTT packets written and read by hand.

@@ -1,21 +1,17 @@
-//! The harness's rumqttc clients: every rumqttc event loop of the tests
-//! lives in this file, so that moving them to another MQTT session is a
-//! change in one place. [`Session`] is the loop the device and backend
+//! The harness's MQTT clients, all on ferry's own session
+//! ([`ferry::mqtt::Session`]): [`Session`] is what the device and backend
 //! helpers ([`super::clients`]) are built on; [`BareClient`] is a session
 //! with nothing on top, for misbehaving devices and malformed input.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, Publish, QoS};
+use ferry::mqtt::{self, Event, Message, Reconnect};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::{CONNECT_TIMEOUT, MAX_PACKET};
-
-/// Pause after every event-loop error (rumqttc reconnects with no backoff).
-const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 
 static CLIENT_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -28,22 +24,49 @@ pub fn unique_client_id(prefix: &str) -> String {
     )
 }
 
-/// Called from the event-loop task for every incoming publish.
-pub type PublishHook = Box<dyn Fn(&Publish) + Send + Sync>;
+/// Called for every incoming message, before it is queued for the test.
+pub type PublishHook = Box<dyn Fn(&Message) + Send + Sync>;
 
-/// An rumqttc client whose event loop runs in its own task; it
-/// re-subscribes after every ConnAck and forwards incoming publishes.
+/// Sends QoS 1 publishes on a session, from any task.
+#[derive(Clone)]
+pub struct Client(mqtt::Session<()>);
+
+impl Client {
+    /// Queues a QoS 1 publish, waiting for room; false once the session
+    /// is gone.
+    pub async fn publish(&self, topic: impl Into<String>, bytes: impl Into<Vec<u8>>) -> bool {
+        self.0.send_wait(topic, bytes, false).await
+    }
+}
+
+/// Options for a test client: reconnects quickly (tests restart brokers).
+fn options(client_id: &str, port: u16, filters: Vec<String>, clean_session: bool) -> mqtt::Options {
+    let mut o = mqtt::Options::new(client_id, "127.0.0.1", port, client_id);
+    o.max_incoming_packet = MAX_PACKET;
+    o.max_outgoing_packet = MAX_PACKET;
+    o.clean_session = clean_session;
+    o.keep_alive = Duration::from_secs(10);
+    o.subscriptions = filters;
+    o.reconnect = Reconnect {
+        base: Duration::from_millis(100),
+        max: Duration::from_millis(500),
+        stable_after: Duration::ZERO,
+    };
+    o
+}
+
+/// A session that forwards incoming messages and counts connections.
 pub struct Session {
-    pub client: AsyncClient,
-    incoming: mpsc::UnboundedReceiver<Publish>,
+    pub client: Client,
+    incoming: mpsc::UnboundedReceiver<Message>,
+    /// Connections that got as far as subscribed (one per (re)connect).
     pub subacks: watch::Receiver<u64>,
-    connacks: watch::Receiver<u64>,
     task: JoinHandle<()>,
 }
 
 impl Session {
-    /// Connects and re-subscribes `filters` after every ConnAck; returns
-    /// after the first SubAck (the first ConnAck when `filters` is empty).
+    /// Connects and re-subscribes `filters` on every connection; returns
+    /// once the first connection is subscribed.
     pub async fn connect(
         client_id: &str,
         port: u16,
@@ -51,77 +74,39 @@ impl Session {
         clean_session: bool,
         hook: Option<PublishHook>,
     ) -> Session {
-        let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
-        options.set_max_packet_size(MAX_PACKET, MAX_PACKET);
-        options.set_clean_session(clean_session);
-        options.set_keep_alive(Duration::from_secs(10));
-        let (client, mut eventloop) = AsyncClient::new(options, 256);
+        let (session, mut events) =
+            mqtt::Session::start(options(client_id, port, filters, clean_session));
         let (tx, incoming) = mpsc::unbounded_channel();
         let (subacks_tx, subacks) = watch::channel(0u64);
-        let (connacks_tx, connacks) = watch::channel(0u64);
-        let resubscriber = client.clone();
-        let wants_subscription = !filters.is_empty();
         let task = tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        connacks_tx.send_modify(|n| *n += 1);
-                        if !filters.is_empty() {
-                            // Not awaited here: the request channel is drained
-                            // by this very loop.
-                            let client = resubscriber.clone();
-                            let topics: Vec<_> = filters
-                                .iter()
-                                .map(|f| rumqttc::SubscribeFilter::new(f.clone(), QoS::AtLeastOnce))
-                                .collect();
-                            tokio::spawn(async move {
-                                let _ = client.subscribe_many(topics).await;
-                            });
-                        }
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        subacks_tx.send_modify(|n| *n += 1);
-                    }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
+            while let Some(event) = events.recv().await {
+                match event {
+                    Event::Up { .. } => subacks_tx.send_modify(|n| *n += 1),
+                    Event::Message(m) => {
                         if let Some(hook) = &hook {
-                            hook(&p);
+                            hook(&m);
                         }
-                        let _ = tx.send(p);
+                        let _ = tx.send(m);
                     }
-                    Ok(_) => {}
-                    Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
+                    _ => {}
                 }
             }
         });
         let mut session = Session {
-            client,
+            client: Client(session),
             incoming,
             subacks,
-            connacks,
             task,
         };
-        let ready = if wants_subscription {
-            session.wait_subacks(1, CONNECT_TIMEOUT).await
-        } else {
-            let connacks = session.connacks.wait_for(|c| *c >= 1);
-            matches!(
-                tokio::time::timeout(CONNECT_TIMEOUT, connacks).await,
-                Ok(Ok(_))
-            )
-        };
         assert!(
-            ready,
-            "client {client_id} got no {} from 127.0.0.1:{port} within {CONNECT_TIMEOUT:?}",
-            if wants_subscription {
-                "SubAck"
-            } else {
-                "ConnAck"
-            }
+            session.wait_subacks(1, CONNECT_TIMEOUT).await,
+            "client {client_id} was not connected and subscribed at 127.0.0.1:{port} within {CONNECT_TIMEOUT:?}"
         );
         session
     }
 
-    /// Waits until at least `n` SubAcks were seen; false after `timeout`.
+    /// Waits until at least `n` connections were subscribed; false after
+    /// `timeout`.
     pub async fn wait_subacks(&mut self, n: u64, timeout: Duration) -> bool {
         tokio::time::timeout(timeout, self.subacks.wait_for(|c| *c >= n))
             .await
@@ -129,8 +114,8 @@ impl Session {
             .unwrap_or(false)
     }
 
-    /// The next incoming publish; `None` after `timeout`.
-    pub async fn next(&mut self, timeout: Duration) -> Option<Publish> {
+    /// The next incoming message; `None` after `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> Option<Message> {
         tokio::time::timeout(timeout, self.incoming.recv())
             .await
             .ok()
@@ -140,13 +125,14 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        // Ends the event reader, and with it the session and its connection.
         self.task.abort();
     }
 }
 
-/// A bare rumqttc client: re-subscribes `filters` after every ConnAck and
-/// hands over incoming publishes as they are. For devices that misbehave or
-/// whose raw batches a test inspects, and for publishing malformed bytes.
+/// A bare client: re-subscribes `filters` on every connection and hands
+/// over incoming messages as they are. For devices that misbehave or whose
+/// raw batches a test inspects, and for publishing malformed bytes.
 pub struct BareClient {
     session: Session,
 }
@@ -167,26 +153,25 @@ impl BareClient {
 
     /// Publishes bytes on any topic at QoS 1.
     pub async fn publish(&self, topic: &str, bytes: impl Into<Vec<u8>>) {
-        self.session
-            .client
-            .publish(topic, QoS::AtLeastOnce, false, bytes.into())
-            .await
-            .expect("queue publish");
+        assert!(
+            self.session.client.publish(topic, bytes).await,
+            "publish queued"
+        );
     }
 
     /// The next incoming publish as JSON; `None` after `timeout`.
     pub async fn next_json(&mut self, timeout: Duration) -> Option<Value> {
-        let p = self.session.next(timeout).await?;
-        Some(serde_json::from_slice(&p.payload).unwrap_or_else(|e| {
+        let m = self.session.next(timeout).await?;
+        Some(serde_json::from_slice(&m.payload).unwrap_or_else(|e| {
             panic!(
                 "not JSON on {} ({e}): {:?}",
-                p.topic,
-                String::from_utf8_lossy(&p.payload)
+                m.topic,
+                String::from_utf8_lossy(&m.payload)
             )
         }))
     }
 
-    /// SubAcks seen so far (one per (re)connect).
+    /// Connections subscribed so far (one per (re)connect).
     pub fn subacks(&self) -> u64 {
         *self.session.subacks.borrow()
     }
@@ -196,17 +181,21 @@ impl BareClient {
 /// device's session over, so the device's real client is cut off and
 /// reconnects.
 pub async fn cut_off(south_port: u16, id: &str) {
-    let mut options = MqttOptions::new(id, "127.0.0.1", south_port);
-    options.set_keep_alive(Duration::from_secs(5));
-    let (_client, mut eventloop) = AsyncClient::new(options, 16);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, eventloop.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => return,
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => tokio::time::sleep(RECONNECT_PAUSE).await,
-            Err(_) => panic!("intruder {id} got no ConnAck within 20 s"),
+    let (_session, mut events) =
+        mqtt::Session::<()>::start(options(id, south_port, Vec::new(), true));
+    let up = async {
+        while let Some(event) = events.recv().await {
+            if matches!(event, Event::Up { .. }) {
+                return true;
+            }
         }
-    }
+        false
+    };
+    assert!(
+        matches!(
+            tokio::time::timeout(Duration::from_secs(20), up).await,
+            Ok(true)
+        ),
+        "intruder {id} got no ConnAck within 20 s"
+    );
 }
