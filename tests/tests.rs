@@ -7,11 +7,31 @@
 //! theme), start it with a `//!` saying what it covers, `use
 //! crate::support::...` for the harness, and declare it below.
 
+/// Runs the test function `$name(mode: Mode)` once per south mode, as
+/// `$name::embedded` and `$name::external` (a module and a function may
+/// share a name).
+macro_rules! both_modes {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                super::$name(crate::support::Mode::Embedded).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn external() {
+                super::$name(crate::support::Mode::External).await
+            }
+        }
+    };
+}
+
 mod support;
 
 mod config;
 mod downlink;
 mod edges;
+mod external;
 mod lifecycle;
 mod robust;
 mod uplink;

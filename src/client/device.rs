@@ -129,7 +129,10 @@ impl DeviceClient {
         mqtt.last_will = Some(Will {
             topic: topics.status(),
             payload: Bytes::from(status_body(false)),
-            retain: false,
+            // Retained, like the `online: true` after connecting, so a
+            // gateway that (re)subscribes later learns where the device
+            // stands (external mode: docs/EXTERNAL.md).
+            retain: true,
         });
         let (session, session_events) = Session::start(mqtt);
         let (commands, commands_rx) = mpsc::unbounded_channel();
@@ -248,7 +251,7 @@ impl Task {
                 ev = session.recv() => match ev {
                     Some(Event::Up { .. }) => {
                         connected = true;
-                        self.publish(self.topics.status(), Bytes::from(status_body(true)));
+                        self.session.send(self.topics.status(), status_body(true), true);
                         // From the gateway's cursor: an unconfirmed batch comes
                         // again, and what the application already has is dropped.
                         self.publish(self.topics.pull(), Bytes::from(control::to_bytes(&Pull::default())));

@@ -18,7 +18,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tracing::debug;
+use tracing::{debug, error, info};
 
 use super::{
     device_filters, Ack, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
@@ -73,7 +73,25 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
 /// waiting for room (the session, and then the site broker, wait too).
 async fn receive(mut events: tokio::sync::mpsc::Receiver<Event<()>>, tx: InboundTx) -> String {
     while let Some(event) = events.recv().await {
-        let Event::Message(m) = event else { continue };
+        let m = match event {
+            Event::Message(m) => m,
+            Event::Up {
+                epoch,
+                session_present,
+                refused,
+            } => {
+                if refused.is_empty() {
+                    info!(
+                        epoch,
+                        session_present, "south link up: taking device messages"
+                    );
+                } else {
+                    error!(epoch, filters = ?refused, "south link up, but the site broker refused ferry's subscriptions: give ferry's user read access to them (docs/EXTERNAL.md)");
+                }
+                continue;
+            }
+            _ => continue,
+        };
         let msg = SouthMessage {
             topic: m.topic,
             payload: m.payload,

@@ -4,16 +4,20 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+both_modes!(a_thousand_downlinks_for_a_new_device_are_stored_then_sent_in_order_one_confirmed_batch_at_a_time);
 async fn a_thousand_downlinks_for_a_new_device_are_stored_then_sent_in_order_one_confirmed_batch_at_a_time(
+    mode: Mode,
 ) {
     const N: u64 = 1000;
     const DEVICE: &str = "panel-backlog";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-backlog", mq.port).with(|c| {
-        c.downlink.batch_size = 200;
-        c.downlink.confirm_timeout_ms = 10_000;
-    }));
+    let ferry = Ferry::start_in(
+        mode,
+        FerryOpts::new("gw-down-backlog", mq.port).with(|c| {
+            c.downlink.batch_size = 200;
+            c.downlink.confirm_timeout_ms = 10_000;
+        }),
+    );
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let mut sent: HashMap<String, u64> = HashMap::new();
@@ -124,16 +128,19 @@ async fn a_thousand_downlinks_for_a_new_device_are_stored_then_sent_in_order_one
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_catch_up_cut_by_sigkill_resumes_after_restart_from_the_confirmed_cursor() {
+both_modes!(a_catch_up_cut_by_sigkill_resumes_after_restart_from_the_confirmed_cursor);
+async fn a_catch_up_cut_by_sigkill_resumes_after_restart_from_the_confirmed_cursor(mode: Mode) {
     const N: u64 = 250;
     const BATCH: u64 = 50;
     const DEVICE: &str = "panel-crash";
     let mq = Mosquitto::start();
-    let mut ferry = Ferry::start(FerryOpts::new("gw-down-crash", mq.port).with(|c| {
-        c.downlink.batch_size = 50;
-        c.downlink.confirm_timeout_ms = 10_000;
-    }));
+    let mut ferry = Ferry::start_in(
+        mode,
+        FerryOpts::new("gw-down-crash", mq.port).with(|c| {
+            c.downlink.batch_size = 50;
+            c.downlink.confirm_timeout_ms = 10_000;
+        }),
+    );
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     for i in 1..=N {
@@ -233,12 +240,13 @@ async fn a_catch_up_cut_by_sigkill_resumes_after_restart_from_the_confirmed_curs
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+both_modes!(a_device_reconnecting_without_confirming_gets_the_same_batch_and_its_client_drops_the_duplicates);
 async fn a_device_reconnecting_without_confirming_gets_the_same_batch_and_its_client_drops_the_duplicates(
+    mode: Mode,
 ) {
     const DEVICE: &str = "panel-redo";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-redo", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-down-redo", mq.port));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let ids: Vec<String> = (1..=5).map(|i| format!("rd-{boot}-{i}")).collect();
@@ -309,11 +317,14 @@ async fn a_device_reconnecting_without_confirming_gets_the_same_batch_and_its_cl
         .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unconfirmed_batch_is_sent_again_with_a_growing_timeout_while_the_device_is_online() {
+both_modes!(an_unconfirmed_batch_is_sent_again_with_a_growing_timeout_while_the_device_is_online);
+async fn an_unconfirmed_batch_is_sent_again_with_a_growing_timeout_while_the_device_is_online(
+    mode: Mode,
+) {
     const DEVICE: &str = "panel-slow";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(
+    let ferry = Ferry::start_in(
+        mode,
         FerryOpts::new("gw-down-resend", mq.port).with(|c| c.downlink.confirm_timeout_ms = 300),
     );
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;

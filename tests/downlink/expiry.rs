@@ -3,12 +3,16 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_queue_cap_the_oldest_deliveries_expire_as_tombstones_and_keep_their_content() {
+both_modes!(past_the_queue_cap_the_oldest_deliveries_expire_as_tombstones_and_keep_their_content);
+async fn past_the_queue_cap_the_oldest_deliveries_expire_as_tombstones_and_keep_their_content(
+    mode: Mode,
+) {
     const DEVICE: &str = "panel-cap";
     let mq = Mosquitto::start();
-    let ferry =
-        Ferry::start(FerryOpts::new("gw-down-cap", mq.port).with(|c| c.downlink.queue_cap = 3));
+    let ferry = Ferry::start_in(
+        mode,
+        FerryOpts::new("gw-down-cap", mq.port).with(|c| c.downlink.queue_cap = 3),
+    );
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let ids: Vec<String> = (1..=5).map(|i| format!("cap-{boot}-{i}")).collect();
@@ -79,11 +83,13 @@ async fn past_the_queue_cap_the_oldest_deliveries_expire_as_tombstones_and_keep_
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_downlink_whose_ttl_passes_while_its_device_is_offline_expires_and_keeps_its_content() {
+both_modes!(a_downlink_whose_ttl_passes_while_its_device_is_offline_expires_and_keeps_its_content);
+async fn a_downlink_whose_ttl_passes_while_its_device_is_offline_expires_and_keeps_its_content(
+    mode: Mode,
+) {
     let (late, away) = ("panel-late", "panel-away");
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-ttl", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-down-ttl", mq.port));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let short = format!("ttl-{boot}-short");

@@ -3,12 +3,13 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+both_modes!(a_downlink_to_three_devices_is_delivered_to_each_on_its_own_cursor_the_offline_one_when_it_connects);
 async fn a_downlink_to_three_devices_is_delivered_to_each_on_its_own_cursor_the_offline_one_when_it_connects(
+    mode: Mode,
 ) {
     let (a, b, c) = ("dev-a", "dev-b", "dev-c");
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-fan", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-down-fan", mq.port));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let mut dev_a = device_client(ferry.south_port, a);
@@ -120,11 +121,13 @@ async fn a_downlink_to_three_devices_is_delivered_to_each_on_its_own_cursor_the_
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_cursors_send_read_receipts_and_a_nack_fails_the_delivery_into_the_dead_letters() {
+both_modes!(read_cursors_send_read_receipts_and_a_nack_fails_the_delivery_into_the_dead_letters);
+async fn read_cursors_send_read_receipts_and_a_nack_fails_the_delivery_into_the_dead_letters(
+    mode: Mode,
+) {
     const DEVICE: &str = "panel-read";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-read", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-down-read", mq.port));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let mut device = device_client(ferry.south_port, DEVICE);

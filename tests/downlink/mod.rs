@@ -18,7 +18,7 @@ use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions, InboxMessage};
 use serde_json::{json, Value};
 
-use crate::support::{boot_id, cut_off, BareClient, Ferry, FerryOpts, Mosquitto};
+use crate::support::{boot_id, cut_off, BareClient, Ferry, FerryOpts, Mode, Mosquitto};
 
 mod batches;
 mod expiry;

@@ -3,12 +3,14 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn downlinks_sent_across_an_upstream_broker_restart_are_all_queued_once_and_delivered() {
+both_modes!(downlinks_sent_across_an_upstream_broker_restart_are_all_queued_once_and_delivered);
+async fn downlinks_sent_across_an_upstream_broker_restart_are_all_queued_once_and_delivered(
+    mode: Mode,
+) {
     const N: usize = 300;
     const DEVICE: &str = "panel-storm";
     let mut mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-bounce", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-down-bounce", mq.port));
     let mut north = North::connect(mq.port, &ferry.gateway, Duration::from_secs(2)).await;
     let boot = boot_id();
     let mut device = device_client(ferry.south_port, DEVICE);
@@ -102,14 +104,17 @@ async fn downlinks_sent_across_an_upstream_broker_restart_are_all_queued_once_an
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_downlinks_are_rejected_with_a_reason_and_dead_lettered() {
+both_modes!(malformed_downlinks_are_rejected_with_a_reason_and_dead_lettered);
+async fn malformed_downlinks_are_rejected_with_a_reason_and_dead_lettered(mode: Mode) {
     const DEVICE: &str = "panel-m";
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-bad", mq.port).with(|c| {
-        c.groups
-            .insert("line3".to_string(), vec!["panel-m".to_string()]);
-    }));
+    let ferry = Ferry::start_in(
+        mode,
+        FerryOpts::new("gw-down-bad", mq.port).with(|c| {
+            c.groups
+                .insert("line3".to_string(), vec!["panel-m".to_string()]);
+        }),
+    );
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let raw = BareClient::connect(
         mq.port,
@@ -231,11 +236,15 @@ async fn malformed_downlinks_are_rejected_with_a_reason_and_dead_lettered() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_repeated_downlink_is_answered_with_its_current_status_and_queued_only_for_new_devices() {
+both_modes!(
+    a_repeated_downlink_is_answered_with_its_current_status_and_queued_only_for_new_devices
+);
+async fn a_repeated_downlink_is_answered_with_its_current_status_and_queued_only_for_new_devices(
+    mode: Mode,
+) {
     let (a, b, c) = ("rep-a", "rep-b", "rep-c");
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-down-repeat", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-down-repeat", mq.port));
     let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
     let boot = boot_id();
     let mut dev_a = device_client(ferry.south_port, a);

@@ -5,6 +5,8 @@
 
 use ferry::config::RawConfig;
 
+use super::Mode;
+
 /// ferry's config for one test; [`super::Ferry::start`] writes it and
 /// starts the gateway on it.
 #[derive(Clone, Debug)]
@@ -13,6 +15,8 @@ pub struct FerryOpts {
     /// and reads a relative `gateway.data_dir` inside the gateway's own
     /// temp dir.
     pub config: RawConfig,
+    /// Embedded broker, or a site Mosquitto `Ferry::start` starts for it.
+    pub mode: Mode,
 }
 
 impl FerryOpts {
@@ -35,13 +39,22 @@ impl FerryOpts {
         c.retry.max_attempts = 5;
         c.retry.jitter = 0.2;
         c.log.level = "info".to_string();
-        FerryOpts { config: c }
+        FerryOpts {
+            config: c,
+            mode: Mode::Embedded,
+        }
     }
 
     /// These options with `change` applied to the config:
     /// `FerryOpts::new("gw", port).with(|c| c.south.max_connections = 3)`.
     pub fn with(mut self, change: impl FnOnce(&mut RawConfig)) -> FerryOpts {
         change(&mut self.config);
+        self
+    }
+
+    /// These options in south mode `mode`.
+    pub fn in_mode(mut self, mode: Mode) -> FerryOpts {
+        self.mode = mode;
         self
     }
 

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use ferry::config::RawConfig;
 
 use super::config::{to_toml, FerryOpts};
+use super::mosquitto::{Mosquitto, SITE_PASSWORD, SITE_USER};
 use super::proc::{kill_and_reap, signal, wait_exit};
+use super::Mode;
 use super::{blocking, file_tail, free_port, port_accepts};
 
 /// How long `Ferry::start` waits for the south listener.
@@ -35,7 +37,12 @@ pub fn ferry_command() -> Command {
 
 /// The real gateway binary in its own temp dir; SIGKILLed on drop.
 pub struct Ferry {
+    /// Where devices connect: ferry's own broker, or the site broker.
     pub south_port: u16,
+    pub mode: Mode,
+    /// External mode: the site broker devices connect to (it outlives
+    /// ferry's restarts, as a site's broker does).
+    pub site: Option<Mosquitto>,
     pub data_dir: PathBuf,
     pub gateway: String,
     pub config_path: PathBuf,
@@ -47,22 +54,44 @@ pub struct Ferry {
 }
 
 impl Ferry {
-    /// Writes the config and starts `ferry run`; returns once the south
-    /// listener accepts TCP.
+    /// [`Ferry::start`] in south mode `mode`.
+    pub fn start_in(mode: Mode, opts: FerryOpts) -> Ferry {
+        Ferry::start(opts.in_mode(mode))
+    }
+
+    /// Writes the config and starts `ferry run`; returns once devices can
+    /// be served (the south listener accepts TCP, or ferry subscribed on
+    /// the site broker).
     pub fn start(opts: FerryOpts) -> Ferry {
         let dir = tempfile::Builder::new()
             .prefix("ferry-gw-")
             .tempdir()
             .expect("temp dir for ferry");
-        let south_port = free_port();
         let mut config = opts.config;
-        config.south.listen = format!("127.0.0.1:{south_port}");
+        let (south_port, site) = match opts.mode {
+            Mode::Embedded => {
+                let port = free_port();
+                config.south.listen = format!("127.0.0.1:{port}");
+                (port, None)
+            }
+            Mode::External => {
+                let site = Mosquitto::start_site();
+                config.south.mode = "external".into();
+                config.south.host = "127.0.0.1".into();
+                config.south.port = site.port;
+                config.south.username = SITE_USER.into();
+                config.south.password = SITE_PASSWORD.into();
+                (site.port, Some(site))
+            }
+        };
         // An absolute data_dir (a test's own disk) stays as it is.
         config.gateway.data_dir = dir.path().join(&config.gateway.data_dir);
         let config_path = dir.path().join("ferry.toml");
         fs::write(&config_path, to_toml(&config)).expect("write ferry.toml");
         let mut ferry = Ferry {
             south_port,
+            mode: opts.mode,
+            site,
             data_dir: config.gateway.data_dir.clone(),
             gateway: config.gateway.id.clone(),
             log_path: dir.path().join("ferry.log"),
@@ -75,7 +104,18 @@ impl Ferry {
         ferry
     }
 
+    /// Whether devices can be served: the embedded listener accepts TCP,
+    /// or (external mode) ferry subscribed on the site broker once more
+    /// than `ups_before` times.
+    fn south_ready(&self, ups_before: usize) -> bool {
+        match self.mode {
+            Mode::Embedded => port_accepts(self.south_port),
+            Mode::External => south_ups(&self.log()) > ups_before,
+        }
+    }
+
     fn spawn(&mut self) {
+        let ups_before = south_ups(&self.log());
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -96,7 +136,7 @@ impl Ferry {
         let port = self.south_port;
         let started = Instant::now();
         blocking(|| loop {
-            if port_accepts(port) {
+            if self.south_ready(ups_before) {
                 return;
             }
             let child = self.child.as_mut().expect("child");
@@ -110,7 +150,7 @@ impl Ferry {
             }
             if started.elapsed() > FERRY_START_TIMEOUT {
                 panic!(
-                    "ferry's south port {port} did not accept TCP within {FERRY_START_TIMEOUT:?}\n\
+                    "ferry's south side on port {port} was not ready within {FERRY_START_TIMEOUT:?}\n\
                      --- ferry log tail ---\n{}",
                     self.log_tail()
                 );
@@ -214,4 +254,9 @@ impl Drop for Ferry {
             );
         }
     }
+}
+
+/// How often ferry's log says its external south session subscribed.
+fn south_ups(log: &str) -> usize {
+    log.matches("south link up").count()
 }

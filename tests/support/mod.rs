@@ -39,6 +39,14 @@ pub use proc::{raise_fd_limit, rss_kib, Tmpfs};
 pub use raw_mqtt::RawMqtt;
 pub use session::{cut_off, BareClient};
 
+/// Where devices connect: ferry's embedded broker, or a site Mosquitto
+/// ferry is a client of (external mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Embedded,
+    External,
+}
+
 /// How long `connect` helpers wait for the broker's SubAck.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest MQTT packet the test clients send or accept.

@@ -30,6 +30,31 @@ fn mosquitto_binary() -> PathBuf {
     );
 }
 
+/// ferry's user on a site broker ([`Mosquitto::start_site`]).
+pub const SITE_USER: &str = "ferry";
+pub const SITE_PASSWORD: &str = "ferry-site-secret";
+/// The site broker's ACL: docs/EXTERNAL.md's, word for word.
+const SITE_ACL: &str = "\
+user ferry
+topic read devices/+/up/#
+topic read devices/+/confirm
+topic read devices/+/pull
+topic read devices/+/read
+topic read devices/+/nack
+topic read devices/+/status
+topic write devices/+/ack
+topic write devices/+/inbox
+
+pattern write devices/%c/up/#
+pattern write devices/%c/confirm
+pattern write devices/%c/pull
+pattern write devices/%c/read
+pattern write devices/%c/nack
+pattern write devices/%c/status
+pattern read devices/%c/ack
+pattern read devices/%c/inbox
+";
+
 /// A Mosquitto broker on 127.0.0.1 in its own temp dir; killed on drop.
 pub struct Mosquitto {
     pub port: u16,
@@ -55,18 +80,67 @@ impl Mosquitto {
     }
 
     fn start_configured(port: u16, extra: &[&str]) -> Mosquitto {
+        Mosquitto::start_in(port, false, |_| {
+            extra.iter().map(|l| l.to_string()).collect()
+        })
+    }
+
+    /// A site broker for external mode, as docs/EXTERNAL.md sets one up:
+    /// persistence on, no queue limit, ferry a user (`SITE_USER`) in a
+    /// password file with read on every device topic and write on receipts
+    /// and inboxes, and devices (anonymous here) held to their own topics
+    /// by `pattern` lines on their client id.
+    pub fn start_site() -> Mosquitto {
+        Mosquitto::start_in(free_port(), true, |dir| {
+            let passwd = dir.join("passwd");
+            let made = std::process::Command::new("mosquitto_passwd")
+                .arg("-c")
+                .arg("-b")
+                .arg(&passwd)
+                .arg(SITE_USER)
+                .arg(SITE_PASSWORD)
+                .status()
+                .unwrap_or_else(|e| {
+                    panic!("mosquitto_passwd ({e}): install Mosquitto with `apt-get install -y mosquitto`")
+                });
+            assert!(made.success(), "mosquitto_passwd failed: {made}");
+            let acl = dir.join("acl");
+            fs::write(&acl, SITE_ACL).expect("write acl");
+            vec![
+                format!("password_file {}", passwd.display()),
+                format!("acl_file {}", acl.display()),
+            ]
+        })
+    }
+
+    /// Starts a broker on `port`; `extra` adds config lines, given the
+    /// broker's own directory.
+    fn start_in(
+        port: u16,
+        persistent: bool,
+        extra: impl FnOnce(&std::path::Path) -> Vec<String>,
+    ) -> Mosquitto {
         let binary = mosquitto_binary();
         let dir = tempfile::Builder::new()
             .prefix("ferry-mosquitto-")
             .tempdir()
             .expect("temp dir for mosquitto");
         let log = dir.path().join("mosquitto.log");
+        let extra = extra(dir.path());
+        let persistence = if persistent {
+            format!(
+                "persistence true\npersistence_location {}/\n",
+                dir.path().display()
+            )
+        } else {
+            "persistence false\n".to_string()
+        };
         let config = format!(
             "listener {port} 127.0.0.1\n\
              allow_anonymous true\n\
              max_queued_messages 0\n\
              max_inflight_messages 0\n\
-             persistence false\n\
+             {persistence}\
              user root\n\
              log_dest file {log}\n\
              log_type error\n\

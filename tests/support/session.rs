@@ -37,6 +37,15 @@ impl Client {
     pub async fn publish(&self, topic: impl Into<String>, bytes: impl Into<Vec<u8>>) -> bool {
         self.0.send_wait(topic, bytes, false).await
     }
+
+    /// Like [`Client::publish`], retained.
+    pub async fn publish_retained(
+        &self,
+        topic: impl Into<String>,
+        bytes: impl Into<Vec<u8>>,
+    ) -> bool {
+        self.0.send_wait(topic, bytes, true).await
+    }
 }
 
 /// Options for a test client: reconnects quickly (tests restart brokers).
@@ -147,8 +156,20 @@ impl BareClient {
     }
 
     /// A device subscribed to its inbox only, confirming nothing by itself.
+    /// It says it is online, as the protocol has devices do, retained (in
+    /// external mode that is all ferry learns of its presence, also after
+    /// ferry restarts).
     pub async fn device(south_port: u16, id: &str) -> BareClient {
-        BareClient::connect(south_port, id, vec![format!("devices/{id}/inbox")]).await
+        let client = BareClient::connect(south_port, id, vec![format!("devices/{id}/inbox")]).await;
+        assert!(
+            client
+                .session
+                .client
+                .publish_retained(format!("devices/{id}/status"), r#"{"online":true}"#)
+                .await,
+            "status queued"
+        );
+        client
     }
 
     /// Publishes bytes on any topic at QoS 1.

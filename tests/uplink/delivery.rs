@@ -4,10 +4,10 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_messages_from_ten_devices_are_stored_then_delivered_in_seq_order() {
+both_modes!(a_thousand_messages_from_ten_devices_are_stored_then_delivered_in_seq_order);
+async fn a_thousand_messages_from_ten_devices_are_stored_then_delivered_in_seq_order(mode: Mode) {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-bulk", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-bulk", mq.port));
     let mut backend = Backend::connect_auto_ack(mq.port, "gw-bulk").await;
     let boot = boot_id();
 
@@ -105,10 +105,10 @@ async fn a_thousand_messages_from_ten_devices_are_stored_then_delivered_in_seq_o
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_duplicate_uplink_is_answered_with_its_original_seq_and_stored_once() {
+both_modes!(a_duplicate_uplink_is_answered_with_its_original_seq_and_stored_once);
+async fn a_duplicate_uplink_is_answered_with_its_original_seq_and_stored_once(mode: Mode) {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-dup", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-dup", mq.port));
     let mut backend = Backend::connect_auto_ack(mq.port, "gw-dup").await;
     let mut device = Device::connect(ferry.south_port, "dup-1").await;
     let boot = boot_id();
@@ -177,10 +177,11 @@ async fn a_duplicate_uplink_is_answered_with_its_original_seq_and_stored_once() 
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_flow() {
+both_modes!(malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_flow);
+async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_flow(mode: Mode) {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(
+    let ferry = Ferry::start_in(
+        mode,
         FerryOpts::new("gw-reject", mq.port).with(|c| c.south.max_payload_bytes = 1024),
     );
     let _backend = Backend::connect_auto_ack(mq.port, "gw-reject").await;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{boot_id, Backend, Device, Ferry, FerryOpts, Mosquitto, NorthMessage};
+use crate::support::{boot_id, Backend, Device, Ferry, FerryOpts, Mode, Mosquitto, NorthMessage};
 
 mod delivery;
 mod restarts;

@@ -3,10 +3,10 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nack_without_retry_fails_the_message_and_dead_letters_it() {
+both_modes!(a_nack_without_retry_fails_the_message_and_dead_letters_it);
+async fn a_nack_without_retry_fails_the_message_and_dead_letters_it(mode: Mode) {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-nack", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-nack", mq.port));
     let mut backend = Backend::connect(mq.port, "gw-nack").await;
     let mut device = Device::connect(ferry.south_port, "nack-1").await;
     let id = format!("{}-1", boot_id());
@@ -66,10 +66,10 @@ async fn a_nack_without_retry_fails_the_message_and_dead_letters_it() {
     assert!(extra.is_empty(), "receipts after `failed`: {extra:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nack_with_retry_resends_the_same_seq_until_the_backend_acks() {
+both_modes!(a_nack_with_retry_resends_the_same_seq_until_the_backend_acks);
+async fn a_nack_with_retry_resends_the_same_seq_until_the_backend_acks(mode: Mode) {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-retry", mq.port));
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-retry", mq.port));
     let mut backend = Backend::connect(mq.port, "gw-retry").await;
     let mut device = Device::connect(ferry.south_port, "retry-1").await;
     let id = format!("{}-1", boot_id());
