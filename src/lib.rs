@@ -5,7 +5,8 @@
 //! - [`config`]: the TOML file and `FERRY_*` overrides, checked once.
 //! - [`ids`], [`state`], [`backoff`], [`protocol`]: pure types and rules of
 //!   docs/PROTOCOL.md — identifiers, the message state machine, resend
-//!   delays, topics, envelopes, receipts and acks.
+//!   delays, topics, envelopes, receipts and acks. [`dead_letter`] is the
+//!   record of a message given up on.
 //! - [`store`]: SQLite owned by one writer thread, group commit, migrations.
 //! - [`south`]: the embedded rumqttd broker and the in-process link that
 //!   brings device traffic in and delivers receipts and batches straight to
@@ -33,6 +34,7 @@
 pub mod backoff;
 pub mod client;
 pub mod config;
+pub mod dead_letter;
 pub mod downlink;
 pub mod gateway;
 pub mod ids;

@@ -15,6 +15,7 @@
 //! group-committed: a reconnect storm costs a few fsyncs, not thousands.
 
 mod receipts;
+pub mod record;
 pub mod scheduler;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -29,6 +30,7 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::config::DownlinkConfig;
+use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId};
 use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
 use crate::protocol::control::{inbox_batch, parse_control, Control, ControlKind};
@@ -38,11 +40,11 @@ use crate::protocol::receipt::NorthReceipt;
 use crate::protocol::topics::Topics;
 use crate::south::presence::BrokerEvent;
 use crate::south::SouthSender;
-use crate::store::downlink::{
-    BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake, DownIntakeOutcome,
-};
-use crate::store::{DeadLetter, DownOp, Store, StoreError};
+use crate::store::{Store, StoreError};
 use receipts::Receipts;
+use record::{
+    reason, BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake, DownIntakeOutcome,
+};
 use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 
 /// A device the broker saw connect is taken as online after this, unless it
@@ -55,6 +57,11 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 const RECEIPTS_HELD: usize = 1_000_000;
 /// A receipts message the session could not take is tried again after this.
 const RECEIPTS_RETRY: Duration = Duration::from_millis(50);
+
+/// Store requests in flight, at most: past it the task stops reading the
+/// north session and device controls until answers come back (the store's
+/// queue is unbounded; this is what holds the senders back).
+const MAX_PENDING: usize = 4096;
 
 /// A control message from a device.
 #[derive(Debug, Clone)]
@@ -185,8 +192,9 @@ impl Downlink {
                     None => std::future::pending().await,
                 }
             };
+            let room = self.pending.len() < MAX_PENDING;
             tokio::select! {
-                ev = inputs.north.recv() => match ev {
+                ev = inputs.north.recv(), if room => match ev {
                     Some(NorthEvent::Up(epoch)) => {
                         self.epoch = Some(epoch);
                         self.flush_receipts();
@@ -204,7 +212,7 @@ impl Downlink {
                     Some(_) => {}
                     None => return Ok(()),
                 },
-                c = inputs.controls.recv() => match c {
+                c = inputs.controls.recv(), if room => match c {
                     Some(c) => self.on_control(c).await?,
                     None => return Ok(()),
                 },
@@ -212,9 +220,8 @@ impl Downlink {
                 Some(done) = self.pending.next(), if !self.pending.is_empty() => self.on_done(done).await?,
                 _ = timer => self.on_timer().await?,
                 _ = sweep.tick() => {
-                    let now = now_ms();
-                    let rx = self.store.down(|reply| DownOp::Sweep { now_ms: now, reply }).await?;
-                    self.pending.push(Box::pin(async move { Done::Swept(flatten(rx.await)) }));
+                    let swept = self.store.sweep_downlinks(now_ms());
+                    self.pending.push(Box::pin(async move { Done::Swept(swept.await) }));
                 }
             }
         }
@@ -261,11 +268,11 @@ impl Downlink {
                     to,
                     queue_cap: self.settings.cfg.queue_cap,
                 };
-                let rx = self.store.down(|reply| DownOp::Intake(msg, reply)).await?;
+                let stored = self.store.down_intake(msg);
                 self.pending.push(Box::pin(async move {
                     Done::Intake {
                         token,
-                        result: flatten(rx.await),
+                        result: stored.await,
                     }
                 }));
             }
@@ -286,7 +293,7 @@ impl Downlink {
                     at_ms: stored_ms,
                 };
                 let device = dl.device.clone();
-                let rx = self.store.reject(dl).await?;
+                let dead_letter = self.store.reject(dl);
                 let msg_id = rejection.msg_id;
                 self.pending.push(Box::pin(async move {
                     Done::Rejected {
@@ -294,7 +301,7 @@ impl Downlink {
                         msg_id,
                         device,
                         reason,
-                        result: flatten(rx.await),
+                        result: dead_letter.await,
                     }
                 }));
             }
@@ -349,61 +356,40 @@ impl Downlink {
                     .on_pull(&device, after, limit, Instant::now())
             }
             Control::Confirm { upto } => {
-                let d = device.clone();
-                self.commit_move(&device, |reply| DownOp::Advance {
-                    device: d,
-                    upto,
-                    read: false,
-                    now_ms: now,
-                    reply,
-                })
-                .await?;
+                let moved = self.store.advance(device.clone(), upto, false, now);
+                self.commit_move(&device, moved);
                 // A confirm also says the device is there.
                 self.scheduler.on_online(&device)
             }
             Control::Read { upto } => {
-                let d = device.clone();
-                self.commit_move(&device, |reply| DownOp::Advance {
-                    device: d,
-                    upto,
-                    read: true,
-                    now_ms: now,
-                    reply,
-                })
-                .await?;
+                let moved = self.store.advance(device.clone(), upto, true, now);
+                self.commit_move(&device, moved);
                 Vec::new()
             }
-            Control::Nack { seq, reason } => {
-                let d = device.clone();
-                self.commit_move(&device, |reply| DownOp::Nack {
-                    device: d,
-                    seq,
-                    reason,
-                    now_ms: now,
-                    reply,
-                })
-                .await?;
+            Control::Nack { seq, reason: why } => {
+                let moved = self
+                    .store
+                    .nack(device.clone(), seq, reason::nacked(&why), now);
+                self.commit_move(&device, moved);
                 Vec::new()
             }
         };
         self.execute(actions).await
     }
 
-    /// Sends a cursor-moving request; its outcome arrives as `Done::Moved`.
-    async fn commit_move(
+    /// Waits for a cursor-moving request; its outcome arrives as `Done::Moved`.
+    fn commit_move(
         &mut self,
         device: &DeviceId,
-        op: impl FnOnce(crate::store::Reply<CursorMove>) -> DownOp,
-    ) -> Result<(), StoreError> {
-        let rx = self.store.down(op).await?;
+        moved: impl Future<Output = Result<CursorMove, StoreError>> + Send + 'static,
+    ) {
         let device = device.clone();
         self.pending.push(Box::pin(async move {
             Done::Moved {
                 device,
-                result: flatten(rx.await),
+                result: moved.await,
             }
         }));
-        Ok(())
     }
 
     async fn on_broker(&mut self, ev: BrokerEvent) -> Result<(), StoreError> {
@@ -462,15 +448,11 @@ impl Downlink {
         for action in actions {
             match action {
                 DownAction::LoadCursors(device) => {
-                    let d = device.clone();
-                    let rx = self
-                        .store
-                        .down(|reply| DownOp::Cursors { device: d, reply })
-                        .await?;
+                    let cursors = self.store.cursors(device.clone());
                     self.pending.push(Box::pin(async move {
                         Done::Cursors {
                             device,
-                            result: flatten(rx.await),
+                            result: cursors.await,
                         }
                     }));
                 }
@@ -481,24 +463,15 @@ impl Downlink {
                     gen,
                     reply_empty,
                 } => {
-                    let d = device.clone();
-                    let now = now_ms();
-                    let rx = self
+                    let read = self
                         .store
-                        .down(|reply| DownOp::Batch {
-                            device: d,
-                            after,
-                            limit,
-                            now_ms: now,
-                            reply,
-                        })
-                        .await?;
+                        .read_batch(device.clone(), after, limit, now_ms());
                     self.pending.push(Box::pin(async move {
                         Done::Read {
                             device,
                             gen,
                             reply_empty,
-                            result: flatten(rx.await),
+                            result: read.await,
                         }
                     }));
                 }
@@ -507,7 +480,21 @@ impl Downlink {
         Ok(())
     }
 
+    /// Applies a store answer; an error only once the store is gone.
     async fn on_done(&mut self, done: Done) -> Result<(), StoreError> {
+        let done = match done {
+            Done::Intake { result: Err(e), .. }
+            | Done::Rejected { result: Err(e), .. }
+            | Done::Cursors { result: Err(e), .. }
+            | Done::Read { result: Err(e), .. }
+            | Done::Moved { result: Err(e), .. }
+            | Done::Swept(Err(e))
+                if e.is_fatal() =>
+            {
+                return Err(e)
+            }
+            done => done,
+        };
         match done {
             Done::Intake {
                 token,
@@ -544,7 +531,7 @@ impl Downlink {
                     seq: None,
                     ts: now_ms(),
                     reason: Some(match dead_letter {
-                        Some(id) => format!("{reason} (dead letter {id})"),
+                        Some(id) => reason::rejected(&reason, id),
                         None => reason,
                     }),
                 }]);
@@ -672,10 +659,7 @@ impl Downlink {
             return Ok(());
         };
         let raw = Bytes::from(serde_json::to_vec(&r).expect("a receipt serializes"));
-        let reason = format!(
-            "undeliverable: the upstream broker closed the connection on this receipt {} times",
-            self.settings.max_attempts
-        );
+        let reason = reason::receipt_undeliverable(self.settings.max_attempts);
         error!(msg_id = ?r.msg_id, device = ?r.device, status = r.status, reason = %reason, "receipt north dead-lettered");
         let dl = DeadLetter {
             direction: "down",
@@ -687,13 +671,7 @@ impl Downlink {
             at_ms: now_ms(),
         };
         // Fire and forget: the row commits with the next batch.
-        drop(self.store.reject(dl).await?);
+        drop(self.store.reject(dl));
         Ok(())
     }
-}
-
-fn flatten<T>(
-    r: Result<Result<T, StoreError>, tokio::sync::oneshot::error::RecvError>,
-) -> Result<T, StoreError> {
-    r.unwrap_or(Err(StoreError::Closed))
 }

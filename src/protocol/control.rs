@@ -4,9 +4,9 @@
 use bytes::Bytes;
 use serde::Deserialize;
 
+use crate::downlink::record::BatchEntry;
 use crate::ids::Seq;
 use crate::state::DeliveryState;
-use crate::store::downlink::BatchEntry;
 
 /// A parsed control message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::record::{PendingMessage, EXPIRED_REASON};
 use crate::backoff;
 use crate::config::RetryConfig;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::ack::Verdict;
-use crate::store::{PendingMessage, EXPIRED_REASON};
 
 /// The failed attempt when the upstream closed the link on a message.
 pub const REFUSED: &str = "the upstream broker closed the connection on this message";
