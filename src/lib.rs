@@ -6,7 +6,7 @@
 //! - [`ids`], [`state`], [`backoff`], [`protocol`]: pure types and rules of
 //!   docs/PROTOCOL.md — identifiers, the message state machine, resend
 //!   delays, topics, envelopes, receipts and acks. [`dead_letter`] is the
-//!   record of a message given up on.
+//!   record of a message given up on; [`deadlines`] is every timer.
 //! - [`store`]: SQLite owned by one writer thread, group commit, migrations.
 //! - [`south`]: the embedded rumqttd broker and the in-process link that
 //!   brings device traffic in and delivers receipts and batches straight to
@@ -35,6 +35,7 @@ pub mod backoff;
 pub mod client;
 pub mod config;
 pub mod dead_letter;
+pub mod deadlines;
 pub mod downlink;
 pub mod gateway;
 pub mod ids;

@@ -16,11 +16,12 @@
 //!   when it returns), so memory does not grow with every device that ever
 //!   connected.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::deadlines::Deadlines;
 use crate::downlink::record::Cursors;
 use crate::ids::{DeviceId, Seq};
 
@@ -55,7 +56,6 @@ pub struct Outstanding {
     pub size: usize,
     pub sent_at: Instant,
     pub resends: u32,
-    deadline: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -79,7 +79,8 @@ struct Device {
 pub struct DownScheduler {
     cfg: DownConfig,
     devices: HashMap<DeviceId, Device>,
-    timers: BTreeSet<(Instant, DeviceId)>,
+    /// Each unconfirmed batch's confirm deadline.
+    timers: Deadlines<DeviceId>,
     /// The next generation handed out, to any device.
     next_gen: u64,
 }
@@ -105,7 +106,7 @@ impl DownScheduler {
         DownScheduler {
             cfg,
             devices: HashMap::new(),
-            timers: BTreeSet::new(),
+            timers: Deadlines::new(),
             next_gen: 0,
         }
     }
@@ -141,12 +142,16 @@ impl DownScheduler {
         let gen = fresh(&mut self.next_gen);
         let d = self.entry(device);
         d.subscribed_at = Some(now);
-        if d.online && (d.outstanding.is_some() || d.reading.is_some()) {
+        let restart = d.online && (d.outstanding.is_some() || d.reading.is_some());
+        if restart {
             d.outstanding = None;
             d.reading = None;
             d.gen = gen;
         }
         d.online = true;
+        if restart {
+            self.timers.remove(device);
+        }
         self.next(device)
     }
 
@@ -154,6 +159,7 @@ impl DownScheduler {
     /// out for it is dropped when it comes back.
     pub fn on_offline(&mut self, device: &DeviceId) {
         self.devices.remove(device);
+        self.timers.remove(device);
     }
 
     pub fn on_cursors(&mut self, device: &DeviceId, c: Cursors) -> Vec<DownAction> {
@@ -228,6 +234,8 @@ impl DownScheduler {
         d.outstanding = None;
         d.gen = gen;
         d.reading = None;
+        self.timers.remove(device);
+        let d = self.devices.get_mut(device).expect("made above");
         if d.cursors.is_none() {
             d.pull = Some((after, limit));
             return self.load(device);
@@ -271,6 +279,9 @@ impl DownScheduler {
             Some(o) if known.delivered_upto >= o.first => d.outstanding.take(),
             _ => None,
         };
+        if released.is_some() {
+            self.timers.remove(device);
+        }
         if released.is_some() || d.reading.is_some() {
             // A read from the old cursor would resend confirmed messages.
             d.gen = fresh(&mut self.next_gen);
@@ -316,29 +327,24 @@ impl DownScheduler {
             size,
             sent_at: now,
             resends: d.resends,
-            deadline,
         });
-        self.timers.insert((deadline, device.clone()));
+        self.timers.insert(device.clone(), deadline);
         Verdict::Send { more: last < head }
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.timers.first().map(|(at, _)| *at)
+        self.timers.next()
     }
 
     /// Resends every batch whose confirm is overdue.
     pub fn on_tick(&mut self, now: Instant) -> Vec<(DeviceId, Outstanding, Vec<DownAction>)> {
         let mut out = Vec::new();
-        while let Some((at, device)) = self.timers.first().cloned() {
-            if at > now {
-                break;
-            }
-            self.timers.pop_first();
+        while let Some((device, _)) = self.timers.pop_due(now) {
             let Some(d) = self.devices.get_mut(&device) else {
                 continue;
             };
             let Some(o) = d.outstanding else { continue };
-            if o.deadline != at || !d.online {
+            if !d.online {
                 continue;
             }
             d.outstanding = None;
