@@ -12,7 +12,6 @@ use super::{DeviceControl, Done, Downlink};
 use crate::ids::DeviceId;
 use crate::protocol::control::{parse_control, Control};
 use crate::protocol::now_ms;
-use crate::protocol::receipt::NorthReceipt;
 use crate::store::StoreError;
 
 impl Downlink {
@@ -80,8 +79,7 @@ impl Downlink {
         device: DeviceId,
         moved: CursorMove,
     ) -> Result<(), StoreError> {
-        let ts = now_ms();
-        self.send_receipts(moved.events.iter().map(|e| NorthReceipt::of(e, ts)));
+        self.send_receipts(moved.receipts);
         let (released, actions) = self.scheduler.on_cursor_moved(&device, moved.cursors);
         if let Some(o) = released {
             info!(

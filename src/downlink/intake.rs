@@ -2,12 +2,12 @@
 //! recipients resolved (device ids and `@group`s), and stored once for all
 //! of them; the backend's PUBACK and the `stored` receipts wait for the
 //! commit. A downlink that can never be delivered is dead-lettered and
-//! answered `rejected`.
+//! answered `rejected`, its receipt committed with its dead letter.
 
 use bytes::Bytes;
 use tracing::warn;
 
-use super::record::{reason, DownIntake, DownIntakeOutcome};
+use super::record::{DownIntake, DownIntakeOutcome, Rejected};
 use super::{Done, Downlink};
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId};
@@ -83,16 +83,19 @@ impl Downlink {
                     raw: payload,
                     at_ms: stored_ms,
                 };
-                let device = dl.device.clone();
-                let dead_letter = self.store.reject(dl);
-                let msg_id = rejection.msg_id;
+                let receipt = NorthReceipt {
+                    msg_id: dl.msg_id.clone(),
+                    device: dl.device.clone(),
+                    status: "rejected",
+                    seq: None,
+                    ts: stored_ms,
+                    reason: None,
+                };
+                let rejected = self.store.reject_downlink(dl, receipt);
                 self.pending.push(Box::pin(async move {
                     Done::Rejected {
                         token,
-                        msg_id,
-                        device,
-                        reason,
-                        result: dead_letter.await,
+                        result: rejected.await,
                     }
                 }));
             }
@@ -141,39 +144,28 @@ impl Downlink {
             }
         };
         self.north.ack(token);
-        let ts = now_ms();
         let mut actions = Vec::new();
         for (event, new) in &out.queued {
             if *new {
                 actions.extend(self.scheduler.on_queued(&event.device, event.seq));
             }
         }
-        let queued = out.queued.iter().map(|(e, _)| e);
-        self.send_receipts(queued.chain(&out.expired).map(|e| NorthReceipt::of(e, ts)));
+        self.send_receipts(out.receipts);
         self.execute(actions).await
     }
 
-    /// A rejected downlink's dead letter committed (or failed to).
-    pub(super) fn on_rejected(
-        &mut self,
-        token: AckToken,
-        msg_id: Option<MsgId>,
-        device: Option<String>,
-        why: String,
-        result: Result<i64, StoreError>,
-    ) {
-        self.north.ack(token);
-        let dead_letter = result.ok();
-        self.send_receipts([NorthReceipt {
-            msg_id: msg_id.map(|m| m.to_string()),
-            device,
-            status: "rejected",
-            seq: None,
-            ts: now_ms(),
-            reason: Some(match dead_letter {
-                Some(id) => reason::rejected(&why, id),
-                None => why,
-            }),
-        }]);
+    /// A rejected downlink's dead letter and receipt committed: acknowledge
+    /// it upstream. If they could not be, it stays unacknowledged for the
+    /// backend to resend.
+    pub(super) fn on_rejected(&mut self, token: AckToken, result: Result<Rejected, StoreError>) {
+        match result {
+            Ok(rejected) => {
+                self.north.ack(token);
+                self.send_receipts([rejected.receipt]);
+            }
+            Err(e) => {
+                warn!(error = %e, "rejected downlink not dead-lettered; left unacknowledged for the backend to resend")
+            }
+        }
     }
 }

@@ -40,17 +40,16 @@ use tracing::{info, warn};
 
 use crate::config::DownlinkConfig;
 use crate::deadlines::Deadlines;
-use crate::ids::{DeviceId, MsgId};
+use crate::ids::DeviceId;
 use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
 use crate::protocol::control::{inbox_batch, ControlKind};
 use crate::protocol::now_ms;
-use crate::protocol::receipt::NorthReceipt;
 use crate::protocol::topics::Topics;
 use crate::south::presence::BrokerEvent;
 use crate::south::SouthSender;
 use crate::store::{Store, StoreError};
 use receipts::Receipts;
-use record::{BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntakeOutcome};
+use record::{BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept};
 use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 
 /// How often deliveries of expired messages are swept for offline devices.
@@ -85,10 +84,7 @@ enum Done {
     },
     Rejected {
         token: AckToken,
-        msg_id: Option<MsgId>,
-        device: Option<String>,
-        reason: String,
-        result: Result<i64, StoreError>,
+        result: Result<Rejected, StoreError>,
     },
     Cursors {
         device: DeviceId,
@@ -104,7 +100,13 @@ enum Done {
         device: DeviceId,
         result: Result<CursorMove, StoreError>,
     },
-    Swept(Result<Vec<DeliveryEvent>, StoreError>),
+    Swept(Result<Swept, StoreError>),
+    /// A page of the receipts outbox, asked for from `from`, `limit` long.
+    Outbox {
+        from: i64,
+        limit: usize,
+        result: Result<Vec<OutboxReceipt>, StoreError>,
+    },
 }
 
 type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
@@ -172,6 +174,8 @@ impl Downlink {
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut broker = inputs.broker.take();
+        // Receipts a previous run left in the outbox go first.
+        self.flush_receipts();
         loop {
             let deadline = [self.scheduler.next_deadline(), self.timers.next()]
                 .into_iter()
@@ -201,11 +205,8 @@ impl Downlink {
                         self.receipts.link_down();
                     }
                     Some(NorthEvent::Downlink { topic, payload, token, oversize }) => self.on_downlink(&topic, payload, token, oversize).await?,
-                    Some(NorthEvent::Published(Tag::Receipts(id))) => {
-                        self.receipts.published(id);
-                        self.flush_receipts();
-                    }
-                    Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id).await?,
+                    Some(NorthEvent::Published(Tag::Receipts(id))) => self.on_receipts_published(id)?,
+                    Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id),
                     Some(_) => {}
                     None => return Ok(()),
                 },
@@ -284,6 +285,7 @@ impl Downlink {
             | Done::Read { result: Err(e), .. }
             | Done::Moved { result: Err(e), .. }
             | Done::Swept(Err(e))
+            | Done::Outbox { result: Err(e), .. }
                 if e.is_fatal() =>
             {
                 return Err(e)
@@ -292,13 +294,7 @@ impl Downlink {
         };
         match done {
             Done::Intake { token, result } => self.on_stored(token, result).await?,
-            Done::Rejected {
-                token,
-                msg_id,
-                device,
-                reason,
-                result,
-            } => self.on_rejected(token, msg_id, device, reason, result),
+            Done::Rejected { token, result } => self.on_rejected(token, result),
             Done::Cursors {
                 device,
                 result: Ok(c),
@@ -312,8 +308,7 @@ impl Downlink {
                 reply_empty,
                 result: Ok(read),
             } => {
-                let ts = now_ms();
-                self.send_receipts(read.expired.iter().map(|e| NorthReceipt::of(e, ts)));
+                self.send_receipts(read.receipts);
                 let span = match (read.entries.first(), read.entries.last()) {
                     (Some(f), Some(l)) => Some((f.seq, l.seq, read.entries.len())),
                     _ => None,
@@ -339,13 +334,20 @@ impl Downlink {
                 device,
                 result: Ok(moved),
             } => self.on_moved(device, moved).await?,
-            Done::Swept(Ok(events)) => {
-                if !events.is_empty() {
-                    info!(count = events.len(), "downlink deliveries expired (ttl)");
+            Done::Swept(Ok(swept)) => {
+                if !swept.events.is_empty() {
+                    info!(
+                        count = swept.events.len(),
+                        "downlink deliveries expired (ttl)"
+                    );
                 }
-                let ts = now_ms();
-                self.send_receipts(events.iter().map(|e| NorthReceipt::of(e, ts)));
+                self.send_receipts(swept.receipts);
             }
+            Done::Outbox {
+                from,
+                limit,
+                result,
+            } => self.on_outbox_page(from, limit, result),
             Done::Cursors {
                 device,
                 result: Err(e),

@@ -1,46 +1,50 @@
-//! Receipts north, the shell around
-//! [`Receipts`](super::receipts::Receipts): queued as state changes
-//! commit, handed to the north session while the link is up, dropped once
-//! PUBACKed, and a lone receipt the upstream keeps refusing dead-lettered.
+//! Receipts north, the shell around the outbox: a receipt is committed in
+//! the `receipt_outbox` table with the state change it reports (by the
+//! store), held in a bounded window ([`Receipts`](super::receipts::Receipts)), handed to the north
+//! session while the link is up, and deleted from the table only once the
+//! upstream PUBACKs the message carrying it. Rows beyond the window, and
+//! all of them after a restart, are read back in pages as room frees; a
+//! lone receipt the upstream keeps refusing is moved to the dead letters.
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
-use super::record::reason;
-use super::{Downlink, Timer};
+use super::record::{reason, OutboxReceipt};
+use super::{Done, Downlink, Timer};
 use crate::dead_letter::DeadLetter;
 use crate::north::Tag;
 use crate::protocol::now_ms;
-use crate::protocol::receipt::NorthReceipt;
 use crate::store::StoreError;
 
-/// Receipts held until the upstream acknowledges them; past it the oldest
-/// go (they are in memory only).
-pub(super) const RECEIPTS_HELD: usize = 1_000_000;
-/// A receipts message the session could not take is tried again after this.
+/// Receipts held in memory at most; the rest wait in the outbox table.
+pub(super) const RECEIPTS_HELD: usize = 20_000;
+/// A receipts message the session could not take, or a page that could not
+/// be read, is tried again after this.
 const RECEIPTS_RETRY: Duration = Duration::from_millis(50);
 
 impl Downlink {
-    /// Queues receipts north and sends what the link can take.
-    pub(super) fn send_receipts(&mut self, receipts: impl IntoIterator<Item = NorthReceipt>) {
-        let dropped = self.receipts.extend(receipts);
-        if dropped > 0 {
-            warn!(
-                dropped,
-                total_dropped = self.receipts.dropped,
-                held = self.receipts.held(),
-                "receipts north held past their cap; the oldest were dropped"
-            );
-        }
+    /// Receipts just committed: queue them and send what the link can take.
+    pub(super) fn send_receipts(&mut self, rows: impl IntoIterator<Item = OutboxReceipt>) {
+        self.receipts.extend(rows);
         self.flush_receipts();
     }
 
-    /// Hands receipts to the north session while the link is up.
+    /// Hands receipts to the north session while the link is up, and reads
+    /// the next page of the outbox when there is room for it.
     pub(super) fn flush_receipts(&mut self) {
         self.timers.remove(&Timer::ReceiptsRetry);
+        if let Some((from, limit)) = self.receipts.next_page() {
+            let page = self.store.outbox_page(from, limit);
+            self.pending.push(Box::pin(async move {
+                Done::Outbox {
+                    from,
+                    limit,
+                    result: page.await,
+                }
+            }));
+        }
         let Some(epoch) = self.epoch else { return };
         let topic = self.topics.north_receipts();
         while let Some((id, body)) = self.receipts.next_message() {
@@ -50,32 +54,70 @@ impl Downlink {
             {
                 // The session's queue is full; try again shortly.
                 self.receipts.unsend(id);
-                self.timers
-                    .insert(Timer::ReceiptsRetry, Instant::now() + RECEIPTS_RETRY);
+                self.retry_receipts();
                 return;
             }
         }
     }
 
+    fn retry_receipts(&mut self) {
+        self.timers
+            .insert(Timer::ReceiptsRetry, Instant::now() + RECEIPTS_RETRY);
+    }
+
+    /// A page of the outbox was read.
+    pub(super) fn on_outbox_page(
+        &mut self,
+        from: i64,
+        limit: usize,
+        result: Result<Vec<OutboxReceipt>, StoreError>,
+    ) {
+        match result {
+            Ok(rows) => self.receipts.loaded(rows, limit),
+            Err(e) => {
+                warn!(error = %e, from, "receipts outbox not read; trying again");
+                self.receipts.load_failed(from);
+                self.retry_receipts();
+                return;
+            }
+        }
+        self.flush_receipts();
+    }
+
+    /// The upstream acknowledged a receipts message: its rows leave the
+    /// outbox, and their room goes to the next.
+    pub(super) fn on_receipts_published(&mut self, id: u64) -> Result<(), StoreError> {
+        let rows = self.receipts.published(id);
+        if !rows.is_empty() {
+            // Fire and forget: a delete lost in a crash only sends them
+            // again. It reaches the writer before any later page read.
+            self.store.receipts_sent(rows)?;
+        }
+        self.flush_receipts();
+        Ok(())
+    }
+
     /// The upstream dropped the link on a receipts message.
-    pub(super) async fn on_receipts_refused(&mut self, id: u64) -> Result<(), StoreError> {
+    pub(super) fn on_receipts_refused(&mut self, id: u64) {
         let Some(r) = self.receipts.refused(id, self.settings.max_attempts) else {
-            return Ok(());
+            return;
         };
-        let raw = Bytes::from(serde_json::to_vec(&r).expect("a receipt serializes"));
         let reason = reason::receipt_undeliverable(self.settings.max_attempts);
-        error!(msg_id = ?r.msg_id, device = ?r.device, status = r.status, reason = %reason, "receipt north dead-lettered");
+        let named: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        let field = |k: &str| named.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        let (device, msg_id) = (field("device"), field("msg_id"));
+        error!(msg_id = ?msg_id, device = ?device, status = ?field("status"), reason = %reason, "receipt north dead-lettered");
         let dl = DeadLetter {
             direction: "down",
-            device: r.device,
-            msg_id: r.msg_id,
+            device,
+            msg_id,
             topic: self.topics.north_receipts(),
             reason,
-            raw,
+            raw: r.body,
             at_ms: now_ms(),
         };
-        // Fire and forget: the row commits with the next batch.
-        drop(self.store.reject(dl));
-        Ok(())
+        // Fire and forget: out of the outbox and into the dead letters in
+        // one commit; if it is lost in a crash the receipt is tried again.
+        drop(self.store.receipt_dead(r.id, dl));
     }
 }

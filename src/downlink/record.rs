@@ -47,6 +47,17 @@ pub struct DownIntake {
     pub queue_cap: u64,
 }
 
+/// A receipt for the backend as committed in the outbox, in the same
+/// transaction as the state change it reports; it stays there until the
+/// upstream broker acknowledges the message that carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxReceipt {
+    /// Its row in the outbox: ids grow in commit order and are never reused.
+    pub id: i64,
+    /// The receipt as JSON, as it goes north.
+    pub body: Bytes,
+}
+
 /// A delivery that changed state (or, for intake, exists): one receipt north.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryEvent {
@@ -63,6 +74,8 @@ pub struct DownIntakeOutcome {
     pub queued: Vec<(DeliveryEvent, bool)>,
     /// Deliveries pushed out by the queue cap.
     pub expired: Vec<DeliveryEvent>,
+    /// The receipts of all of them, committed in the outbox.
+    pub receipts: Vec<OutboxReceipt>,
 }
 
 /// One entry of an inbox batch; `body: None` is a tombstone.
@@ -81,6 +94,8 @@ pub struct BatchRead {
     pub head: Seq,
     /// Deliveries that expired (ttl) while being read.
     pub expired: Vec<DeliveryEvent>,
+    /// Their receipts, committed in the outbox.
+    pub receipts: Vec<OutboxReceipt>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,4 +109,21 @@ pub struct Cursors {
 pub struct CursorMove {
     pub cursors: Cursors,
     pub events: Vec<DeliveryEvent>,
+    /// Their receipts, committed in the outbox.
+    pub receipts: Vec<OutboxReceipt>,
+}
+
+/// Deliveries of messages whose ttl passed, expired by a sweep.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Swept {
+    pub events: Vec<DeliveryEvent>,
+    /// Their receipts, committed in the outbox.
+    pub receipts: Vec<OutboxReceipt>,
+}
+
+/// A rejected downlink, dead-lettered, and its `rejected` receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    pub dead_letter: i64,
+    pub receipt: OutboxReceipt,
 }

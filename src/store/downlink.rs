@@ -1,17 +1,18 @@
 //! Downlink rows: messages stored once, per-device queues with contiguous
 //! seqs, durable cursors and per-delivery states. Every function runs inside
 //! the writer's open transaction and returns what its commit makes true,
-//! including every delivery whose state it changed (for receipts north).
+//! including every delivery whose state it changed; the receipt of each is
+//! committed in the outbox ([`super::outbox`]) in the same transaction.
 //! The records and the words of every reason are the downlink's
 //! ([`crate::downlink::record`]).
 
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::StoreError;
+use super::{outbox, StoreError};
 use crate::downlink::record::{
     reason, BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake,
-    DownIntakeOutcome,
+    DownIntakeOutcome, Swept,
 };
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::state::DeliveryState;
@@ -136,6 +137,8 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcom
             }
         }
     }
+    let queued = out.queued.iter().map(|(e, _)| e);
+    out.receipts = outbox::report(tx, queued.chain(&out.expired), msg.stored_ms)?;
     Ok(out)
 }
 
@@ -198,6 +201,7 @@ pub fn read_batch(
             body,
         });
     }
+    out.receipts = outbox::report(tx, &out.expired, now_ms)?;
     Ok(out)
 }
 
@@ -232,7 +236,12 @@ pub fn advance(
         c.read_upto = upto;
     }
     events.sort_by_key(|e| (e.seq, e.state == DeliveryState::Read));
-    Ok(CursorMove { cursors: c, events })
+    let receipts = outbox::report(tx, &events, now_ms)?;
+    Ok(CursorMove {
+        cursors: c,
+        events,
+        receipts,
+    })
 }
 
 /// One cursor's move: deliveries in `from` within the range go to `to`.
@@ -304,7 +313,7 @@ pub fn nack(
     let Some(mid) = dead else {
         return Ok(CursorMove {
             cursors: c,
-            events: vec![],
+            ..CursorMove::default()
         });
     };
     let id = message_msg_id(tx, mid)?;
@@ -331,14 +340,16 @@ pub fn nack(
         state: DeliveryState::Dead,
         reason: Some(reason.to_string()),
     };
+    let receipts = outbox::report(tx, [&event], now_ms)?;
     Ok(CursorMove {
         cursors: c,
         events: vec![event],
+        receipts,
     })
 }
 
 /// Expires every stored delivery of messages whose ttl passed by `now_ms`.
-pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> Result<Vec<DeliveryEvent>> {
+pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> Result<Swept> {
     let due: Vec<(i64, String)> = tx
         .prepare_cached(
             "SELECT id, msg_id FROM down_message WHERE expires_ms IS NOT NULL AND swept = 0 AND expires_ms <= ?1 LIMIT 1000",
@@ -369,5 +380,6 @@ pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> Result<Vec<DeliveryEv
         tx.prepare_cached("UPDATE down_message SET swept = 1 WHERE id = ?1")?
             .execute([mid])?;
     }
-    Ok(events)
+    let receipts = outbox::report(tx, &events, now_ms)?;
+    Ok(Swept { events, receipts })
 }

@@ -28,6 +28,7 @@
 //!   [`StoreError::CorruptRow`]); the rest of the batch commits.
 
 mod downlink;
+mod outbox;
 mod schema;
 mod uplink;
 mod writer;
@@ -45,9 +46,10 @@ use tracing::info;
 use crate::config::{StoreConfig, SyncMode};
 use crate::dead_letter::DeadLetter;
 use crate::downlink::record::{
-    BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake, DownIntakeOutcome,
+    BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
 };
 use crate::ids::{DeviceId, MsgId, Seq};
+use crate::protocol::receipt::NorthReceipt;
 use crate::state::IllegalMove;
 use crate::uplink::record::{
     AttemptRecord, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
@@ -143,7 +145,26 @@ enum DownOp {
     },
     Sweep {
         now_ms: i64,
-        reply: Reply<Vec<DeliveryEvent>>,
+        reply: Reply<Swept>,
+    },
+    /// A refused downlink's dead letter and its `rejected` receipt.
+    Reject {
+        dl: DeadLetter,
+        receipt: NorthReceipt,
+        reply: Reply<Rejected>,
+    },
+    OutboxPage {
+        from: i64,
+        limit: usize,
+        reply: Reply<Vec<OutboxReceipt>>,
+    },
+    /// Receipts the upstream acknowledged: out of the outbox.
+    ReceiptsSent(Vec<i64>),
+    /// A receipt the upstream never takes: out of the outbox, dead-lettered.
+    ReceiptDead {
+        id: i64,
+        dl: DeadLetter,
+        reply: Reply<i64>,
     },
 }
 
@@ -354,8 +375,45 @@ impl Store {
     pub fn sweep_downlinks(
         &self,
         now_ms: i64,
-    ) -> impl Future<Output = Result<Vec<DeliveryEvent>, StoreError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Swept, StoreError>> + Send + 'static {
         self.down(move |reply| DownOp::Sweep { now_ms, reply })
+    }
+
+    /// Dead-letters a downlink refused at intake and commits its `rejected`
+    /// receipt (`receipt` with the reason naming the dead letter).
+    pub fn reject_downlink(
+        &self,
+        dl: DeadLetter,
+        receipt: NorthReceipt,
+    ) -> impl Future<Output = Result<Rejected, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Reject { dl, receipt, reply })
+    }
+
+    /// Up to `limit` receipts of the outbox with `id >= from`, in id order.
+    pub fn outbox_page(
+        &self,
+        from: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxReceipt>, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::OutboxPage { from, limit, reply })
+    }
+
+    /// The upstream acknowledged these receipts: they leave the outbox
+    /// (fire and forget: losing it in a crash only sends them again).
+    pub fn receipts_sent(&self, ids: Vec<i64>) -> Result<(), StoreError> {
+        self.tx
+            .send(Op::Down(DownOp::ReceiptsSent(ids)))
+            .map_err(|_| closed(&self.stopped))
+    }
+
+    /// Moves a receipt the upstream never takes from the outbox to the dead
+    /// letters, in one transaction; resolves to the dead letter's id.
+    pub fn receipt_dead(
+        &self,
+        id: i64,
+        dl: DeadLetter,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::ReceiptDead { id, dl, reply })
     }
 }
 

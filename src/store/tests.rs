@@ -166,6 +166,7 @@ async fn a_reopened_store_resumes_seqs_and_pending_work() {
 
 mod down;
 mod errors;
+mod outbox;
 
 #[tokio::test]
 async fn expired_uplinks_are_swept_by_index_wherever_they_are() {

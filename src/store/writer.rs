@@ -16,7 +16,7 @@ use rusqlite::{Connection, ErrorCode, Transaction};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use super::{downlink, uplink, DownOp, Op, Reply, StoreError};
+use super::{downlink, outbox, uplink, DownOp, Op, Reply, StoreError};
 use crate::uplink::record::EXPIRED_REASON;
 
 /// Pauses between attempts at a batch whose commit failed for a passing
@@ -304,6 +304,30 @@ fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
                 _ => None,
             })
         }
+        DownOp::Reject { dl, receipt, .. } => {
+            answer(outbox::reject(tx, dl, receipt), |op| match op {
+                DownOp::Reject { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
+        DownOp::OutboxPage { from, limit, .. } => {
+            answer(outbox::page(tx, *from, *limit), |op| match op {
+                DownOp::OutboxPage { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
+        DownOp::ReceiptsSent(ids) => {
+            if let Err(e) = settle(outbox::delete(tx, ids))? {
+                warn!(error = %e, "acknowledged receipts not deleted; they will be sent again");
+            }
+            Ok(Box::new(|_| {}))
+        }
+        DownOp::ReceiptDead { id, dl, .. } => {
+            answer(outbox::dead_letter(tx, *id, dl), |op| match op {
+                DownOp::ReceiptDead { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
     }
 }
 
@@ -327,6 +351,10 @@ fn fail(op: Op, e: &StoreError) {
             DownOp::Nack { reply, .. } => err(reply, e),
             DownOp::Cursors { reply, .. } => err(reply, e),
             DownOp::Sweep { reply, .. } => err(reply, e),
+            DownOp::Reject { reply, .. } => err(reply, e),
+            DownOp::OutboxPage { reply, .. } => err(reply, e),
+            DownOp::ReceiptsSent(_) => {}
+            DownOp::ReceiptDead { reply, .. } => err(reply, e),
         },
     }
 }

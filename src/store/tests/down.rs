@@ -5,11 +5,11 @@ use crate::downlink::record::*;
 use crate::state::DeliveryState;
 use bytes::Bytes;
 
-fn dev(s: &str) -> DeviceId {
+pub(super) fn dev(s: &str) -> DeviceId {
     DeviceId::new(s).unwrap()
 }
 
-fn msg(id: &str, to: &[&str], cap: u64, expires_ms: Option<i64>) -> DownIntake {
+pub(super) fn msg(id: &str, to: &[&str], cap: u64, expires_ms: Option<i64>) -> DownIntake {
     DownIntake {
         msg_id: MsgId::new(id).unwrap(),
         body: Bytes::from(format!(r#"{{"msg_id":"{id}","payload":1}}"#)),
@@ -153,9 +153,9 @@ async fn a_sweep_expires_deliveries_of_offline_devices() {
     put(&store, msg("t-1", &["a", "b"], 100, Some(50))).await;
     let store = &store;
     let sweep = |now_ms| async move { store.sweep_downlinks(now_ms).await.unwrap() };
-    assert!(sweep(49).await.is_empty());
-    assert_eq!(sweep(50).await.len(), 2);
-    assert!(sweep(60).await.is_empty(), "swept once");
+    assert!(sweep(49).await.events.is_empty());
+    assert_eq!(sweep(50).await.events.len(), 2);
+    assert!(sweep(60).await.events.is_empty(), "swept once");
 }
 
 #[tokio::test]
