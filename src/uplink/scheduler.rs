@@ -27,7 +27,7 @@ use crate::config::RetryConfig;
 use crate::deadlines::Deadlines;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::ack::Verdict;
-use queue::{arm, DeviceQueue, Entry, Status, Timers};
+use queue::{arm, DeviceQueue, Entry, Refill, Status, Timers};
 
 /// The failed attempt when the upstream closed the link on a message.
 pub const REFUSED: &str = "the upstream broker closed the connection on this message";
@@ -107,10 +107,11 @@ impl Scheduler {
 
     /// A device has stored messages that are not in memory yet (start-up).
     pub fn on_backlog(&mut self, device: DeviceId) {
-        self.devices
-            .entry(device.clone())
-            .or_default()
-            .more_in_store = true;
+        let q = self.devices.entry(device.clone()).or_default();
+        q.refill = match q.refill {
+            Refill::Reading { .. } => Refill::Reading { stored_since: true },
+            _ => Refill::InStore,
+        };
         self.dirty.insert(device);
     }
 
@@ -121,14 +122,16 @@ impl Scheduler {
         if msg.seq <= q.loaded_upto {
             return;
         }
-        if q.refilling {
-            q.stored_during_refill = true;
-        } else if q.more_in_store || q.entries.len() >= self.cfg.window {
-            q.more_in_store = true;
-        } else {
-            q.loaded_upto = msg.seq;
-            Self::insert(&mut self.timers, q, msg, now, now_ms);
-        }
+        q.refill = match q.refill {
+            Refill::Reading { .. } => Refill::Reading { stored_since: true },
+            Refill::InStore => Refill::InStore,
+            Refill::InMemory if q.entries.len() >= self.cfg.window => Refill::InStore,
+            Refill::InMemory => {
+                q.loaded_upto = msg.seq;
+                Self::insert(&mut self.timers, q, msg, now, now_ms);
+                Refill::InMemory
+            }
+        };
         self.dirty.insert(device);
     }
 
@@ -144,8 +147,12 @@ impl Scheduler {
         let Some(q) = self.devices.get_mut(device) else {
             return;
         };
-        q.refilling = false;
-        q.more_in_store = msgs.len() >= limit || std::mem::take(&mut q.stored_during_refill);
+        let stored_since = matches!(q.refill, Refill::Reading { stored_since: true });
+        q.refill = if msgs.len() >= limit || stored_since {
+            Refill::InStore
+        } else {
+            Refill::InMemory
+        };
         for msg in msgs {
             if msg.seq > q.loaded_upto {
                 q.loaded_upto = msg.seq;
@@ -158,8 +165,7 @@ impl Scheduler {
     /// A refill or a transition failed in the store: read the device again.
     pub fn on_store_failed(&mut self, device: &DeviceId) {
         if let Some(q) = self.devices.get_mut(device) {
-            q.refilling = false;
-            q.more_in_store = true;
+            q.refill = Refill::InStore;
             self.dirty.insert(device.clone());
         }
     }
@@ -438,15 +444,17 @@ impl Scheduler {
                     }
                 }
             }
-            if q.more_in_store && !q.refilling && q.entries.len() <= self.cfg.window / 2 {
-                q.refilling = true;
+            if q.refill == Refill::InStore && q.entries.len() <= self.cfg.window / 2 {
+                q.refill = Refill::Reading {
+                    stored_since: false,
+                };
                 actions.push(Action::Refill {
                     device: device.clone(),
                     after: q.loaded_upto,
                     limit: self.cfg.window - q.entries.len(),
                 });
             }
-            if q.entries.is_empty() && !q.more_in_store && !q.refilling {
+            if q.entries.is_empty() && q.refill == Refill::InMemory {
                 // Nothing left: forget the device, so memory does not grow
                 // with every device that ever sent. (A store notice still
                 // queued for a message a refill already sent would send it

@@ -28,11 +28,22 @@ pub(super) struct DeviceQueue {
     pub(super) by_id: HashMap<MsgId, Seq>,
     /// Highest seq this queue has held or handed to an action.
     pub(super) loaded_upto: Seq,
-    /// Stored messages past `loaded_upto` exist that are not in memory.
-    pub(super) more_in_store: bool,
-    pub(super) refilling: bool,
-    /// A message was stored while a refill was being read.
-    pub(super) stored_during_refill: bool,
+    /// Where the device's messages past `loaded_upto` are.
+    pub(super) refill: Refill,
+}
+
+/// Whether a device's stored messages are all in memory, and if not, how
+/// the rest are being read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Refill {
+    /// Every stored message past `loaded_upto` is in memory.
+    #[default]
+    InMemory,
+    /// Stored messages past `loaded_upto` wait in the store.
+    InStore,
+    /// A refill read is out; `stored_since`: a message was stored meanwhile
+    /// (so more wait in the store, whatever the read brings).
+    Reading { stored_since: bool },
 }
 
 impl DeviceQueue {
