@@ -14,10 +14,10 @@
 //! Many devices' confirms land in the store's queue together and are
 //! group-committed: a reconnect storm costs a few fsyncs, not thousands.
 //!
-//! This file is the task loop; each input has its own file: [`intake`]
-//! (north downlinks and groups), [`controls`] (device controls),
-//! [`presence`] (broker events), [`outbox`] (receipts north, around the
-//! pure [`receipts`]), and [`scheduler`] decides which batch goes when.
+//! This file is the task loop; each input has its own file: `intake.rs`
+//! (north downlinks and groups), `controls.rs` (device controls),
+//! `presence.rs` (broker events), `outbox.rs` (receipts north, around the
+//! pure `receipts.rs`), and [`scheduler`] decides which batch goes when.
 
 mod controls;
 mod intake;

@@ -2,27 +2,30 @@
 //!
 //! Invariants:
 //! - Only the writer thread touches the connection. Everyone else holds a
-//!   [`Store`] handle and sends owned [`Op`]s over a bounded channel.
+//!   [`Store`] handle, whose methods send owned requests to it.
 //! - Ops are group-committed: the writer takes everything queued (up to
 //!   `store.max_batch`), applies it in one transaction, commits (one fsync
 //!   with `synchronous=FULL`) and only then answers any of them. A reply is
 //!   therefore proof of a commit.
 //! - A commit that fails for a passing reason (disk full, I/O error, a lock)
 //!   is tried again, the same batch, until it succeeds: nobody is answered
-//!   meanwhile, the queue fills and intake stops, so the broker holds the
-//!   devices back. Nothing is lost and nothing waits for a reconnect.
+//!   meanwhile, unanswered requests pile up to their callers' bounds and
+//!   intake stops, so the broker holds the devices back. Nothing is lost and
+//!   nothing waits for a reconnect.
 //! - A database that turns out corrupt stops the writer; every asker, and
 //!   the gateway's exit, names the cause.
 //! - Per-device sequence numbers are assigned inside the same transaction
-//!   as the message they number.
+//!   as the message they number, and every receipt for the backend is
+//!   committed in the outbox (`receipt_outbox`) with the change it reports.
 //! - Every call is one future resolving to `Result<T, StoreError>` after
 //!   the commit of the batch it landed in. The request is queued when the
 //!   method is called, not when the future is first polled: requests reach
 //!   the writer in call order, and a caller may keep many futures pending
 //!   (a `FuturesUnordered`) without waiting on any. The queue itself is
 //!   unbounded; each caller bounds what it has outstanding (intake: 16,384
-//!   messages or 32 MiB; the downlink task: [`crate::downlink`]'s cap), so
-//!   a stalled store still holds the devices back.
+//!   messages or 32 MiB; the downlink task: 4,096 requests; the uplink
+//!   engine: 16,384 before it applies more backend acks), so a stalled store still holds the
+//!   devices back.
 //! - An illegal state change or a row this build cannot read answers that
 //!   one request with an error ([`StoreError::IllegalMove`],
 //!   [`StoreError::CorruptRow`]); the rest of the batch commits.

@@ -60,6 +60,9 @@ const EXPIRY_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
 /// Backend acks applied per turn of the loop: a huge ack array is worked
 /// off in pieces, with everything else getting its turn in between.
 const ACK_CHUNK: usize = 1024;
+/// Store requests in flight, at most: past it queued acks wait (the store's
+/// queue is unbounded; this is what bounds the engine's share).
+const MAX_PENDING: usize = 16_384;
 
 type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -133,7 +136,7 @@ pub async fn run_engine(
                 Some(_) => Vec::new(),
                 None => return Ok(()),
             },
-            _ = std::future::ready(()), if !engine.acks.is_empty() => engine.apply_acks(),
+            _ = std::future::ready(()), if !engine.acks.is_empty() && pending.len() < MAX_PENDING => engine.apply_acks(),
             Some(done) = pending.next(), if !pending.is_empty() => {
                 engine.on_done(done).await?;
                 Vec::new()
