@@ -183,7 +183,7 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>>
             "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw)
              SELECT ?2, 'up', device, msg_id, id, ?3, attempts, last_error, stream, body FROM uplink WHERE id = ?1",
         )?
-        .execute(params![moved.id, t.at_ms, t.reason.as_deref().unwrap_or("dead")])?;
+        .execute(params![moved.id, t.at_ms, t.dead_reason()])?;
     }
     Ok(Some(moved))
 }
@@ -211,7 +211,7 @@ pub fn record_attempt(tx: &Transaction<'_>, rec: &AttemptRecord) -> Result<()> {
         "UPDATE uplink SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4 WHERE id = ?1 AND state = 'stored'",
     )?
     .execute(params![rec.id, rec.attempts, rec.next_attempt_ms, rec.error])?;
-    let detail = format!("attempt {} failed: {}", rec.attempts, rec.error);
+    let detail = rec.detail();
     Ok(history(
         tx,
         rec.id,

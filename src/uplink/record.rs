@@ -97,6 +97,13 @@ pub struct Transition {
     pub at_ms: i64,
 }
 
+impl Transition {
+    /// The reason its dead letter carries.
+    pub fn dead_reason(&self) -> &str {
+        self.reason.as_deref().unwrap_or("dead")
+    }
+}
+
 /// What a committed transition moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moved {
@@ -112,4 +119,11 @@ pub struct AttemptRecord {
     pub next_attempt_ms: i64,
     pub error: String,
     pub at_ms: i64,
+}
+
+impl AttemptRecord {
+    /// The line its message's history gets.
+    pub fn detail(&self) -> String {
+        format!("attempt {} failed: {}", self.attempts, self.error)
+    }
 }
