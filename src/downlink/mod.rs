@@ -9,7 +9,10 @@
 //! - a downlink is PUBACKed upstream and answered `stored` only after its
 //!   commit (and the north session sends PUBACKs in receive order);
 //! - a confirm's `delivered` receipts go north after the cursor commit;
-//! - an inbox batch is built from committed rows only.
+//! - an inbox batch is built from committed rows only;
+//! - a receipt north is committed in the outbox in the same transaction as
+//!   the change it reports, and deleted only once the upstream PUBACKs the
+//!   message carrying it: a crash or an outage of any length loses none.
 //!
 //! Many devices' confirms land in the store's queue together and are
 //! group-committed: a reconnect storm costs a few fsyncs, not thousands.
