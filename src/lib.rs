@@ -5,8 +5,12 @@
 //! - [`config`]: the TOML file and `FERRY_*` overrides, checked once.
 //! - [`ids`], [`state`], [`backoff`], [`protocol`]: pure types and rules of
 //!   docs/PROTOCOL.md — identifiers, the message state machine, resend
-//!   delays, topics, envelopes, receipts and acks.
-//! - [`store`]: SQLite owned by one writer thread, group commit, migrations.
+//!   delays, topics, envelopes, receipts and acks. [`dead_letter`] is the
+//!   record of a message given up on; [`deadlines`] is every timer.
+//! - [`store`]: SQLite owned by one writer thread, group commit, migrations;
+//!   every call one future of `Result<T, StoreError>`. It persists the
+//!   pipelines' records (`uplink::record`, `downlink::record`) and never
+//!   the reverse.
 //! - [`south`]: the embedded rumqttd broker and the in-process link that
 //!   brings device traffic in and delivers receipts and batches straight to
 //!   each device's connection; it holds devices back rather than drop
@@ -24,7 +28,9 @@
 //!   message, one queue entry per device with its own seq) → PUBACK and
 //!   `stored` receipts north → inbox batches from each device's durable
 //!   cursor, one unconfirmed at a time → `confirm`/`read`/`nack` → cursor
-//!   commits → `delivered`/`read`/`failed`/`expired` receipts north.
+//!   commits → `delivered`/`read`/`failed`/`expired` receipts north. Each
+//!   receipt north is committed in an outbox with the change it reports and
+//!   deleted once the upstream acknowledges it.
 //! - [`gateway`]: `run()`, wiring the pieces together: device control
 //!   messages go from the uplink intake to the downlink task; the north
 //!   session's events are split between the two pipelines.
@@ -38,6 +44,8 @@
 pub mod backoff;
 pub mod client;
 pub mod config;
+pub mod dead_letter;
+pub mod deadlines;
 pub mod downlink;
 pub mod gateway;
 pub mod ids;

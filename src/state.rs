@@ -2,11 +2,23 @@
 //!
 //! Uplink: `STORED → DELIVERED`, or `STORED → DEAD`. Downlink, per
 //! delivery: `STORED → DELIVERED → READ`, with `EXPIRED` and `DEAD` as side
-//! exits. No other move exists, and the store only writes a move these allow;
-//! states are stored as lower-case names so an operator reading the
-//! database sees words.
+//! exits. No other move exists: the store checks every move it writes with
+//! [`MessageState::check_move`] / [`DeliveryState::check_move`], in every
+//! build, and refuses an illegal one with [`IllegalMove`]. States are stored
+//! as lower-case names so an operator reading the database sees words; a
+//! name this build does not know is an error, never a guess.
 
 use std::fmt;
+
+/// A state change the state machine does not allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("illegal {kind} move {from} -> {to}")]
+pub struct IllegalMove {
+    /// `"message"` or `"delivery"`.
+    pub kind: &'static str,
+    pub from: &'static str,
+    pub to: &'static str,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MessageState {
@@ -43,6 +55,18 @@ impl MessageState {
             (MessageState::Stored, MessageState::Delivered)
                 | (MessageState::Stored, MessageState::Dead)
         )
+    }
+
+    /// The move `self -> to`, or why it is refused.
+    pub fn check_move(self, to: MessageState) -> Result<(), IllegalMove> {
+        if self.can_move_to(to) {
+            return Ok(());
+        }
+        Err(IllegalMove {
+            kind: "message",
+            from: self.as_str(),
+            to: to.as_str(),
+        })
     }
 }
 
@@ -110,6 +134,24 @@ impl DeliveryState {
                 | (Delivered, Dead)
         )
     }
+
+    /// The move `self -> to`, or why it is refused.
+    pub fn check_move(self, to: DeliveryState) -> Result<(), IllegalMove> {
+        if self.can_move_to(to) {
+            return Ok(());
+        }
+        Err(IllegalMove {
+            kind: "delivery",
+            from: self.as_str(),
+            to: to.as_str(),
+        })
+    }
+}
+
+impl fmt::Display for DeliveryState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +192,19 @@ mod tests {
             assert_eq!(MessageState::parse(s.as_str()), Some(s));
         }
         assert_eq!(MessageState::parse("lost"), None);
+    }
+
+    #[test]
+    fn an_illegal_move_is_an_error_naming_both_states() {
+        assert_eq!(Stored.check_move(Dead), Ok(()));
+        let err = Delivered.check_move(Stored).unwrap_err();
+        assert_eq!(err.to_string(), "illegal message move delivered -> stored");
+        let err = DeliveryState::Read
+            .check_move(DeliveryState::Delivered)
+            .unwrap_err();
+        assert_eq!(err.to_string(), "illegal delivery move read -> delivered");
+        assert!(DeliveryState::Stored
+            .check_move(DeliveryState::Expired)
+            .is_ok());
     }
 }

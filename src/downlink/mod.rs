@@ -9,15 +9,28 @@
 //! - a downlink is PUBACKed upstream and answered `stored` only after its
 //!   commit (and the north session sends PUBACKs in receive order);
 //! - a confirm's `delivered` receipts go north after the cursor commit;
-//! - an inbox batch is built from committed rows only.
+//! - an inbox batch is built from committed rows only;
+//! - a receipt north is committed in the outbox in the same transaction as
+//!   the change it reports, and deleted only once the upstream PUBACKs the
+//!   message carrying it: a crash or an outage of any length loses none.
 //!
 //! Many devices' confirms land in the store's queue together and are
 //! group-committed: a reconnect storm costs a few fsyncs, not thousands.
+//!
+//! This file is the task loop; each input has its own file: `intake.rs`
+//! (north downlinks and groups), `controls.rs` (device controls),
+//! `presence.rs` (broker events), `outbox.rs` (receipts north, around the
+//! pure `receipts.rs`), and [`scheduler`] decides which batch goes when.
 
+mod controls;
+mod intake;
+mod outbox;
+mod presence;
 mod receipts;
+pub mod record;
 pub mod scheduler;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -26,36 +39,30 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::DownlinkConfig;
-use crate::ids::{DeviceId, MsgId};
+use crate::deadlines::Deadlines;
+use crate::ids::DeviceId;
 use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
-use crate::protocol::control::{inbox_batch, parse_control, Control, ControlKind};
-use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
+use crate::protocol::control::{inbox_batch, ControlKind};
 use crate::protocol::now_ms;
-use crate::protocol::receipt::NorthReceipt;
 use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
 use crate::south::presence::BrokerEvent;
 use crate::south::SouthSender;
-use crate::store::downlink::{
-    BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake, DownIntakeOutcome,
-};
-use crate::store::{DeadLetter, DownOp, Store, StoreError};
+use crate::store::{Store, StoreError};
 use receipts::Receipts;
+use record::{BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept};
 use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 
-/// A device the broker saw connect is taken as online after this, unless it
-/// says so itself first (it may not have subscribed to its inbox yet).
-const CONNECT_GRACE: Duration = Duration::from_millis(500);
 /// How often deliveries of expired messages are swept for offline devices.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
-/// Receipts held until the upstream acknowledges them; past it the oldest
-/// go (they are in memory only).
-const RECEIPTS_HELD: usize = 1_000_000;
-/// A receipts message the session could not take is tried again after this.
-const RECEIPTS_RETRY: Duration = Duration::from_millis(50);
+
+/// Store requests in flight, at most: past it the task stops reading the
+/// north session and device controls until answers come back (the store's
+/// queue is unbounded; this is what holds the senders back).
+const MAX_PENDING: usize = 4096;
 
 /// A control message from a device.
 #[derive(Debug, Clone)]
@@ -81,10 +88,7 @@ enum Done {
     },
     Rejected {
         token: AckToken,
-        msg_id: Option<MsgId>,
-        device: Option<String>,
-        reason: String,
-        result: Result<i64, StoreError>,
+        result: Result<Rejected, StoreError>,
     },
     Cursors {
         device: DeviceId,
@@ -100,7 +104,13 @@ enum Done {
         device: DeviceId,
         result: Result<CursorMove, StoreError>,
     },
-    Swept(Result<Vec<DeliveryEvent>, StoreError>),
+    Swept(Result<Swept, StoreError>),
+    /// A page of the receipts outbox, asked for from `from`, `limit` long.
+    Outbox {
+        from: i64,
+        limit: usize,
+        result: Result<Vec<OutboxReceipt>, StoreError>,
+    },
 }
 
 type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
@@ -117,12 +127,17 @@ pub struct Downlink {
     receipts: Receipts,
     /// The north connection receipts are sent on, while there is one.
     epoch: Option<u64>,
-    /// When to try sending receipts again after the session was full.
-    receipts_retry: Option<Instant>,
-    /// Devices the broker saw connect, by when they count as online.
-    grace: BTreeSet<(Instant, DeviceId)>,
-    /// The live grace deadline per device; older entries in `grace` are void.
-    grace_at: HashMap<DeviceId, Instant>,
+    /// The task's own timers (the scheduler keeps the confirm deadlines).
+    timers: Deadlines<Timer>,
+}
+
+/// What a timer of the task is for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Timer {
+    /// A device the broker saw connect counts as online from then on.
+    Grace(DeviceId),
+    /// Try again to hand receipts to the north session, which was full.
+    ReceiptsRetry,
 }
 
 /// Inputs of the downlink task.
@@ -153,16 +168,14 @@ impl Downlink {
             south,
             topics,
             pending: FuturesUnordered::new(),
-            receipts: Receipts::new(RECEIPTS_HELD),
+            receipts: Receipts::new(outbox::RECEIPTS_HELD),
             epoch: None,
-            receipts_retry: None,
-            grace: BTreeSet::new(),
-            grace_at: HashMap::new(),
+            timers: Deadlines::new(),
         }
     }
 
     /// Runs until its inputs close or the store stops. When device
-    /// controls close in a shutdown, it first flushes (see `Downlink::flushed`):
+    /// controls close in a shutdown, it first flushes (see `flushed`):
     /// store requests already made are answered and their receipts
     /// published north, while new downlinks are left unacknowledged for the
     /// upstream to send again to the next session.
@@ -172,17 +185,16 @@ impl Downlink {
         let mut broker = inputs.broker.take();
         // Set once intake is gone in a shutdown: flush until then.
         let mut flush_by: Option<Instant> = None;
+        // Receipts a previous run left in the outbox go first.
+        self.flush_receipts();
         loop {
             let deadline = match flush_by {
-                Some(_) => self.receipts_retry,
-                None => [
-                    self.scheduler.next_deadline(),
-                    self.grace.first().map(|(at, _)| *at),
-                    self.receipts_retry,
-                ]
-                .into_iter()
-                .flatten()
-                .min(),
+                // Only the receipts' retry matters while flushing.
+                Some(_) => self.timers.next(),
+                None => [self.scheduler.next_deadline(), self.timers.next()]
+                    .into_iter()
+                    .flatten()
+                    .min(),
             };
             let timer = async {
                 match deadline {
@@ -202,8 +214,9 @@ impl Downlink {
                     None => std::future::pending().await,
                 }
             };
+            let room = self.pending.len() < MAX_PENDING;
             tokio::select! {
-                ev = inputs.north.recv() => match ev {
+                ev = inputs.north.recv(), if room => match ev {
                     Some(NorthEvent::Up(epoch)) => {
                         self.epoch = Some(epoch);
                         self.flush_receipts();
@@ -216,15 +229,12 @@ impl Downlink {
                         debug!(topic = %topic, "downlink left unacknowledged while shutting down; the upstream sends it again");
                     }
                     Some(NorthEvent::Downlink { topic, payload, token, oversize }) => self.on_downlink(&topic, payload, token, oversize).await?,
-                    Some(NorthEvent::Published(Tag::Receipts(id))) => {
-                        self.receipts.published(id);
-                        self.flush_receipts();
-                    }
-                    Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id).await?,
+                    Some(NorthEvent::Published(Tag::Receipts(id))) => self.on_receipts_published(id)?,
+                    Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id),
                     Some(_) => {}
                     None => return Ok(()),
                 },
-                c = inputs.controls.recv(), if flush_by.is_none() => match c {
+                c = inputs.controls.recv(), if room && flush_by.is_none() => match c {
                     Some(c) => self.on_control(c).await?,
                     None => match inputs.shutdown.flush_by() {
                         Some(at) => {
@@ -241,12 +251,11 @@ impl Downlink {
                     None => self.on_timer().await?,
                 },
                 _ = sweep.tick(), if flush_by.is_none() => {
-                    let now = now_ms();
-                    let rx = self.store.down(|reply| DownOp::Sweep { now_ms: now, reply }).await?;
-                    self.pending.push(Box::pin(async move { Done::Swept(flatten(rx.await)) }));
+                    let swept = self.store.sweep_downlinks(now_ms());
+                    self.pending.push(Box::pin(async move { Done::Swept(swept.await) }));
                 }
                 _ = flush_over => {
-                    warn!(pending = self.pending.len(), receipts = self.receipts.held(), "downlink flush time is up; receipts not acknowledged upstream are dropped");
+                    warn!(pending = self.pending.len(), receipts = self.receipts.held(), "downlink flush time is up; receipts not yet acknowledged upstream stay in the outbox for the next run");
                     return Ok(());
                 }
             }
@@ -259,240 +268,17 @@ impl Downlink {
 
     /// Nothing left to wait for in a shutdown: every store request made is
     /// answered, and its receipts are acknowledged upstream (or there is no
-    /// link to send them on).
+    /// link to send them on; they stay in the outbox).
     fn flushed(&self) -> bool {
         self.pending.is_empty() && (self.epoch.is_none() || self.receipts.held() == 0)
     }
 
-    async fn on_downlink(
-        &mut self,
-        topic: &str,
-        payload: Bytes,
-        token: AckToken,
-        oversize: Option<usize>,
-    ) -> Result<(), StoreError> {
-        let stored_ms = now_ms();
-        let parsed = match oversize {
-            // Only its head was kept: too large, by name if it can be read.
-            Some(size) => Err(Rejection {
-                code: RejectCode::TooLarge,
-                detail: format!("{size} bytes > north.max_packet_bytes"),
-                msg_id: sniff_msg_id(&payload),
-            }),
-            None => parse_downlink(&payload, self.settings.max_payload_bytes, stored_ms),
-        }
-        .and_then(|env| {
-            let to = match self.topics.parse_north_down(topic) {
-                Some(Some(device)) => vec![device.to_string()],
-                _ => env.to.clone(),
-            };
-            let to = self.resolve(&to).map_err(|detail| Rejection {
-                code: RejectCode::Malformed,
-                detail,
-                msg_id: Some(env.msg_id.clone()),
-            })?;
-            Ok((env, to))
-        });
-        match parsed {
-            Ok((env, to)) => {
-                let msg = DownIntake {
-                    msg_id: env.msg_id,
-                    body: Bytes::from(env.entry),
-                    stored_ms,
-                    expires_ms: env
-                        .ttl
-                        .map(|t| stored_ms.saturating_add(t.as_millis() as i64)),
-                    to,
-                    queue_cap: self.settings.cfg.queue_cap,
-                };
-                let rx = self.store.down(|reply| DownOp::Intake(msg, reply)).await?;
-                self.pending.push(Box::pin(async move {
-                    Done::Intake {
-                        token,
-                        result: flatten(rx.await),
-                    }
-                }));
-            }
-            Err(rejection) => {
-                let reason = rejection.reason();
-                warn!(topic, reason = %reason, "downlink rejected");
-                let dl = DeadLetter {
-                    direction: "down",
-                    device: self
-                        .topics
-                        .parse_north_down(topic)
-                        .flatten()
-                        .map(str::to_string),
-                    msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
-                    topic: topic.to_string(),
-                    reason: reason.clone(),
-                    raw: payload,
-                    at_ms: stored_ms,
-                };
-                let device = dl.device.clone();
-                let rx = self.store.reject(dl).await?;
-                let msg_id = rejection.msg_id;
-                self.pending.push(Box::pin(async move {
-                    Done::Rejected {
-                        token,
-                        msg_id,
-                        device,
-                        reason,
-                        result: flatten(rx.await),
-                    }
-                }));
-            }
-        }
-        Ok(())
-    }
-
-    /// Device ids and `@group`s → distinct devices, in first-named order.
-    fn resolve(&self, to: &[String]) -> Result<Vec<DeviceId>, String> {
-        let mut out: Vec<DeviceId> = Vec::new();
-        for name in to {
-            let members = match name.strip_prefix('@') {
-                Some(group) => self
-                    .settings
-                    .groups
-                    .get(group)
-                    .cloned()
-                    .ok_or_else(|| format!("unknown group {name:?}"))?,
-                None => vec![DeviceId::new(name.as_str())
-                    .map_err(|e| format!("bad device id {name:?}: {e}"))?],
-            };
-            for m in members {
-                if !out.contains(&m) {
-                    out.push(m);
-                }
-            }
-        }
-        if out.is_empty() {
-            return Err("no recipient".into());
-        }
-        Ok(out)
-    }
-
-    async fn on_control(&mut self, c: DeviceControl) -> Result<(), StoreError> {
-        let control = match parse_control(c.kind, &c.payload) {
-            Ok(control) => control,
-            Err(e) => {
-                warn!(device = %c.device, error = %e, "ignoring a malformed control message");
-                return Ok(());
-            }
-        };
-        let device = c.device;
-        let now = now_ms();
-        let actions = match control {
-            Control::Status { online: true } => self.scheduler.on_online(&device),
-            Control::Status { online: false } => {
-                self.scheduler.on_offline(&device);
-                Vec::new()
-            }
-            Control::Pull { after, limit } => {
-                self.scheduler
-                    .on_pull(&device, after, limit, Instant::now())
-            }
-            Control::Confirm { upto } => {
-                let d = device.clone();
-                self.commit_move(&device, |reply| DownOp::Advance {
-                    device: d,
-                    upto,
-                    read: false,
-                    now_ms: now,
-                    reply,
-                })
-                .await?;
-                // A confirm also says the device is there.
-                self.scheduler.on_online(&device)
-            }
-            Control::Read { upto } => {
-                let d = device.clone();
-                self.commit_move(&device, |reply| DownOp::Advance {
-                    device: d,
-                    upto,
-                    read: true,
-                    now_ms: now,
-                    reply,
-                })
-                .await?;
-                Vec::new()
-            }
-            Control::Nack { seq, reason } => {
-                let d = device.clone();
-                self.commit_move(&device, |reply| DownOp::Nack {
-                    device: d,
-                    seq,
-                    reason,
-                    now_ms: now,
-                    reply,
-                })
-                .await?;
-                Vec::new()
-            }
-        };
-        self.execute(actions).await
-    }
-
-    /// Sends a cursor-moving request; its outcome arrives as `Done::Moved`.
-    async fn commit_move(
-        &mut self,
-        device: &DeviceId,
-        op: impl FnOnce(crate::store::Reply<CursorMove>) -> DownOp,
-    ) -> Result<(), StoreError> {
-        let rx = self.store.down(op).await?;
-        let device = device.clone();
-        self.pending.push(Box::pin(async move {
-            Done::Moved {
-                device,
-                result: flatten(rx.await),
-            }
-        }));
-        Ok(())
-    }
-
-    async fn on_broker(&mut self, ev: BrokerEvent) -> Result<(), StoreError> {
-        match ev {
-            BrokerEvent::Connected(client) => {
-                if let Ok(device) = DeviceId::new(client) {
-                    // One grace timer per device, for its latest connection.
-                    let at = Instant::now() + CONNECT_GRACE;
-                    self.grace_at.insert(device.clone(), at);
-                    self.grace.insert((at, device));
-                }
-            }
-            BrokerEvent::Disconnected(client) => {
-                if let Ok(device) = DeviceId::new(client) {
-                    self.grace_at.remove(&device);
-                    self.scheduler.on_offline(&device);
-                }
-            }
-            BrokerEvent::Subscribed { client_id, filter } => {
-                if let Ok(device) = DeviceId::new(client_id) {
-                    if filter == self.topics.device_inbox(&device) {
-                        self.grace_at.remove(&device);
-                        let actions = self.scheduler.on_subscribed(&device, Instant::now());
-                        self.execute(actions).await?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     async fn on_timer(&mut self) -> Result<(), StoreError> {
         let now = Instant::now();
-        if self.receipts_retry.is_some_and(|at| at <= now) {
-            self.flush_receipts();
-        }
-        while let Some((at, device)) = self.grace.first().cloned() {
-            if at > now {
-                break;
-            }
-            self.grace.pop_first();
-            if self.grace_at.get(&device) == Some(&at) {
-                self.grace_at.remove(&device);
-                let actions = self.scheduler.on_online(&device);
-                self.execute(actions).await?;
+        while let Some((timer, _)) = self.timers.pop_due(now) {
+            match timer {
+                Timer::Grace(device) => self.on_grace_over(device).await?,
+                Timer::ReceiptsRetry => self.flush_receipts(),
             }
         }
         for (device, o, actions) in self.scheduler.on_tick(now) {
@@ -506,15 +292,11 @@ impl Downlink {
         for action in actions {
             match action {
                 DownAction::LoadCursors(device) => {
-                    let d = device.clone();
-                    let rx = self
-                        .store
-                        .down(|reply| DownOp::Cursors { device: d, reply })
-                        .await?;
+                    let cursors = self.store.cursors(device.clone());
                     self.pending.push(Box::pin(async move {
                         Done::Cursors {
                             device,
-                            result: flatten(rx.await),
+                            result: cursors.await,
                         }
                     }));
                 }
@@ -525,24 +307,15 @@ impl Downlink {
                     gen,
                     reply_empty,
                 } => {
-                    let d = device.clone();
-                    let now = now_ms();
-                    let rx = self
+                    let read = self
                         .store
-                        .down(|reply| DownOp::Batch {
-                            device: d,
-                            after,
-                            limit,
-                            now_ms: now,
-                            reply,
-                        })
-                        .await?;
+                        .read_batch(device.clone(), after, limit, now_ms());
                     self.pending.push(Box::pin(async move {
                         Done::Read {
                             device,
                             gen,
                             reply_empty,
-                            result: flatten(rx.await),
+                            result: read.await,
                         }
                     }));
                 }
@@ -551,48 +324,25 @@ impl Downlink {
         Ok(())
     }
 
+    /// Applies a store answer; an error only once the store is gone.
     async fn on_done(&mut self, done: Done) -> Result<(), StoreError> {
+        let done = match done {
+            Done::Intake { result: Err(e), .. }
+            | Done::Rejected { result: Err(e), .. }
+            | Done::Cursors { result: Err(e), .. }
+            | Done::Read { result: Err(e), .. }
+            | Done::Moved { result: Err(e), .. }
+            | Done::Swept(Err(e))
+            | Done::Outbox { result: Err(e), .. }
+                if e.is_fatal() =>
+            {
+                return Err(e)
+            }
+            done => done,
+        };
         match done {
-            Done::Intake {
-                token,
-                result: Ok(out),
-            } => {
-                self.north.ack(token);
-                let ts = now_ms();
-                let mut actions = Vec::new();
-                for (event, new) in &out.queued {
-                    if *new {
-                        actions.extend(self.scheduler.on_queued(&event.device, event.seq));
-                    }
-                }
-                let queued = out.queued.iter().map(|(e, _)| e);
-                self.send_receipts(queued.chain(&out.expired).map(|e| NorthReceipt::of(e, ts)));
-                self.execute(actions).await?;
-            }
-            Done::Intake { result: Err(e), .. } => {
-                warn!(error = %e, "downlink not stored; left unacknowledged for the backend to resend");
-            }
-            Done::Rejected {
-                token,
-                msg_id,
-                device,
-                reason,
-                result,
-            } => {
-                self.north.ack(token);
-                let dead_letter = result.ok();
-                self.send_receipts([NorthReceipt {
-                    msg_id: msg_id.map(|m| m.to_string()),
-                    device,
-                    status: "rejected",
-                    seq: None,
-                    ts: now_ms(),
-                    reason: Some(match dead_letter {
-                        Some(id) => format!("{reason} (dead letter {id})"),
-                        None => reason,
-                    }),
-                }]);
-            }
+            Done::Intake { token, result } => self.on_stored(token, result).await?,
+            Done::Rejected { token, result } => self.on_rejected(token, result),
             Done::Cursors {
                 device,
                 result: Ok(c),
@@ -606,8 +356,7 @@ impl Downlink {
                 reply_empty,
                 result: Ok(read),
             } => {
-                let ts = now_ms();
-                self.send_receipts(read.expired.iter().map(|e| NorthReceipt::of(e, ts)));
+                self.send_receipts(read.receipts);
                 let span = match (read.entries.first(), read.entries.last()) {
                     (Some(f), Some(l)) => Some((f.seq, l.seq, read.entries.len())),
                     _ => None,
@@ -632,31 +381,21 @@ impl Downlink {
             Done::Moved {
                 device,
                 result: Ok(moved),
-            } => {
-                let ts = now_ms();
-                self.send_receipts(moved.events.iter().map(|e| NorthReceipt::of(e, ts)));
-                let (released, actions) = self.scheduler.on_cursor_moved(&device, moved.cursors);
-                if let Some(o) = released {
+            } => self.on_moved(device, moved).await?,
+            Done::Swept(Ok(swept)) => {
+                if !swept.events.is_empty() {
                     info!(
-                        device = %device,
-                        first_seq = o.first.0,
-                        last_seq = o.last.0,
-                        size = o.size,
-                        cursor = moved.cursors.delivered_upto.0,
-                        resends = o.resends,
-                        confirm_ms = o.sent_at.elapsed().as_millis() as u64,
-                        "downlink batch confirmed"
+                        count = swept.events.len(),
+                        "downlink deliveries expired (ttl)"
                     );
                 }
-                self.execute(actions).await?;
+                self.send_receipts(swept.receipts);
             }
-            Done::Swept(Ok(events)) => {
-                if !events.is_empty() {
-                    info!(count = events.len(), "downlink deliveries expired (ttl)");
-                }
-                let ts = now_ms();
-                self.send_receipts(events.iter().map(|e| NorthReceipt::of(e, ts)));
-            }
+            Done::Outbox {
+                from,
+                limit,
+                result,
+            } => self.on_outbox_page(from, limit, result),
             Done::Cursors {
                 device,
                 result: Err(e),
@@ -677,67 +416,4 @@ impl Downlink {
         }
         Ok(())
     }
-
-    /// Queues receipts north and sends what the link can take.
-    fn send_receipts(&mut self, receipts: impl IntoIterator<Item = NorthReceipt>) {
-        let dropped = self.receipts.extend(receipts);
-        if dropped > 0 {
-            warn!(
-                dropped,
-                total_dropped = self.receipts.dropped,
-                held = self.receipts.held(),
-                "receipts north held past their cap; the oldest were dropped"
-            );
-        }
-        self.flush_receipts();
-    }
-
-    /// Hands receipts to the north session while the link is up.
-    fn flush_receipts(&mut self) {
-        self.receipts_retry = None;
-        let Some(epoch) = self.epoch else { return };
-        let topic = self.topics.north_receipts();
-        while let Some((id, body)) = self.receipts.next_message() {
-            if !self
-                .north
-                .publish(topic.clone(), body, Tag::Receipts(id), epoch)
-            {
-                // The session's queue is full; try again shortly.
-                self.receipts.unsend(id);
-                self.receipts_retry = Some(Instant::now() + RECEIPTS_RETRY);
-                return;
-            }
-        }
-    }
-
-    /// The upstream dropped the link on a receipts message.
-    async fn on_receipts_refused(&mut self, id: u64) -> Result<(), StoreError> {
-        let Some(r) = self.receipts.refused(id, self.settings.max_attempts) else {
-            return Ok(());
-        };
-        let raw = Bytes::from(serde_json::to_vec(&r).expect("a receipt serializes"));
-        let reason = format!(
-            "undeliverable: the upstream broker closed the connection on this receipt {} times",
-            self.settings.max_attempts
-        );
-        error!(msg_id = ?r.msg_id, device = ?r.device, status = r.status, reason = %reason, "receipt north dead-lettered");
-        let dl = DeadLetter {
-            direction: "down",
-            device: r.device,
-            msg_id: r.msg_id,
-            topic: self.topics.north_receipts(),
-            reason,
-            raw,
-            at_ms: now_ms(),
-        };
-        // Fire and forget: the row commits with the next batch.
-        drop(self.store.reject(dl).await?);
-        Ok(())
-    }
-}
-
-fn flatten<T>(
-    r: Result<Result<T, StoreError>, tokio::sync::oneshot::error::RecvError>,
-) -> Result<T, StoreError> {
-    r.unwrap_or(Err(StoreError::Closed))
 }

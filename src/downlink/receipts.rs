@@ -1,23 +1,30 @@
-//! Receipts north (`{prefix}/receipts`): queued, sent in messages of a
-//! bounded size, and kept until the upstream broker acknowledges the message
-//! that carries them. Pure; the downlink task does the sending.
+//! Receipts north (`{prefix}/receipts`), in memory: a bounded window onto
+//! the outbox table, sent in messages of a bounded size, each receipt kept
+//! until the upstream broker acknowledges the message that carries it.
+//! Pure; the downlink task does the reading, sending and deleting.
 //!
+//! - Every receipt is a committed outbox row ([`OutboxReceipt`]); memory
+//!   holds at most `max_held` of them. Rows beyond that stay in the table
+//!   only and are read back in pages ([`Receipts::next_page`]) as
+//!   acknowledgements make room, oldest first. Nothing is ever dropped.
+//! - Invariant: every outbox row with an id below `behind` is in memory
+//!   (or acknowledged); when `behind` is `None` and no page is being read,
+//!   every row is. Outbox ids grow in commit order and are never reused.
 //! - A message is one receipt object, or an array of at most
 //!   [`PER_MESSAGE`] receipts and about [`MESSAGE_BYTES`] bytes.
 //! - A message handed to the north session stays here until it is
-//!   `published` (PUBACKed). When the link drops, every unacknowledged
-//!   message is sent again, with its id, before anything new.
+//!   `published` (PUBACKed), which hands back its rows to delete. When the
+//!   link drops, every unacknowledged message is sent again, with its id,
+//!   before anything new.
 //! - A message the upstream drops the link on (`refused`) is split into one
 //!   message per receipt; a single receipt refused `max_strikes` times is
 //!   given up and handed back to be dead-lettered.
-//! - At most `max_held` receipts wait here; past it the oldest are dropped
-//!   and counted (they live in memory only).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::protocol::receipt::NorthReceipt;
+use super::record::OutboxReceipt;
 
 /// Most receipts in one message north.
 pub const PER_MESSAGE: usize = 500;
@@ -29,54 +36,98 @@ struct Message {
     /// Where it stands among the others: its first id, then its place if it
     /// was split out of a larger one.
     order: (u64, u32),
-    receipts: Vec<NorthReceipt>,
+    rows: Vec<OutboxReceipt>,
     body: Bytes,
     strikes: u32,
 }
 
 #[derive(Debug)]
 pub struct Receipts {
-    queued: VecDeque<NorthReceipt>,
+    queued: VecDeque<OutboxReceipt>,
     /// Handed to the north session, not yet acknowledged, by id.
     sent: BTreeMap<u64, Message>,
     /// To send again before anything new, in their original order.
     resend: BTreeMap<(u64, u32), (u64, Message)>,
     next_id: u64,
+    /// The outbox ids of every receipt held here.
+    held: HashSet<i64>,
     max_held: usize,
-    /// Receipts dropped because more than `max_held` waited.
-    pub dropped: u64,
+    /// Rows from this id on may be in the table and not here.
+    behind: Option<i64>,
+    /// A page is being read.
+    loading: bool,
 }
 
 impl Receipts {
+    /// Starts with everything in the table still to be read.
     pub fn new(max_held: usize) -> Receipts {
         Receipts {
             queued: VecDeque::new(),
             sent: BTreeMap::new(),
             resend: BTreeMap::new(),
             next_id: 1,
-            max_held,
-            dropped: 0,
+            held: HashSet::new(),
+            max_held: max_held.max(1),
+            behind: Some(0),
+            loading: false,
         }
     }
 
-    /// Receipts not yet acknowledged by the upstream, all told.
+    /// Receipts held here, not yet acknowledged by the upstream.
     pub fn held(&self) -> usize {
-        self.queued.len()
-            + self
-                .sent
-                .values()
-                .chain(self.resend.values().map(|(_, m)| m))
-                .map(|m| m.receipts.len())
-                .sum::<usize>()
+        self.held.len()
     }
 
-    /// Queues receipts; returns how many old ones had to be dropped.
-    pub fn extend(&mut self, receipts: impl IntoIterator<Item = NorthReceipt>) -> usize {
-        self.queued.extend(receipts);
-        let over = self.queued.len().saturating_sub(self.max_held);
-        self.queued.drain(..over);
-        self.dropped += over as u64;
-        over
+    /// Receipts just committed. They join the queue if nothing older waits
+    /// in the table and there is room; otherwise a page reads them later.
+    pub fn extend(&mut self, rows: impl IntoIterator<Item = OutboxReceipt>) {
+        let mut rows: Vec<_> = rows.into_iter().collect();
+        rows.sort_by_key(|r| r.id);
+        for r in rows {
+            if self.held.contains(&r.id) {
+                continue;
+            }
+            if self.behind.is_none() && !self.loading && self.held.len() < self.max_held {
+                self.held.insert(r.id);
+                self.queued.push_back(r);
+            } else {
+                self.behind = Some(self.behind.map_or(r.id, |b| b.min(r.id)));
+            }
+        }
+    }
+
+    /// The page to read next, `(from id, limit)`, when rows wait in the
+    /// table and at least a message's worth of room is free.
+    pub fn next_page(&mut self) -> Option<(i64, usize)> {
+        let room = self.max_held.saturating_sub(self.held.len());
+        if self.loading || room < PER_MESSAGE.min(self.max_held) {
+            return None;
+        }
+        let from = self.behind.take()?;
+        self.loading = true;
+        Some((from, room))
+    }
+
+    /// A page asked for with `limit` came back.
+    pub fn loaded(&mut self, rows: Vec<OutboxReceipt>, limit: usize) {
+        self.loading = false;
+        let full = rows.len() >= limit;
+        let last = rows.last().map(|r| r.id);
+        for r in rows {
+            if self.held.insert(r.id) {
+                self.queued.push_back(r);
+            }
+        }
+        if let (true, Some(last)) = (full, last) {
+            let next = last + 1;
+            self.behind = Some(self.behind.map_or(next, |b| b.min(next)));
+        }
+    }
+
+    /// A page read failed: it is asked for again later.
+    pub fn load_failed(&mut self, from: i64) {
+        self.loading = false;
+        self.behind = Some(self.behind.map_or(from, |b| b.min(from)));
     }
 
     /// The next message to send and its id, now counted as sent.
@@ -86,29 +137,27 @@ impl Receipts {
             self.sent.insert(id, m);
             return Some((id, body));
         }
-        let mut receipts = Vec::new();
+        let mut rows = Vec::new();
         let mut bytes = 2;
         while let Some(r) = self.queued.front() {
-            let size = serde_json::to_vec(r).map_or(0, |v| v.len()) + 1;
-            if !receipts.is_empty()
-                && (receipts.len() >= PER_MESSAGE || bytes + size > MESSAGE_BYTES)
-            {
+            let size = r.body.len() + 1;
+            if !rows.is_empty() && (rows.len() >= PER_MESSAGE || bytes + size > MESSAGE_BYTES) {
                 break;
             }
             bytes += size;
-            receipts.push(self.queued.pop_front().expect("front exists"));
+            rows.push(self.queued.pop_front().expect("front exists"));
         }
-        if receipts.is_empty() {
+        if rows.is_empty() {
             return None;
         }
         let id = self.next_id;
         self.next_id += 1;
-        let body = body(&receipts);
+        let body = body(&rows);
         self.sent.insert(
             id,
             Message {
                 order: (id, 0),
-                receipts,
+                rows,
                 body: body.clone(),
                 strikes: 0,
             },
@@ -123,9 +172,17 @@ impl Receipts {
         }
     }
 
-    /// The upstream acknowledged message `id`.
-    pub fn published(&mut self, id: u64) {
-        self.sent.remove(&id);
+    /// The upstream acknowledged message `id`: the outbox rows it carried,
+    /// to delete.
+    pub fn published(&mut self, id: u64) -> Vec<i64> {
+        let Some(m) = self.sent.remove(&id) else {
+            return Vec::new();
+        };
+        let ids: Vec<i64> = m.rows.iter().map(|r| r.id).collect();
+        for id in &ids {
+            self.held.remove(id);
+        }
+        ids
     }
 
     /// The link dropped: everything unacknowledged goes again.
@@ -136,24 +193,24 @@ impl Receipts {
     }
 
     /// The upstream dropped the link on message `id`. Returns the receipt
-    /// given up on, once a lone receipt was refused `max_strikes` times.
-    pub fn refused(&mut self, id: u64, max_strikes: u32) -> Option<NorthReceipt> {
+    /// given up on, once a lone receipt was refused `max_strikes` times; it
+    /// is no longer held.
+    pub fn refused(&mut self, id: u64, max_strikes: u32) -> Option<OutboxReceipt> {
         let mut m = match self.sent.remove(&id) {
             Some(m) => m,
             None => {
-                let order = self.resend.iter().find(|(_, (i, _))| *i == id)?.0;
-                let order = *order;
+                let order = *self.resend.iter().find(|(_, (i, _))| *i == id)?.0;
                 self.resend.remove(&order)?.1
             }
         };
         m.strikes += 1;
-        if m.receipts.len() > 1 {
+        if m.rows.len() > 1 {
             // Find the one it chokes on: one message per receipt, in its place.
-            for (i, r) in m.receipts.into_iter().enumerate() {
+            for (i, r) in m.rows.into_iter().enumerate() {
                 let single = Message {
                     order: (m.order.0, i as u32 + 1),
-                    body: body(std::slice::from_ref(&r)),
-                    receipts: vec![r],
+                    body: r.body.clone(),
+                    rows: vec![r],
                     strikes: 0,
                 };
                 let id = self.next_id;
@@ -163,7 +220,9 @@ impl Receipts {
             return None;
         }
         if m.strikes >= max_strikes {
-            return m.receipts.pop();
+            let r = m.rows.pop()?;
+            self.held.remove(&r.id);
+            return Some(r);
         }
         self.resend.insert(m.order, (id, m));
         None
@@ -171,100 +230,21 @@ impl Receipts {
 }
 
 /// One receipt as an object, several as an array.
-fn body(receipts: &[NorthReceipt]) -> Bytes {
-    let v = if receipts.len() == 1 {
-        serde_json::to_vec(&receipts[0])
-    } else {
-        serde_json::to_vec(receipts)
-    };
-    Bytes::from(v.expect("receipts serialize"))
+fn body(rows: &[OutboxReceipt]) -> Bytes {
+    if let [one] = rows {
+        return one.body.clone();
+    }
+    let mut out = BytesMut::with_capacity(2 + rows.iter().map(|r| r.body.len() + 1).sum::<usize>());
+    out.put_u8(b'[');
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            out.put_u8(b',');
+        }
+        out.put_slice(&r.body);
+    }
+    out.put_u8(b']');
+    out.freeze()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn receipt(n: u64) -> NorthReceipt {
-        NorthReceipt {
-            msg_id: Some(format!("m-{n}")),
-            device: Some("d".into()),
-            status: "stored",
-            seq: Some(n),
-            ts: 1,
-            reason: None,
-        }
-    }
-
-    fn seqs(body: &Bytes) -> Vec<u64> {
-        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
-        match v {
-            serde_json::Value::Array(items) => {
-                items.iter().map(|i| i["seq"].as_u64().unwrap()).collect()
-            }
-            one => vec![one["seq"].as_u64().unwrap()],
-        }
-    }
-
-    #[test]
-    fn receipts_go_in_bounded_messages_and_stay_until_acknowledged() {
-        let mut r = Receipts::new(10_000);
-        r.extend((1..=1200).map(receipt));
-        let (a, body_a) = r.next_message().unwrap();
-        let (b, _) = r.next_message().unwrap();
-        let (c, body_c) = r.next_message().unwrap();
-        assert_eq!(seqs(&body_a).len(), PER_MESSAGE);
-        assert_eq!(seqs(&body_c), (1001..=1200).collect::<Vec<_>>());
-        assert!(r.next_message().is_none());
-        r.published(b);
-        assert_eq!(r.held(), 1200 - PER_MESSAGE);
-        r.link_down();
-        assert_eq!(
-            r.next_message().map(|(id, _)| id),
-            Some(a),
-            "resent first, same id"
-        );
-        assert_eq!(r.next_message().map(|(id, _)| id), Some(c));
-        r.published(a);
-        r.published(c);
-        assert_eq!(r.held(), 0);
-    }
-
-    #[test]
-    fn a_message_is_closed_at_its_byte_budget() {
-        let mut r = Receipts::new(10_000);
-        let mut big = receipt(1);
-        big.reason = Some("x".repeat(MESSAGE_BYTES / 3));
-        r.extend([big.clone(), big.clone(), big, receipt(4)]);
-        let (_, first) = r.next_message().unwrap();
-        assert_eq!(seqs(&first), vec![1, 1]);
-    }
-
-    #[test]
-    fn a_refused_message_is_split_and_a_lone_refused_receipt_is_given_up() {
-        let mut r = Receipts::new(10_000);
-        r.extend((1..=3).map(receipt));
-        let (id, _) = r.next_message().unwrap();
-        r.extend([receipt(4)]);
-        assert_eq!(r.refused(id, 2), None);
-        let singles: Vec<_> = (0..3).map(|_| r.next_message().unwrap()).collect();
-        assert_eq!(
-            singles.iter().map(|(_, b)| seqs(b)).collect::<Vec<_>>(),
-            vec![vec![1], vec![2], vec![3]],
-            "one per receipt, ahead of the new one"
-        );
-        let (lone, _) = singles[1].clone();
-        assert_eq!(r.refused(lone, 2), None, "first strike");
-        r.link_down();
-        assert_eq!(r.refused(lone, 2).unwrap().seq, Some(2), "given up");
-        assert_eq!(r.held(), 3);
-    }
-
-    #[test]
-    fn past_the_cap_the_oldest_are_dropped_and_counted() {
-        let mut r = Receipts::new(5);
-        assert_eq!(r.extend((1..=7).map(receipt)), 2);
-        assert_eq!(r.dropped, 2);
-        let (_, body) = r.next_message().unwrap();
-        assert_eq!(seqs(&body), vec![3, 4, 5, 6, 7]);
-    }
-}
+mod tests;

@@ -12,17 +12,21 @@
 //! - Every read carries a generation, unique across devices and time; a
 //!   read answered after the device's situation changed (confirm, pull,
 //!   offline) is dropped, not sent.
+//! - An online device is in one `Status` (loading its cursors, idle,
+//!   reading, awaiting a confirm), which carries what that status needs;
+//!   each handler `match`es on it and returns actions.
 //! - A device that goes offline is forgotten (its cursors are read again
 //!   when it returns), so memory does not grow with every device that ever
 //!   connected.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::deadlines::Deadlines;
+use crate::downlink::record::Cursors;
 use crate::ids::{DeviceId, Seq};
-use crate::store::downlink::Cursors;
 
 /// A pull this soon after a batch from the cursor went out is answered by it.
 const PULL_JOINS_WITHIN: Duration = Duration::from_millis(1000);
@@ -55,39 +59,73 @@ pub struct Outstanding {
     pub size: usize,
     pub sent_at: Instant,
     pub resends: u32,
-    deadline: Instant,
 }
 
-#[derive(Debug, Default)]
+/// A pull that waits for the device's cursors: from where (`None`: the
+/// confirm cursor) and how many.
+type Pull = (Option<Seq>, usize);
+
+/// Where an online device stands. An offline device has no status: it is
+/// not held at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// Its cursors are being read from the store; a pull that came
+    /// meanwhile is answered once they arrive.
+    Loading { pull: Option<Pull> },
+    /// Nothing out: caught up, or about to read.
+    Idle { cursors: Cursors },
+    /// A read from `from` is out under generation `gen`; `pulled`: a pull
+    /// joined it, so it is answered even if empty.
+    Reading {
+        cursors: Cursors,
+        gen: u64,
+        from: Seq,
+        pulled: bool,
+    },
+    /// A batch went out and waits for its confirm (deadline in the
+    /// scheduler's timers).
+    AwaitingConfirm {
+        cursors: Cursors,
+        batch: Outstanding,
+    },
+}
+
+impl Status {
+    fn cursors(&self) -> Option<Cursors> {
+        match *self {
+            Status::Loading { .. } => None,
+            Status::Idle { cursors }
+            | Status::Reading { cursors, .. }
+            | Status::AwaitingConfirm { cursors, .. } => Some(cursors),
+        }
+    }
+
+    fn cursors_mut(&mut self) -> Option<&mut Cursors> {
+        match self {
+            Status::Loading { .. } => None,
+            Status::Idle { cursors }
+            | Status::Reading { cursors, .. }
+            | Status::AwaitingConfirm { cursors, .. } => Some(cursors),
+        }
+    }
+}
+
+#[derive(Debug)]
 struct Device {
-    online: bool,
-    cursors: Option<Cursors>,
-    loading: bool,
-    /// A read is out: its generation and where it starts.
-    reading: Option<(u64, Seq)>,
-    /// A pull joined the read in flight: answer it even if empty.
-    pulled: bool,
+    status: Status,
     /// When the broker last saw the device subscribe to its inbox.
     subscribed_at: Option<Instant>,
-    outstanding: Option<Outstanding>,
-    /// A pull waiting for cursors: (after, limit).
-    pull: Option<(Option<Seq>, usize)>,
-    gen: u64,
+    /// Times the current batch went unconfirmed (the timeout doubles).
     resends: u32,
 }
 
 pub struct DownScheduler {
     cfg: DownConfig,
     devices: HashMap<DeviceId, Device>,
-    timers: BTreeSet<(Instant, DeviceId)>,
-    /// The next generation handed out, to any device.
-    next_gen: u64,
-}
-
-/// A generation never handed out before.
-fn fresh(next_gen: &mut u64) -> u64 {
-    *next_gen += 1;
-    *next_gen
+    /// Each unconfirmed batch's confirm deadline.
+    timers: Deadlines<DeviceId>,
+    /// The last generation handed out, to any device.
+    last_gen: u64,
 }
 
 /// What to do with a batch that was read.
@@ -105,20 +143,15 @@ impl DownScheduler {
         DownScheduler {
             cfg,
             devices: HashMap::new(),
-            timers: BTreeSet::new(),
-            next_gen: 0,
+            timers: Deadlines::new(),
+            last_gen: 0,
         }
     }
 
-    /// The device's state, made (with a fresh generation) if it has none.
-    fn entry(&mut self, device: &DeviceId) -> &mut Device {
-        let next_gen = &mut self.next_gen;
-        self.devices
-            .entry(device.clone())
-            .or_insert_with(|| Device {
-                gen: fresh(next_gen),
-                ..Device::default()
-            })
+    /// A generation never handed out before.
+    fn fresh(&mut self) -> u64 {
+        self.last_gen += 1;
+        self.last_gen
     }
 
     /// Devices it holds state for (online, or being read for).
@@ -126,27 +159,43 @@ impl DownScheduler {
         self.devices.len()
     }
 
-    pub fn on_online(&mut self, device: &DeviceId) -> Vec<DownAction> {
-        let d = self.entry(device);
-        if d.online {
-            return Vec::new();
+    /// Takes a device that was offline as online: its cursors are loaded,
+    /// and `pull` waits for them. `None` if it is online already.
+    fn arrive(&mut self, device: &DeviceId, pull: Option<Pull>) -> Option<Vec<DownAction>> {
+        if self.devices.contains_key(device) {
+            return None;
         }
-        d.online = true;
-        self.next(device)
+        self.devices.insert(
+            device.clone(),
+            Device {
+                status: Status::Loading { pull },
+                subscribed_at: None,
+                resends: 0,
+            },
+        );
+        Some(vec![DownAction::LoadCursors(device.clone())])
+    }
+
+    pub fn on_online(&mut self, device: &DeviceId) -> Vec<DownAction> {
+        self.arrive(device, None).unwrap_or_default()
     }
 
     /// The device (re)subscribed to its inbox: a batch sent before this may
     /// never have reached it, so start again from the cursor.
     pub fn on_subscribed(&mut self, device: &DeviceId, now: Instant) -> Vec<DownAction> {
-        let gen = fresh(&mut self.next_gen);
-        let d = self.entry(device);
+        let arrived = self.arrive(device, None);
+        let d = self.devices.get_mut(device).expect("arrived");
         d.subscribed_at = Some(now);
-        if d.online && (d.outstanding.is_some() || d.reading.is_some()) {
-            d.outstanding = None;
-            d.reading = None;
-            d.gen = gen;
+        if let Some(actions) = arrived {
+            return actions;
         }
-        d.online = true;
+        d.status = match d.status {
+            Status::Reading { cursors, .. } | Status::AwaitingConfirm { cursors, .. } => {
+                self.timers.remove(device);
+                Status::Idle { cursors }
+            }
+            other => other,
+        };
         self.next(device)
     }
 
@@ -154,31 +203,40 @@ impl DownScheduler {
     /// out for it is dropped when it comes back.
     pub fn on_offline(&mut self, device: &DeviceId) {
         self.devices.remove(device);
+        self.timers.remove(device);
     }
 
     pub fn on_cursors(&mut self, device: &DeviceId, c: Cursors) -> Vec<DownAction> {
         let Some(d) = self.devices.get_mut(device) else {
             return Vec::new();
         };
-        d.loading = false;
-        let known = d.cursors.get_or_insert(c);
-        known.head = known.head.max(c.head);
-        known.delivered_upto = known.delivered_upto.max(c.delivered_upto);
-        if let Some((after, limit)) = d.pull.take() {
-            return self.pull(device, after, limit);
+        match &mut d.status {
+            Status::Loading { pull } => {
+                let pull = pull.take();
+                d.status = Status::Idle { cursors: c };
+                if let Some((after, limit)) = pull {
+                    return self.pull(device, after, limit);
+                }
+            }
+            status => {
+                let known = status.cursors_mut().expect("not loading");
+                known.head = known.head.max(c.head);
+                known.delivered_upto = known.delivered_upto.max(c.delivered_upto);
+            }
         }
         self.next(device)
     }
 
     /// A new delivery `seq` was committed for the device.
     pub fn on_queued(&mut self, device: &DeviceId, seq: Seq) -> Vec<DownAction> {
-        let Some(d) = self.devices.get_mut(device) else {
+        let Some(c) = self
+            .devices
+            .get_mut(device)
+            .and_then(|d| d.status.cursors_mut())
+        else {
             return Vec::new();
         };
-        match &mut d.cursors {
-            Some(c) => c.head = c.head.max(seq),
-            None => return Vec::new(),
-        }
+        c.head = c.head.max(seq);
         self.next(device)
     }
 
@@ -193,57 +251,65 @@ impl DownScheduler {
         let limit = limit
             .unwrap_or(self.cfg.batch_size)
             .clamp(1, self.cfg.batch_size);
-        let batch_size = self.cfg.batch_size;
-        let gen = fresh(&mut self.next_gen);
-        let d = self.entry(device);
-        d.online = true;
-        // A device that connects often says `status` and `pull` at once: a
-        // pull from the cursor while a read from the cursor is out and
-        // nothing is sent yet joins that read instead of repeating it.
-        let from_cursor = d
-            .cursors
-            .is_some_and(|c| after.is_none_or(|a| a == c.delivered_upto));
-        if from_cursor && d.outstanding.is_none() && limit == batch_size {
-            if let Some((_, from)) = d.reading {
-                if Some(from) == d.cursors.map(|c| c.delivered_upto) {
-                    d.pulled = true;
+        if let Some(actions) = self.arrive(device, Some((after, limit))) {
+            return actions;
+        }
+        let full = limit == self.cfg.batch_size;
+        let d = self.devices.get_mut(device).expect("online");
+        let from_cursor = |c: Cursors| full && after.is_none_or(|a| a == c.delivered_upto);
+        match &mut d.status {
+            Status::Loading { pull } => {
+                *pull = Some((after, limit));
+                return Vec::new();
+            }
+            // A device that connects often says `status` and `pull` at once:
+            // a pull from the cursor while a read from the cursor is out
+            // joins that read instead of repeating it.
+            Status::Reading {
+                cursors,
+                from,
+                pulled,
+                ..
+            } if from_cursor(*cursors) && *from == cursors.delivered_upto => {
+                *pulled = true;
+                return Vec::new();
+            }
+            // Likewise when that batch went out after the device subscribed,
+            // or an instant ago, on this very connection (going offline
+            // clears it): it is the pull's answer.
+            Status::AwaitingConfirm { cursors, batch } if from_cursor(*cursors) => {
+                let after_subscribe = d.subscribed_at.is_some_and(|s| batch.sent_at >= s);
+                let recent = now.saturating_duration_since(batch.sent_at) < PULL_JOINS_WITHIN;
+                let fresh = batch.resends == 0 && (after_subscribe || recent);
+                if fresh && batch.first == cursors.delivered_upto.next() {
                     return Vec::new();
                 }
             }
+            _ => {}
         }
-        // Likewise when that batch went out after the device subscribed, or
-        // an instant ago, on this very connection (going offline clears
-        // it): it is the pull's answer.
-        if let (true, Some(o)) = (from_cursor && limit == batch_size, d.outstanding) {
-            let after_subscribe = d.subscribed_at.is_some_and(|s| o.sent_at >= s);
-            let recent = now.saturating_duration_since(o.sent_at) < PULL_JOINS_WITHIN;
-            let fresh = o.resends == 0 && (after_subscribe || recent);
-            if fresh
-                && d.cursors
-                    .is_some_and(|c| o.first == c.delivered_upto.next())
-            {
-                return Vec::new();
-            }
-        }
-        d.outstanding = None;
-        d.gen = gen;
-        d.reading = None;
-        if d.cursors.is_none() {
-            d.pull = Some((after, limit));
-            return self.load(device);
-        }
+        let cursors = d.status.cursors().expect("not loading");
+        d.status = Status::Idle { cursors };
+        self.timers.remove(device);
         self.pull(device, after, limit)
     }
 
+    /// Reads what a pull asked for (the device has its cursors).
     fn pull(&mut self, device: &DeviceId, after: Option<Seq>, limit: usize) -> Vec<DownAction> {
-        let d = self.devices.get_mut(device).expect("caller made it");
-        let after = after.unwrap_or(d.cursors.expect("caller checked").delivered_upto);
-        d.reading = Some((d.gen, after));
+        let gen = self.fresh();
+        let d = self.devices.get_mut(device).expect("caller checked");
+        let cursors = d.status.cursors().expect("caller checked");
+        let from = after.unwrap_or(cursors.delivered_upto);
+        d.status = Status::Reading {
+            cursors,
+            gen,
+            from,
+            pulled: false,
+        };
         vec![DownAction::Read {
             device: device.clone(),
-            after,
+            after: from,
             limit,
-            gen: d.gen,
+            gen,
             reply_empty: true,
         }]
     }
@@ -258,25 +324,31 @@ impl DownScheduler {
         let Some(d) = self.devices.get_mut(device) else {
             return (None, Vec::new());
         };
-        let Some(known) = &mut d.cursors else {
+        let Some(known) = d.status.cursors_mut() else {
             return (None, Vec::new());
         };
         let before = known.delivered_upto;
         known.delivered_upto = known.delivered_upto.max(c.delivered_upto);
         known.head = known.head.max(c.head);
-        if known.delivered_upto == before {
+        let cursors = *known;
+        if cursors.delivered_upto == before {
             return (None, Vec::new());
         }
-        let released = match d.outstanding {
-            Some(o) if known.delivered_upto >= o.first => d.outstanding.take(),
-            _ => None,
-        };
-        if released.is_some() || d.reading.is_some() {
+        let mut released = None;
+        d.status = match d.status {
+            Status::AwaitingConfirm { batch, .. } if cursors.delivered_upto >= batch.first => {
+                released = Some(batch);
+                d.resends = 0;
+                self.timers.remove(device);
+                Status::Idle { cursors }
+            }
             // A read from the old cursor would resend confirmed messages.
-            d.gen = fresh(&mut self.next_gen);
-            d.reading = None;
-            d.resends = 0;
-        }
+            Status::Reading { .. } => {
+                d.resends = 0;
+                Status::Idle { cursors }
+            }
+            other => other,
+        };
         (released, self.next(device))
     }
 
@@ -293,92 +365,83 @@ impl DownScheduler {
         let Some(d) = self.devices.get_mut(device) else {
             return Verdict::Drop;
         };
-        if d.reading.map(|(g, _)| g) != Some(gen) || !d.online {
+        let Status::Reading {
+            mut cursors,
+            gen: reading,
+            pulled,
+            ..
+        } = d.status
+        else {
+            return Verdict::Drop;
+        };
+        if reading != gen {
             return Verdict::Drop;
         }
-        d.reading = None;
-        let reply_empty = reply_empty || std::mem::take(&mut d.pulled);
-        if let Some(c) = &mut d.cursors {
-            c.head = c.head.max(head);
-        }
+        cursors.head = cursors.head.max(head);
         let Some((first, last, size)) = span else {
-            return if reply_empty {
+            d.status = Status::Idle { cursors };
+            return if reply_empty || pulled {
                 Verdict::Send { more: false }
             } else {
                 Verdict::Drop
             };
         };
-        let timeout = self.cfg.confirm_timeout * 2u32.pow(d.resends.min(4));
-        let deadline = now + timeout;
-        d.outstanding = Some(Outstanding {
+        let batch = Outstanding {
             first,
             last,
             size,
             sent_at: now,
             resends: d.resends,
-            deadline,
-        });
-        self.timers.insert((deadline, device.clone()));
+        };
+        d.status = Status::AwaitingConfirm { cursors, batch };
+        let timeout = self.cfg.confirm_timeout * 2u32.pow(d.resends.min(4));
+        self.timers.insert(device.clone(), now + timeout);
         Verdict::Send { more: last < head }
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.timers.first().map(|(at, _)| *at)
+        self.timers.next()
     }
 
     /// Resends every batch whose confirm is overdue.
     pub fn on_tick(&mut self, now: Instant) -> Vec<(DeviceId, Outstanding, Vec<DownAction>)> {
         let mut out = Vec::new();
-        while let Some((at, device)) = self.timers.first().cloned() {
-            if at > now {
-                break;
-            }
-            self.timers.pop_first();
+        while let Some((device, _)) = self.timers.pop_due(now) {
             let Some(d) = self.devices.get_mut(&device) else {
                 continue;
             };
-            let Some(o) = d.outstanding else { continue };
-            if o.deadline != at || !d.online {
+            let Status::AwaitingConfirm { cursors, batch } = d.status else {
                 continue;
-            }
-            d.outstanding = None;
+            };
+            d.status = Status::Idle { cursors };
             d.resends += 1;
-            d.gen = fresh(&mut self.next_gen);
             let actions = self.next(&device);
-            out.push((device, o, actions));
+            out.push((device, batch, actions));
         }
         out
     }
 
-    fn load(&mut self, device: &DeviceId) -> Vec<DownAction> {
-        let d = self.devices.get_mut(device).expect("caller made it");
-        if d.loading {
-            return Vec::new();
-        }
-        d.loading = true;
-        vec![DownAction::LoadCursors(device.clone())]
-    }
-
-    /// Reads the next batch if the device is ready for one.
+    /// Reads the next batch if the device is idle with something to send.
     fn next(&mut self, device: &DeviceId) -> Vec<DownAction> {
-        let Some(d) = self.devices.get_mut(device) else {
+        let Some(Status::Idle { cursors }) = self.devices.get(device).map(|d| d.status) else {
             return Vec::new();
         };
-        if !d.online || d.outstanding.is_some() || d.reading.is_some() {
+        if cursors.head <= cursors.delivered_upto {
             return Vec::new();
         }
-        let Some(c) = d.cursors else {
-            return self.load(device);
+        let gen = self.fresh();
+        let d = self.devices.get_mut(device).expect("checked");
+        d.status = Status::Reading {
+            cursors,
+            gen,
+            from: cursors.delivered_upto,
+            pulled: false,
         };
-        if c.head <= c.delivered_upto {
-            return Vec::new();
-        }
-        d.reading = Some((d.gen, c.delivered_upto));
         vec![DownAction::Read {
             device: device.clone(),
-            after: c.delivered_upto,
+            after: cursors.delivered_upto,
             limit: self.cfg.batch_size,
-            gen: d.gen,
+            gen,
             reply_empty: false,
         }]
     }

@@ -1,74 +1,23 @@
 //! Downlink rows: messages stored once, per-device queues with contiguous
 //! seqs, durable cursors and per-delivery states. Every function runs inside
 //! the writer's open transaction and returns what its commit makes true,
-//! including every delivery whose state it changed (for receipts north).
+//! including every delivery whose state it changed; the receipt of each is
+//! committed in the outbox ([`super::outbox`]) in the same transaction.
+//! The records and the words of every reason are the downlink's
+//! ([`crate::downlink::record`]).
 
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::{outbox, StoreError};
+use crate::downlink::record::{
+    reason, BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake,
+    DownIntakeOutcome, Swept,
+};
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::state::DeliveryState;
 
-/// A validated downlink message for one or more devices.
-#[derive(Debug, Clone)]
-pub struct DownIntake {
-    pub msg_id: MsgId,
-    /// The inbox entry as JSON, without `seq`.
-    pub body: Bytes,
-    pub stored_ms: i64,
-    pub expires_ms: Option<i64>,
-    pub to: Vec<DeviceId>,
-    pub queue_cap: u64,
-}
-
-/// A delivery that changed state (or, for intake, exists): one receipt north.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeliveryEvent {
-    pub device: DeviceId,
-    pub seq: Seq,
-    pub msg_id: MsgId,
-    pub state: DeliveryState,
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DownIntakeOutcome {
-    /// One per addressed device: its delivery's current state; `new` ones are `Stored`.
-    pub queued: Vec<(DeliveryEvent, bool)>,
-    /// Deliveries pushed out by the queue cap.
-    pub expired: Vec<DeliveryEvent>,
-}
-
-/// One entry of an inbox batch; `body: None` is a tombstone.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BatchEntry {
-    pub seq: Seq,
-    pub msg_id: MsgId,
-    pub state: DeliveryState,
-    pub body: Option<Bytes>,
-}
-
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct BatchRead {
-    pub entries: Vec<BatchEntry>,
-    /// The device's last assigned seq.
-    pub head: Seq,
-    /// Deliveries that expired (ttl) while being read.
-    pub expired: Vec<DeliveryEvent>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Cursors {
-    pub head: Seq,
-    pub delivered_upto: Seq,
-    pub read_upto: Seq,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CursorMove {
-    pub cursors: Cursors,
-    pub events: Vec<DeliveryEvent>,
-}
+type Result<T> = std::result::Result<T, StoreError>;
 
 /// `(seq, state, msg_id, body, expires_ms)` of one queue entry.
 type QueueRow = (i64, String, String, Vec<u8>, Option<i64>);
@@ -77,17 +26,23 @@ fn seq(v: i64) -> Seq {
     Seq(v.max(0) as u64)
 }
 
-fn msg_id(s: String) -> rusqlite::Result<MsgId> {
-    MsgId::new(s).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+fn msg_id(s: String) -> Result<MsgId> {
+    MsgId::new(s.as_str()).map_err(|e| StoreError::CorruptRow {
+        table: "down_message",
+        detail: format!("msg_id {s:?}: {e}"),
     })
 }
 
-fn state(s: String) -> DeliveryState {
-    DeliveryState::parse(&s).unwrap_or(DeliveryState::Stored)
+/// A delivery's state as written; a name this build does not know is an
+/// error, never taken for `stored`.
+pub(super) fn state(s: &str) -> Result<DeliveryState> {
+    DeliveryState::parse(s).ok_or_else(|| StoreError::CorruptRow {
+        table: "down_delivery",
+        detail: format!("unknown state {s:?}"),
+    })
 }
 
-pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> rusqlite::Result<Cursors> {
+pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> Result<Cursors> {
     Ok(tx
         .prepare_cached(
             "SELECT down_seq, delivered_upto, read_upto FROM devices WHERE device = ?1",
@@ -105,7 +60,7 @@ pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> rusqlite::Result<Curs
 
 /// Stores the message once and queues it for every addressed device that
 /// does not have it yet.
-pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> rusqlite::Result<DownIntakeOutcome> {
+pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcome> {
     let existing: Option<i64> = tx
         .prepare_cached("SELECT id FROM down_message WHERE msg_id = ?1")?
         .query_row([msg.msg_id.as_str()], |r| r.get(0))
@@ -133,7 +88,7 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> rusqlite::Result<DownIn
                 device: device.clone(),
                 seq: seq(s),
                 msg_id: msg.msg_id.clone(),
-                state: state(st),
+                state: state(&st)?,
                 reason: None,
             };
             out.queued.push((event, false));
@@ -177,18 +132,17 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> rusqlite::Result<DownIn
                     seq: seq(old),
                     msg_id: message_msg_id(tx, mid)?,
                     state: DeliveryState::Expired,
-                    reason: Some(format!(
-                        "queue_cap: more than {} undelivered",
-                        msg.queue_cap
-                    )),
+                    reason: Some(reason::queue_cap(msg.queue_cap)),
                 });
             }
         }
     }
+    let queued = out.queued.iter().map(|(e, _)| e);
+    out.receipts = outbox::report(tx, queued.chain(&out.expired), msg.stored_ms)?;
     Ok(out)
 }
 
-fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> rusqlite::Result<MsgId> {
+fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> Result<MsgId> {
     let s: String = tx
         .prepare_cached("SELECT msg_id FROM down_message WHERE id = ?1")?
         .query_row([message_id], |r| r.get(0))?;
@@ -203,7 +157,7 @@ pub fn read_batch(
     after: Seq,
     limit: usize,
     now_ms: i64,
-) -> rusqlite::Result<BatchRead> {
+) -> Result<BatchRead> {
     let mut out = BatchRead {
         head: cursors(tx, device)?.head,
         ..Default::default()
@@ -218,11 +172,12 @@ pub fn read_batch(
             params![device.as_str(), after.0 as i64, limit as i64],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
         )?
-        .collect::<Result<_, _>>()?;
+        .collect::<rusqlite::Result<_>>()?;
     for (s, st, id, body, expires_ms) in rows {
-        let mut st = state(st);
+        let mut st = state(&st)?;
         let id = msg_id(id)?;
         if st == DeliveryState::Stored && expires_ms.is_some_and(|e| e <= now_ms) {
+            st.check_move(DeliveryState::Expired)?;
             tx.prepare_cached("UPDATE down_delivery SET state = 'expired', at_ms = ?3 WHERE device = ?1 AND seq = ?2")?
                 .execute(params![device.as_str(), s, now_ms])?;
             st = DeliveryState::Expired;
@@ -231,7 +186,7 @@ pub fn read_batch(
                 seq: seq(s),
                 msg_id: id.clone(),
                 state: st,
-                reason: Some("ttl: ttl_s passed before delivery".into()),
+                reason: Some(reason::TTL.into()),
             });
         }
         let body = matches!(
@@ -246,6 +201,7 @@ pub fn read_batch(
             body,
         });
     }
+    out.receipts = outbox::report(tx, &out.expired, now_ms)?;
     Ok(out)
 }
 
@@ -257,7 +213,7 @@ pub fn advance(
     upto: Seq,
     read: bool,
     now_ms: i64,
-) -> rusqlite::Result<CursorMove> {
+) -> Result<CursorMove> {
     let mut c = cursors(tx, device)?;
     let upto = upto.min(c.head);
     let mut events = Vec::new();
@@ -280,7 +236,12 @@ pub fn advance(
         c.read_upto = upto;
     }
     events.sort_by_key(|e| (e.seq, e.state == DeliveryState::Read));
-    Ok(CursorMove { cursors: c, events })
+    let receipts = outbox::report(tx, &events, now_ms)?;
+    Ok(CursorMove {
+        cursors: c,
+        events,
+        receipts,
+    })
 }
 
 /// One cursor's move: deliveries in `from` within the range go to `to`.
@@ -300,8 +261,8 @@ impl Step {
         after: Seq,
         upto: Seq,
         now_ms: i64,
-    ) -> rusqlite::Result<Vec<DeliveryEvent>> {
-        debug_assert!(self.from.can_move_to(self.to));
+    ) -> Result<Vec<DeliveryEvent>> {
+        self.from.check_move(self.to)?;
         let moved: Vec<(i64, i64)> = tx
             .prepare_cached(
                 "UPDATE down_delivery SET state = ?5, at_ms = ?4
@@ -311,7 +272,7 @@ impl Step {
                 params![device.as_str(), after.0 as i64, upto.0 as i64, now_ms, self.to.as_str(), self.from.as_str()],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?
-            .collect::<Result<_, _>>()?;
+            .collect::<rusqlite::Result<_>>()?;
         let mut events = Vec::with_capacity(moved.len());
         for (s, mid) in moved {
             events.push(DeliveryEvent {
@@ -331,15 +292,16 @@ impl Step {
     }
 }
 
-/// The device can never take delivery `at`: dead-letter it for this device.
-/// If it is the next one after the cursor, the cursor moves past it.
+/// The device can never take delivery `at`: dead-letter it for this device
+/// with `reason` (worded by the caller, [`reason::nacked`]). If it is the
+/// next one after the cursor, the cursor moves past it.
 pub fn nack(
     tx: &Transaction<'_>,
     device: &DeviceId,
     at: Seq,
     reason: &str,
     now_ms: i64,
-) -> rusqlite::Result<CursorMove> {
+) -> Result<CursorMove> {
     let dead: Option<i64> = tx
         .prepare_cached(
             "UPDATE down_delivery SET state = 'dead', at_ms = ?3
@@ -351,11 +313,10 @@ pub fn nack(
     let Some(mid) = dead else {
         return Ok(CursorMove {
             cursors: c,
-            events: vec![],
+            ..CursorMove::default()
         });
     };
     let id = message_msg_id(tx, mid)?;
-    let reason = format!("nacked: {reason}");
     tx.prepare_cached(
         "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw)
          SELECT ?1, 'down', ?2, msg_id, ?3, ?4, body FROM down_message WHERE id = ?5",
@@ -377,22 +338,24 @@ pub fn nack(
         seq: at,
         msg_id: id,
         state: DeliveryState::Dead,
-        reason: Some(reason),
+        reason: Some(reason.to_string()),
     };
+    let receipts = outbox::report(tx, [&event], now_ms)?;
     Ok(CursorMove {
         cursors: c,
         events: vec![event],
+        receipts,
     })
 }
 
 /// Expires every stored delivery of messages whose ttl passed by `now_ms`.
-pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> rusqlite::Result<Vec<DeliveryEvent>> {
+pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> Result<Swept> {
     let due: Vec<(i64, String)> = tx
         .prepare_cached(
             "SELECT id, msg_id FROM down_message WHERE expires_ms IS NOT NULL AND swept = 0 AND expires_ms <= ?1 LIMIT 1000",
         )?
         .query_map([now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
+        .collect::<rusqlite::Result<_>>()?;
     let mut events = Vec::new();
     for (mid, id) in due {
         let id = msg_id(id)?;
@@ -402,7 +365,7 @@ pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> rusqlite::Result<Vec<
                  RETURNING device, seq",
             )?
             .query_map(params![mid, now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?;
+            .collect::<rusqlite::Result<_>>()?;
         for (d, s) in moved {
             if let Ok(device) = DeviceId::new(d) {
                 events.push(DeliveryEvent {
@@ -410,12 +373,13 @@ pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> rusqlite::Result<Vec<
                     seq: seq(s),
                     msg_id: id.clone(),
                     state: DeliveryState::Expired,
-                    reason: Some("ttl: ttl_s passed before delivery".into()),
+                    reason: Some(reason::TTL.into()),
                 });
             }
         }
         tx.prepare_cached("UPDATE down_message SET swept = 1 WHERE id = ?1")?
             .execute([mid])?;
     }
-    Ok(events)
+    let receipts = outbox::report(tx, &events, now_ms)?;
+    Ok(Swept { events, receipts })
 }

@@ -2,25 +2,41 @@
 //!
 //! Invariants:
 //! - Only the writer thread touches the connection. Everyone else holds a
-//!   [`Store`] handle and sends owned [`Op`]s over a bounded channel.
+//!   [`Store`] handle, whose methods send owned requests to it.
 //! - Ops are group-committed: the writer takes everything queued (up to
 //!   `store.max_batch`), applies it in one transaction, commits (one fsync
 //!   with `synchronous=FULL`) and only then answers any of them. A reply is
 //!   therefore proof of a commit.
 //! - A commit that fails for a passing reason (disk full, I/O error, a lock)
 //!   is tried again, the same batch, until it succeeds: nobody is answered
-//!   meanwhile, the queue fills and intake stops, so the broker holds the
-//!   devices back. Nothing is lost and nothing waits for a reconnect.
+//!   meanwhile, unanswered requests pile up to their callers' bounds and
+//!   intake stops, so the broker holds the devices back. Nothing is lost and
+//!   nothing waits for a reconnect.
 //! - A database that turns out corrupt stops the writer; every asker, and
 //!   the gateway's exit, names the cause.
 //! - Per-device sequence numbers are assigned inside the same transaction
-//!   as the message they number.
+//!   as the message they number, and every receipt for the backend is
+//!   committed in the outbox (`receipt_outbox`) with the change it reports.
+//! - Every call is one future resolving to `Result<T, StoreError>` after
+//!   the commit of the batch it landed in. The request is queued when the
+//!   method is called, not when the future is first polled: requests reach
+//!   the writer in call order, and a caller may keep many futures pending
+//!   (a `FuturesUnordered`) without waiting on any. The queue itself is
+//!   unbounded; each caller bounds what it has outstanding (intake: 16,384
+//!   messages or 32 MiB; the downlink task: 4,096 requests; the uplink
+//!   engine: 16,384 before it applies more backend acks), so a stalled store still holds the
+//!   devices back.
+//! - An illegal state change or a row this build cannot read answers that
+//!   one request with an error ([`StoreError::IllegalMove`],
+//!   [`StoreError::CorruptRow`]); the rest of the batch commits.
 
-pub mod downlink;
+mod downlink;
+mod outbox;
 mod schema;
 mod uplink;
 mod writer;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::thread;
@@ -31,11 +47,15 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::info;
 
 use crate::config::{StoreConfig, SyncMode};
-use crate::ids::{DeviceId, Seq};
-
-pub use uplink::{
-    AttemptRecord, DeadLetter, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
-    EXPIRED_REASON,
+use crate::dead_letter::DeadLetter;
+use crate::downlink::record::{
+    BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
+};
+use crate::ids::{DeviceId, MsgId, Seq};
+use crate::protocol::receipt::NorthReceipt;
+use crate::state::IllegalMove;
+use crate::uplink::record::{
+    AttemptRecord, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
 
 /// The database file inside `gateway.data_dir`.
@@ -52,76 +72,109 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("the database {path} is corrupt: {detail}")]
     Corrupt { path: PathBuf, detail: String },
+    /// A row holds what this build cannot read (an unknown state name, a bad
+    /// id): written by a newer ferry or by hand. Only the request that read
+    /// it fails.
+    #[error("a row of {table} cannot be read: {detail}")]
+    CorruptRow { table: &'static str, detail: String },
+    /// The request asked for a move the state machine forbids; nothing of it
+    /// was written.
+    #[error("refused: {0}")]
+    IllegalMove(#[from] IllegalMove),
     #[error("the store stopped: {0}")]
     Stopped(String),
     #[error("the store writer has stopped")]
     Closed,
 }
 
+impl StoreError {
+    /// Whether the store is gone for good (stopped, or its writer ended):
+    /// nothing more can be asked of it, and the gateway stops with the cause.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, StoreError::Stopped(_) | StoreError::Closed)
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
 /// A request to the writer thread, with the channel its answer goes to.
-pub enum Op {
-    Intake(Intake, oneshot::Sender<Result<IntakeOutcome, StoreError>>),
-    Reject(DeadLetter, oneshot::Sender<Result<i64, StoreError>>),
-    Transition(
-        Transition,
-        oneshot::Sender<Result<Option<uplink::Moved>, StoreError>>,
-    ),
-    Attempt(uplink::AttemptRecord),
+enum Op {
+    Intake(Intake, Reply<IntakeOutcome>),
+    Reject(DeadLetter, Reply<i64>),
+    Transition(Transition, Reply<Option<Moved>>),
+    Attempt(AttemptRecord),
     Pending {
         device: DeviceId,
         after: Seq,
         limit: usize,
-        reply: oneshot::Sender<Result<Vec<PendingMessage>, StoreError>>,
+        reply: Reply<Vec<PendingMessage>>,
     },
-    PendingDevices(oneshot::Sender<Result<Vec<crate::ids::DeviceId>, StoreError>>),
+    PendingDevices(Reply<Vec<DeviceId>>),
     /// Dead-letter stored uplinks whose ttl passed by `now_ms`.
     ExpireDue {
         now_ms: i64,
-        reply: Reply<Vec<(DeviceId, crate::ids::MsgId, Moved)>>,
+        reply: Reply<Vec<(DeviceId, MsgId, Moved)>>,
     },
     Down(DownOp),
 }
 
-pub type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
-
 /// Downlink requests (see [`downlink`]).
-pub enum DownOp {
-    Intake(downlink::DownIntake, Reply<downlink::DownIntakeOutcome>),
+enum DownOp {
+    Intake(DownIntake, Reply<DownIntakeOutcome>),
     Batch {
         device: DeviceId,
         after: Seq,
         limit: usize,
         now_ms: i64,
-        reply: Reply<downlink::BatchRead>,
+        reply: Reply<BatchRead>,
     },
     Advance {
         device: DeviceId,
         upto: Seq,
         read: bool,
         now_ms: i64,
-        reply: Reply<downlink::CursorMove>,
+        reply: Reply<CursorMove>,
     },
     Nack {
         device: DeviceId,
         seq: Seq,
         reason: String,
         now_ms: i64,
-        reply: Reply<downlink::CursorMove>,
+        reply: Reply<CursorMove>,
     },
     Cursors {
         device: DeviceId,
-        reply: Reply<downlink::Cursors>,
+        reply: Reply<Cursors>,
     },
     Sweep {
         now_ms: i64,
-        reply: Reply<Vec<downlink::DeliveryEvent>>,
+        reply: Reply<Swept>,
+    },
+    /// A refused downlink's dead letter and its `rejected` receipt.
+    Reject {
+        dl: DeadLetter,
+        receipt: NorthReceipt,
+        reply: Reply<Rejected>,
+    },
+    OutboxPage {
+        from: i64,
+        limit: usize,
+        reply: Reply<Vec<OutboxReceipt>>,
+    },
+    /// Receipts the upstream acknowledged: out of the outbox.
+    ReceiptsSent(Vec<i64>),
+    /// A receipt the upstream never takes: out of the outbox, dead-lettered.
+    ReceiptDead {
+        id: i64,
+        dl: DeadLetter,
+        reply: Reply<i64>,
     },
 }
 
 /// A cheap, cloneable handle to the writer thread.
 #[derive(Clone)]
 pub struct Store {
-    tx: mpsc::Sender<Op>,
+    tx: mpsc::UnboundedSender<Op>,
     /// Why the writer stopped, once it has.
     stopped: Arc<OnceLock<String>>,
     /// Its sender lives as long as the writer thread, connection included.
@@ -156,7 +209,7 @@ impl Store {
         check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
 
-        let (tx, rx) = mpsc::channel(cfg.max_batch * 4);
+        let (tx, rx) = mpsc::unbounded_channel();
         let max_batch = cfg.max_batch;
         let stopped = Arc::new(OnceLock::new());
         let writer = writer::Writer::new(conn, stopped.clone());
@@ -188,103 +241,210 @@ impl Store {
         async move { while exited.changed().await.is_ok() {} }
     }
 
-    async fn send(&self, op: Op) -> Result<(), StoreError> {
-        self.tx.send(op).await.map_err(|_| self.closed())
+    /// Queues `op` now; the future resolves to its answer after the commit.
+    fn call<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(Reply<T>) -> Op,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let (reply, rx) = oneshot::channel();
+        // A refused send drops the op and its reply: the wait below fails.
+        let _ = self.tx.send(op(reply));
+        let stopped = self.stopped.clone();
+        async move { rx.await.unwrap_or_else(|_| Err(closed(&stopped))) }
     }
 
-    /// Why nothing more can be asked: the writer's cause, if it gave one.
-    fn closed(&self) -> StoreError {
-        match self.stopped.get() {
-            Some(cause) => StoreError::Stopped(cause.clone()),
-            None => StoreError::Closed,
-        }
+    fn down<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(Reply<T>) -> DownOp,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Down(op(reply)))
     }
 
-    /// Queues an uplink message; the receiver resolves after its commit.
-    pub async fn intake(
+    /// Stores an uplink message (or finds it a duplicate).
+    pub fn intake(
         &self,
         msg: Intake,
-    ) -> Result<oneshot::Receiver<Result<IntakeOutcome, StoreError>>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Op::Intake(msg, reply)).await?;
-        Ok(rx)
+    ) -> impl Future<Output = Result<IntakeOutcome, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Intake(msg, reply))
     }
 
-    /// Queues a dead letter for a rejected message; resolves to its id after commit.
-    pub async fn reject(
+    /// Writes a dead letter for a rejected message; resolves to its id.
+    pub fn reject(
         &self,
         dl: DeadLetter,
-    ) -> Result<oneshot::Receiver<Result<i64, StoreError>>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Op::Reject(dl, reply)).await?;
-        Ok(rx)
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Reject(dl, reply))
     }
 
-    /// Queues a state transition; resolves after commit to what moved
+    /// Moves a stored uplink to a final state; resolves to what moved
     /// (`None` if the message was not in a state that allows the move).
-    pub async fn transition(
+    pub fn transition(
         &self,
         t: Transition,
-    ) -> Result<oneshot::Receiver<Result<Option<uplink::Moved>, StoreError>>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Op::Transition(t, reply)).await?;
-        Ok(rx)
+    ) -> impl Future<Output = Result<Option<Moved>, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Transition(t, reply))
     }
 
     /// Records a failed attempt (fire and forget: losing it in a crash only
     /// gives the message more attempts, never fewer).
-    pub async fn record_attempt(&self, rec: uplink::AttemptRecord) -> Result<(), StoreError> {
-        self.send(Op::Attempt(rec)).await
+    pub fn record_attempt(&self, rec: AttemptRecord) -> Result<(), StoreError> {
+        self.tx
+            .send(Op::Attempt(rec))
+            .map_err(|_| closed(&self.stopped))
     }
 
     /// Up to `limit` stored messages of `device` with `seq > after`, in order.
-    pub async fn pending(
+    pub fn pending(
         &self,
-        device: crate::ids::DeviceId,
-        after: crate::ids::Seq,
+        device: DeviceId,
+        after: Seq,
         limit: usize,
-    ) -> Result<Vec<PendingMessage>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Op::Pending {
+    ) -> impl Future<Output = Result<Vec<PendingMessage>, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Pending {
             device,
             after,
             limit,
             reply,
         })
-        .await?;
-        rx.await.map_err(|_| self.closed())?
-    }
-
-    /// Sends a downlink request built around its reply channel; the
-    /// receiver resolves after the batch it lands in commits.
-    pub async fn down<T>(
-        &self,
-        make: impl FnOnce(Reply<T>) -> DownOp,
-    ) -> Result<oneshot::Receiver<Result<T, StoreError>>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Op::Down(make(reply))).await?;
-        Ok(rx)
-    }
-
-    /// Dead-letters stored uplinks whose ttl has passed (at most 1,000 per
-    /// call); resolves after the commit to what moved.
-    pub async fn expire_due(
-        &self,
-        now_ms: i64,
-    ) -> Result<
-        oneshot::Receiver<Result<Vec<(DeviceId, crate::ids::MsgId, Moved)>, StoreError>>,
-        StoreError,
-    > {
-        let (reply, rx) = oneshot::channel();
-        self.send(Op::ExpireDue { now_ms, reply }).await?;
-        Ok(rx)
     }
 
     /// Every device with at least one stored, undelivered message.
-    pub async fn pending_devices(&self) -> Result<Vec<crate::ids::DeviceId>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Op::PendingDevices(reply)).await?;
-        rx.await.map_err(|_| self.closed())?
+    pub fn pending_devices(
+        &self,
+    ) -> impl Future<Output = Result<Vec<DeviceId>, StoreError>> + Send + 'static {
+        self.call(Op::PendingDevices)
+    }
+
+    /// Dead-letters stored uplinks whose ttl has passed (at most 1,000 per
+    /// call); resolves to what moved.
+    pub fn expire_due(
+        &self,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Vec<(DeviceId, MsgId, Moved)>, StoreError>> + Send + 'static
+    {
+        self.call(move |reply| Op::ExpireDue { now_ms, reply })
+    }
+
+    /// Stores a downlink once and queues it for each addressed device.
+    pub fn down_intake(
+        &self,
+        msg: DownIntake,
+    ) -> impl Future<Output = Result<DownIntakeOutcome, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Intake(msg, reply))
+    }
+
+    /// Reads up to `limit` queue entries of `device` after `after`,
+    /// expiring those whose ttl passed by `now_ms`.
+    pub fn read_batch(
+        &self,
+        device: DeviceId,
+        after: Seq,
+        limit: usize,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<BatchRead, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Batch {
+            device,
+            after,
+            limit,
+            now_ms,
+            reply,
+        })
+    }
+
+    /// Moves the confirm cursor of `device` to `upto` (and with `read` the
+    /// read cursor too).
+    pub fn advance(
+        &self,
+        device: DeviceId,
+        upto: Seq,
+        read: bool,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<CursorMove, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Advance {
+            device,
+            upto,
+            read,
+            now_ms,
+            reply,
+        })
+    }
+
+    /// Dead-letters delivery `seq` of `device` with `reason` (as worded).
+    pub fn nack(
+        &self,
+        device: DeviceId,
+        seq: Seq,
+        reason: String,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<CursorMove, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Nack {
+            device,
+            seq,
+            reason,
+            now_ms,
+            reply,
+        })
+    }
+
+    /// The downlink cursors of `device`.
+    pub fn cursors(
+        &self,
+        device: DeviceId,
+    ) -> impl Future<Output = Result<Cursors, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Cursors { device, reply })
+    }
+
+    /// Expires stored deliveries of messages whose ttl passed by `now_ms`.
+    pub fn sweep_downlinks(
+        &self,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Swept, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Sweep { now_ms, reply })
+    }
+
+    /// Dead-letters a downlink refused at intake and commits its `rejected`
+    /// receipt (`receipt` with the reason naming the dead letter).
+    pub fn reject_downlink(
+        &self,
+        dl: DeadLetter,
+        receipt: NorthReceipt,
+    ) -> impl Future<Output = Result<Rejected, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Reject { dl, receipt, reply })
+    }
+
+    /// Up to `limit` receipts of the outbox with `id >= from`, in id order.
+    pub fn outbox_page(
+        &self,
+        from: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxReceipt>, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::OutboxPage { from, limit, reply })
+    }
+
+    /// The upstream acknowledged these receipts: they leave the outbox
+    /// (fire and forget: losing it in a crash only sends them again).
+    pub fn receipts_sent(&self, ids: Vec<i64>) -> Result<(), StoreError> {
+        self.tx
+            .send(Op::Down(DownOp::ReceiptsSent(ids)))
+            .map_err(|_| closed(&self.stopped))
+    }
+
+    /// Moves a receipt the upstream never takes from the outbox to the dead
+    /// letters, in one transaction; resolves to the dead letter's id.
+    pub fn receipt_dead(
+        &self,
+        id: i64,
+        dl: DeadLetter,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::ReceiptDead { id, dl, reply })
+    }
+}
+
+/// Why nothing more can be asked: the writer's cause, if it gave one.
+fn closed(stopped: &OnceLock<String>) -> StoreError {
+    match stopped.get() {
+        Some(cause) => StoreError::Stopped(cause.clone()),
+        None => StoreError::Closed,
     }
 }
 

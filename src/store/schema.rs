@@ -5,7 +5,8 @@
 //! Pending work is found through the partial index `uplink_pending`, which
 //! holds only rows in state `stored`; start-up never scans the whole table.
 //! A downlink queue is the `down_delivery` rows of one device, read by its
-//! primary key `(device, seq)` from the device's cursor.
+//! primary key `(device, seq)` from the device's cursor. Receipts for the
+//! backend wait in `receipt_outbox` until the upstream acknowledges them.
 
 use rusqlite::Connection;
 
@@ -89,6 +90,17 @@ const MIGRATIONS: &[&str] = &[
     // 3: uplink ttl expiry found by index, for backlogs beyond what is in memory.
     r#"
     CREATE INDEX uplink_expiring ON uplink (expires_ms) WHERE state = 'stored' AND expires_ms IS NOT NULL;
+    "#,
+    // 4: receipts for the backend, durable until the upstream acknowledges them.
+    r#"
+    -- Written in the same transaction as the state change a receipt reports;
+    -- deleted only once the upstream broker PUBACKs the message carrying it.
+    -- AUTOINCREMENT: ids grow in commit order and are never reused, so the
+    -- rows not yet in memory are always those from some id on.
+    CREATE TABLE receipt_outbox (
+        id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        body    BLOB NOT NULL               -- one receipt as JSON, as sent north
+    );
     "#,
 ];
 

@@ -2,6 +2,7 @@ use super::*;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::parse_uplink;
 use crate::state::MessageState;
+use crate::uplink::record::{Duplicate, EXPIRED_REASON};
 
 fn cfg() -> StoreConfig {
     StoreConfig {
@@ -17,13 +18,7 @@ fn intake(device: &str, msg_id: &str) -> Intake {
 }
 
 async fn put(store: &Store, device: &str, msg_id: &str) -> IntakeOutcome {
-    store
-        .intake(intake(device, msg_id))
-        .await
-        .unwrap()
-        .await
-        .unwrap()
-        .unwrap()
+    store.intake(intake(device, msg_id)).await.unwrap()
 }
 
 fn seq_of(o: &IntakeOutcome) -> Seq {
@@ -92,25 +87,16 @@ async fn transitions_only_leave_stored_and_dead_letters_keep_the_body() {
     let moved = store
         .transition(t("m1", MessageState::Delivered, None))
         .await
-        .unwrap()
-        .await
-        .unwrap()
         .unwrap();
     assert_eq!(moved.map(|m| m.seq), Some(Seq(1)));
     let again = store
         .transition(t("m1", MessageState::Dead, Some("nacked: x")))
         .await
-        .unwrap()
-        .await
-        .unwrap()
         .unwrap();
     assert_eq!(again, None, "a delivered message cannot die");
     let dead = store
         .transition(t("m2", MessageState::Dead, Some("nacked: x")))
         .await
-        .unwrap()
-        .await
-        .unwrap()
         .unwrap();
     assert_eq!(dead.map(|m| m.seq), Some(Seq(2)));
     assert_eq!(
@@ -178,236 +164,9 @@ async fn a_reopened_store_resumes_seqs_and_pending_work() {
     ));
 }
 
-mod down {
-    use super::*;
-    use crate::state::DeliveryState;
-    use crate::store::downlink::*;
-    use bytes::Bytes;
-
-    fn dev(s: &str) -> DeviceId {
-        DeviceId::new(s).unwrap()
-    }
-
-    fn msg(id: &str, to: &[&str], cap: u64, expires_ms: Option<i64>) -> DownIntake {
-        DownIntake {
-            msg_id: MsgId::new(id).unwrap(),
-            body: Bytes::from(format!(r#"{{"msg_id":"{id}","payload":1}}"#)),
-            stored_ms: 1,
-            expires_ms,
-            to: to.iter().map(|d| dev(d)).collect(),
-            queue_cap: cap,
-        }
-    }
-
-    async fn put(store: &Store, m: DownIntake) -> DownIntakeOutcome {
-        store
-            .down(|reply| DownOp::Intake(m, reply))
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-            .unwrap()
-    }
-
-    async fn batch(store: &Store, d: &str, after: u64, now_ms: i64) -> BatchRead {
-        let device = dev(d);
-        store
-            .down(|reply| DownOp::Batch {
-                device,
-                after: Seq(after),
-                limit: 10,
-                now_ms,
-                reply,
-            })
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-            .unwrap()
-    }
-
-    async fn advance(store: &Store, d: &str, upto: u64, read: bool) -> CursorMove {
-        let device = dev(d);
-        store
-            .down(|reply| DownOp::Advance {
-                device,
-                upto: Seq(upto),
-                read,
-                now_ms: 9,
-                reply,
-            })
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-            .unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_message_is_stored_once_and_queued_per_device_with_its_own_seq() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), &cfg()).unwrap();
-        put(&store, msg("n-0", &["a"], 100, None)).await;
-        let out = put(&store, msg("n-1", &["a", "b"], 100, None)).await;
-        let seqs: Vec<_> = out
-            .queued
-            .iter()
-            .map(|(e, new)| (e.device.to_string(), e.seq.0, *new))
-            .collect();
-        assert_eq!(seqs, vec![("a".into(), 2, true), ("b".into(), 1, true)]);
-        // Repeated, with one more device: only c is new.
-        let out = put(&store, msg("n-1", &["a", "b", "c"], 100, None)).await;
-        let seqs: Vec<_> = out
-            .queued
-            .iter()
-            .map(|(e, new)| (e.device.to_string(), e.seq.0, *new))
-            .collect();
-        assert_eq!(
-            seqs,
-            vec![
-                ("a".into(), 2, false),
-                ("b".into(), 1, false),
-                ("c".into(), 1, true)
-            ]
-        );
-        drop(store);
-        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
-        let n: i64 = conn
-            .query_row("SELECT count(*) FROM down_message", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(n, 2, "content stored once per msg_id");
-    }
-
-    #[tokio::test]
-    async fn cursors_move_forward_only_and_report_each_delivery_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), &cfg()).unwrap();
-        for i in 0..5 {
-            put(&store, msg(&format!("n-{i}"), &["a"], 100, None)).await;
-        }
-        let b = batch(&store, "a", 0, 0).await;
-        assert_eq!(
-            b.entries.iter().map(|e| e.seq.0).collect::<Vec<_>>(),
-            vec![1, 2, 3, 4, 5]
-        );
-        assert_eq!(b.head, Seq(5));
-        let m = advance(&store, "a", 3, false).await;
-        assert_eq!(m.cursors.delivered_upto, Seq(3));
-        assert_eq!(
-            m.events.iter().map(|e| e.seq.0).collect::<Vec<_>>(),
-            vec![1, 2, 3]
-        );
-        assert!(
-            advance(&store, "a", 2, false).await.events.is_empty(),
-            "a stale confirm is ignored"
-        );
-        let m = advance(&store, "a", 99, false).await;
-        assert_eq!(m.cursors.delivered_upto, Seq(5), "never past the head");
-        let m = advance(&store, "a", 2, true).await;
-        assert_eq!(
-            m.events
-                .iter()
-                .map(|e| (e.seq.0, e.state))
-                .collect::<Vec<_>>(),
-            vec![(1, DeliveryState::Read), (2, DeliveryState::Read)]
-        );
-        assert_eq!(batch(&store, "a", 5, 0).await.entries.len(), 0);
-    }
-
-    #[tokio::test]
-    async fn the_queue_cap_and_ttl_turn_deliveries_into_tombstones() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), &cfg()).unwrap();
-        let mut expired = Vec::new();
-        for i in 0..5 {
-            expired.extend(
-                put(&store, msg(&format!("n-{i}"), &["a"], 3, None))
-                    .await
-                    .expired,
-            );
-        }
-        assert_eq!(
-            expired.iter().map(|e| e.seq.0).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
-        put(&store, msg("t-1", &["a"], 100, Some(50))).await;
-        let b = batch(&store, "a", 0, 100).await;
-        let kinds: Vec<_> = b
-            .entries
-            .iter()
-            .map(|e| (e.seq.0, e.body.is_some()))
-            .collect();
-        assert_eq!(
-            kinds,
-            vec![
-                (1, false),
-                (2, false),
-                (3, true),
-                (4, true),
-                (5, true),
-                (6, false)
-            ]
-        );
-        assert_eq!(b.expired.len(), 1, "the ttl expiry is reported once");
-        assert!(batch(&store, "a", 5, 100).await.expired.is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_sweep_expires_deliveries_of_offline_devices() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), &cfg()).unwrap();
-        put(&store, msg("t-1", &["a", "b"], 100, Some(50))).await;
-        let store = &store;
-        let sweep = |now_ms| async move {
-            store
-                .down(|reply| DownOp::Sweep { now_ms, reply })
-                .await
-                .unwrap()
-                .await
-                .unwrap()
-                .unwrap()
-        };
-        assert!(sweep(49).await.is_empty());
-        assert_eq!(sweep(50).await.len(), 2);
-        assert!(sweep(60).await.is_empty(), "swept once");
-    }
-
-    #[tokio::test]
-    async fn a_nack_dead_letters_the_delivery_and_moves_the_cursor_past_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), &cfg()).unwrap();
-        put(&store, msg("n-1", &["a"], 100, None)).await;
-        put(&store, msg("n-2", &["a"], 100, None)).await;
-        let device = dev("a");
-        let m = store
-            .down(|reply| DownOp::Nack {
-                device,
-                seq: Seq(1),
-                reason: "no room".into(),
-                now_ms: 3,
-                reply,
-            })
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(m.cursors.delivered_upto, Seq(1));
-        assert_eq!(m.events[0].state, DeliveryState::Dead);
-        assert_eq!(m.events[0].reason.as_deref(), Some("nacked: no room"));
-        drop(store);
-        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
-        let (dir_, reason): (String, String) = conn
-            .query_row("SELECT direction, reason FROM dead_letter", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .unwrap();
-        assert_eq!(
-            (dir_.as_str(), reason.as_str()),
-            ("down", "nacked: no room")
-        );
-    }
-}
+mod down;
+mod errors;
+mod outbox;
 
 #[tokio::test]
 async fn expired_uplinks_are_swept_by_index_wherever_they_are() {
@@ -421,36 +180,13 @@ async fn expired_uplinks_are_swept_by_index_wherever_they_are() {
         parse_uplink(raw, 1024).unwrap(),
         1,
     );
-    store.intake(ttl).await.unwrap().await.unwrap().unwrap();
+    store.intake(ttl).await.unwrap();
     put(&store, "a", "no-ttl").await;
-    assert!(store
-        .expire_due(1000)
-        .await
-        .unwrap()
-        .await
-        .unwrap()
-        .unwrap()
-        .is_empty());
-    let expired = store
-        .expire_due(1001)
-        .await
-        .unwrap()
-        .await
-        .unwrap()
-        .unwrap();
+    assert!(store.expire_due(1000).await.unwrap().is_empty());
+    let expired = store.expire_due(1001).await.unwrap();
     assert_eq!(expired.len(), 1);
     assert_eq!(expired[0].1.as_str(), "t-1");
-    assert!(
-        store
-            .expire_due(5000)
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-            .unwrap()
-            .is_empty(),
-        "once"
-    );
+    assert!(store.expire_due(5000).await.unwrap().is_empty(), "once");
     let left = store
         .pending(DeviceId::new("a").unwrap(), Seq(0), 10)
         .await

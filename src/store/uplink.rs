@@ -1,131 +1,23 @@
 //! Uplink rows: intake with dedup and sequencing, state transitions, dead
 //! letters and the pending-work queries. Every function here runs inside
 //! the writer's open transaction and returns what its commit will make true.
+//! The records are the uplink's ([`crate::uplink::record`]).
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::StoreError;
+use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId, Seq};
-use crate::protocol::envelope::{north_body, with_seq, Envelope, Stamp};
+use crate::protocol::envelope::with_seq;
 use crate::state::MessageState;
+use crate::uplink::record::{
+    AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
+};
 
-/// A validated uplink message on its way in, its north body built.
-#[derive(Debug, Clone)]
-pub struct Intake {
-    pub device: DeviceId,
-    pub msg_id: MsgId,
-    pub stream: String,
-    /// The north body without `seq` ([`north_body`]).
-    pub body: Bytes,
-    pub stored_ms: i64,
-    pub expires_ms: Option<i64>,
-    pub no_retry: bool,
-}
-
-impl Intake {
-    /// Stamps `envelope` for the store; the JSON work happens here, on the
-    /// caller's thread, not on the store's writer.
-    pub fn new(
-        gateway: &str,
-        device: DeviceId,
-        stream: String,
-        envelope: Envelope,
-        stored_ms: i64,
-    ) -> Intake {
-        let stamp = Stamp {
-            gateway,
-            device: &device,
-            stream: &stream,
-            stored_ms,
-        };
-        let body = Bytes::from(north_body(&envelope.fields, &stamp));
-        Intake {
-            expires_ms: envelope
-                .ttl
-                .map(|t| stored_ms.saturating_add(t.as_millis() as i64)),
-            no_retry: !envelope.retry,
-            msg_id: envelope.msg_id,
-            device,
-            stream,
-            body,
-            stored_ms,
-        }
-    }
-}
-
-/// A stored message waiting for the backend.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PendingMessage {
-    pub id: i64,
-    pub device: DeviceId,
-    pub msg_id: MsgId,
-    pub seq: Seq,
-    pub stream: String,
-    pub body: Bytes,
-    pub expires_ms: Option<i64>,
-    pub no_retry: bool,
-    pub attempts: u32,
-}
-
-/// What a repeated `(device, msg_id)` already is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Duplicate {
-    pub msg_id: MsgId,
-    pub seq: Seq,
-    pub state: MessageState,
-    /// Why it died, for a `failed` receipt.
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum IntakeOutcome {
-    Stored(PendingMessage),
-    Duplicate(Duplicate),
-}
-
-/// A message that was never accepted (malformed, too large, bad topic).
-#[derive(Debug, Clone)]
-pub struct DeadLetter {
-    /// `"up"` or `"down"`.
-    pub direction: &'static str,
-    pub device: Option<String>,
-    pub msg_id: Option<String>,
-    pub topic: String,
-    pub reason: String,
-    pub raw: Bytes,
-    pub at_ms: i64,
-}
-
-/// Move a stored message to a final state.
-#[derive(Debug, Clone)]
-pub struct Transition {
-    pub device: DeviceId,
-    pub msg_id: MsgId,
-    pub to: MessageState,
-    pub attempts: u32,
-    /// For `Dead`: the reason (`code: detail`), also written to the dead letter.
-    pub reason: Option<String>,
-    pub at_ms: i64,
-}
-
-/// What a committed transition moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Moved {
-    pub id: i64,
-    pub seq: Seq,
-}
-
-/// A failed attempt that counted towards `retry.max_attempts`.
-#[derive(Debug, Clone)]
-pub struct AttemptRecord {
-    pub id: i64,
-    pub attempts: u32,
-    pub next_attempt_ms: i64,
-    pub error: String,
-    pub at_ms: i64,
-}
+type Result<T> = std::result::Result<T, StoreError>;
 
 /// Devices whose last uplink seq is kept in memory, at most (about).
 const MAX_CACHED_SEQS: usize = 65_536;
@@ -183,11 +75,7 @@ impl SeqCache {
 
 /// Stores a new message with the device's next seq, or reports the
 /// existing one for a repeated `(device, msg_id)`.
-pub fn intake(
-    tx: &Transaction<'_>,
-    seqs: &mut SeqCache,
-    msg: &Intake,
-) -> rusqlite::Result<IntakeOutcome> {
+pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result<IntakeOutcome> {
     let seq = Seq(seqs.last(tx, &msg.device)? + 1);
     let body = Bytes::from(with_seq(&msg.body, seq));
     let inserted = tx
@@ -207,7 +95,11 @@ pub fn intake(
             msg.no_retry,
         ])?;
     if inserted == 0 {
-        let dup = existing(tx, &msg.device, &msg.msg_id)?.expect("the conflicting row exists");
+        let dup =
+            existing(tx, &msg.device, &msg.msg_id)?.ok_or_else(|| StoreError::CorruptRow {
+                table: "uplink",
+                detail: format!("{}/{} conflicts but cannot be read", msg.device, msg.msg_id),
+            })?;
         return Ok(IntakeOutcome::Duplicate(dup));
     }
     let id = tx.last_insert_rowid();
@@ -226,24 +118,33 @@ pub fn intake(
     }))
 }
 
-fn existing(
-    tx: &Transaction<'_>,
-    device: &DeviceId,
-    msg_id: &MsgId,
-) -> rusqlite::Result<Option<Duplicate>> {
-    tx.prepare_cached(
-        "SELECT seq, state, last_error FROM uplink WHERE device = ?1 AND msg_id = ?2",
-    )?
-    .query_row([device.as_str(), msg_id.as_str()], |r| {
-        let state: String = r.get(1)?;
-        Ok(Duplicate {
-            msg_id: msg_id.clone(),
-            seq: Seq(r.get::<_, i64>(0)? as u64),
-            state: MessageState::parse(&state).unwrap_or(MessageState::Stored),
-            reason: r.get(2)?,
+fn existing(tx: &Transaction<'_>, device: &DeviceId, msg_id: &MsgId) -> Result<Option<Duplicate>> {
+    let row: Option<(i64, String, Option<String>)> = tx
+        .prepare_cached(
+            "SELECT seq, state, last_error FROM uplink WHERE device = ?1 AND msg_id = ?2",
+        )?
+        .query_row([device.as_str(), msg_id.as_str()], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
+        .optional()?;
+    let Some((seq, state, reason)) = row else {
+        return Ok(None);
+    };
+    Ok(Some(Duplicate {
+        msg_id: msg_id.clone(),
+        seq: Seq(seq as u64),
+        state: message_state(&state)?,
+        reason,
+    }))
+}
+
+/// A message's state as written; a name this build does not know is an
+/// error, never taken for `stored`.
+pub(super) fn message_state(s: &str) -> Result<MessageState> {
+    MessageState::parse(s).ok_or_else(|| StoreError::CorruptRow {
+        table: "uplink",
+        detail: format!("unknown state {s:?}"),
     })
-    .optional()
 }
 
 fn history(
@@ -260,9 +161,10 @@ fn history(
     Ok(())
 }
 
-/// Moves a `stored` message to `t.to`; `None` if it is not `stored` (or unknown).
-pub fn transition(tx: &Transaction<'_>, t: &Transition) -> rusqlite::Result<Option<Moved>> {
-    debug_assert!(MessageState::Stored.can_move_to(t.to));
+/// Moves a `stored` message to `t.to`; `None` if it is not `stored` (or
+/// unknown). A move the state machine forbids is refused before any write.
+pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>> {
+    MessageState::Stored.check_move(t.to)?;
     let moved = tx
         .prepare_cached(
             "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL
@@ -281,13 +183,13 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> rusqlite::Result<Opti
             "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw)
              SELECT ?2, 'up', device, msg_id, id, ?3, attempts, last_error, stream, body FROM uplink WHERE id = ?1",
         )?
-        .execute(params![moved.id, t.at_ms, t.reason.as_deref().unwrap_or("dead")])?;
+        .execute(params![moved.id, t.at_ms, t.dead_reason()])?;
     }
     Ok(Some(moved))
 }
 
 /// Writes a rejected message to the dead-letter table; returns its id.
-pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter) -> rusqlite::Result<i64> {
+pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter) -> Result<i64> {
     tx.prepare_cached(
         "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw)
          VALUES (?1, ?7, ?2, ?3, ?4, ?5, ?6)",
@@ -304,13 +206,19 @@ pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter) -> rusqlite::Result<i6
     Ok(tx.last_insert_rowid())
 }
 
-pub fn record_attempt(tx: &Transaction<'_>, rec: &AttemptRecord) -> rusqlite::Result<()> {
+pub fn record_attempt(tx: &Transaction<'_>, rec: &AttemptRecord) -> Result<()> {
     tx.prepare_cached(
         "UPDATE uplink SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4 WHERE id = ?1 AND state = 'stored'",
     )?
     .execute(params![rec.id, rec.attempts, rec.next_attempt_ms, rec.error])?;
-    let detail = format!("attempt {} failed: {}", rec.attempts, rec.error);
-    history(tx, rec.id, rec.at_ms, MessageState::Stored, Some(&detail))
+    let detail = rec.detail();
+    Ok(history(
+        tx,
+        rec.id,
+        rec.at_ms,
+        MessageState::Stored,
+        Some(&detail),
+    )?)
 }
 
 pub fn pending(
@@ -318,7 +226,7 @@ pub fn pending(
     device: &DeviceId,
     after: Seq,
     limit: usize,
-) -> rusqlite::Result<Vec<PendingMessage>> {
+) -> Result<Vec<PendingMessage>> {
     let mut stmt = tx.prepare_cached(
         "SELECT id, msg_id, seq, stream, body, expires_ms, no_retry, attempts FROM uplink
          WHERE device = ?1 AND state = 'stored' AND seq > ?2 ORDER BY seq LIMIT ?3",
@@ -346,19 +254,17 @@ pub fn pending(
             })
         },
     )?;
-    rows.collect()
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// The reason written for a message whose `ttl_s` ran out.
-pub const EXPIRED_REASON: &str = "expired: ttl_s passed before the backend acked";
-
 /// Dead-letters up to `limit` stored messages whose ttl has passed by
-/// `now_ms`, wherever they are in their device's backlog.
+/// `now_ms`, wherever they are in their device's backlog, with `reason`.
 pub fn expire_due(
     tx: &Transaction<'_>,
     now_ms: i64,
     limit: usize,
-) -> rusqlite::Result<Vec<(DeviceId, MsgId, Moved)>> {
+    reason: &str,
+) -> Result<Vec<(DeviceId, MsgId, Moved)>> {
     let due: Vec<(String, String, u32)> = tx
         .prepare_cached(
             "SELECT device, msg_id, attempts FROM uplink
@@ -367,7 +273,7 @@ pub fn expire_due(
         .query_map(params![now_ms, limit as i64], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?
-        .collect::<Result<_, _>>()?;
+        .collect::<rusqlite::Result<_>>()?;
     let mut out = Vec::with_capacity(due.len());
     for (device, msg_id, attempts) in due {
         // Only valid ids are ever stored; a bad one would be a hand edit.
@@ -379,7 +285,7 @@ pub fn expire_due(
             msg_id: msg_id.clone(),
             to: MessageState::Dead,
             attempts,
-            reason: Some(EXPIRED_REASON.to_string()),
+            reason: Some(reason.to_string()),
             at_ms: now_ms,
         };
         if let Some(moved) = transition(tx, &t)? {
@@ -389,7 +295,7 @@ pub fn expire_due(
     Ok(out)
 }
 
-pub fn pending_devices(tx: &Transaction<'_>) -> rusqlite::Result<Vec<DeviceId>> {
+pub fn pending_devices(tx: &Transaction<'_>) -> Result<Vec<DeviceId>> {
     let mut stmt =
         tx.prepare_cached("SELECT DISTINCT device FROM uplink WHERE state = 'stored'")?;
     let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;

@@ -5,7 +5,9 @@
 //! batch is applied from borrowed ops, so a commit that fails for a passing
 //! reason (disk full, I/O error, busy) is simply applied and committed again
 //! after a pause, until it goes through. A corrupt database stops the
-//! writer: every op is answered with the cause, which the handles keep.
+//! writer: every op is answered with the cause, which the handles keep. An
+//! op refused on its own (an illegal move, an unreadable row) is answered
+//! with its error and the batch goes on.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -14,7 +16,8 @@ use rusqlite::{Connection, ErrorCode, Transaction};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use super::{downlink, uplink, DownOp, Op, Reply, StoreError};
+use super::{downlink, outbox, uplink, DownOp, Op, Reply, StoreError};
+use crate::uplink::record::EXPIRED_REASON;
 
 /// Pauses between attempts at a batch whose commit failed for a passing
 /// reason: 100 ms doubling to 5 s.
@@ -66,7 +69,7 @@ impl Writer {
         }
     }
 
-    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Op>, max_batch: usize) {
+    pub(super) fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>, max_batch: usize) {
         let mut batch = Vec::with_capacity(max_batch);
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
@@ -161,86 +164,94 @@ impl Writer {
     }
 }
 
+/// An op's own outcome: a SQLite error fails the whole batch (it is
+/// classified and retried or failed as one), any other error is this op's
+/// answer alone.
+fn settle<T>(r: Result<T, StoreError>) -> rusqlite::Result<Result<T, StoreError>> {
+    match r {
+        Err(StoreError::Sqlite(e)) => Err(e),
+        other => Ok(other),
+    }
+}
+
+/// An answer that takes the reply out of the op it was made for.
+fn answer<T: Send + 'static>(
+    r: Result<T, StoreError>,
+    take: fn(Op) -> Option<Reply<T>>,
+) -> rusqlite::Result<Answer> {
+    let v = settle(r)?;
+    Ok(Box::new(move |op| {
+        if let Some(reply) = take(op) {
+            let _ = reply.send(v);
+        }
+    }))
+}
+
 fn apply_one(
     tx: &Transaction<'_>,
     seqs: &mut uplink::SeqCache,
     op: &Op,
 ) -> rusqlite::Result<Answer> {
-    Ok(match op {
-        Op::Intake(msg, _) => {
-            let v = uplink::intake(tx, seqs, msg)?;
-            Box::new(move |op| {
-                if let Op::Intake(_, reply) = op {
-                    send(reply, v)
-                }
-            })
-        }
-        Op::Reject(dl, _) => {
-            let v = uplink::dead_letter(tx, dl)?;
-            Box::new(move |op| {
-                if let Op::Reject(_, reply) = op {
-                    send(reply, v)
-                }
-            })
-        }
-        Op::Transition(t, _) => {
-            let v = uplink::transition(tx, t)?;
-            Box::new(move |op| {
-                if let Op::Transition(_, reply) = op {
-                    send(reply, v)
-                }
-            })
-        }
+    match op {
+        Op::Intake(msg, _) => answer(uplink::intake(tx, seqs, msg), |op| match op {
+            Op::Intake(_, reply) => Some(reply),
+            _ => None,
+        }),
+        Op::Reject(dl, _) => answer(uplink::dead_letter(tx, dl), |op| match op {
+            Op::Reject(_, reply) => Some(reply),
+            _ => None,
+        }),
+        Op::Transition(t, _) => answer(uplink::transition(tx, t), |op| match op {
+            Op::Transition(_, reply) => Some(reply),
+            _ => None,
+        }),
         Op::Attempt(rec) => {
-            uplink::record_attempt(tx, rec)?;
-            Box::new(|_| {})
+            if let Err(e) = settle(uplink::record_attempt(tx, rec))? {
+                warn!(error = %e, "attempt not recorded");
+            }
+            Ok(Box::new(|_| {}))
         }
         Op::Pending {
             device,
             after,
             limit,
             ..
-        } => {
-            let v = uplink::pending(tx, device, *after, *limit)?;
-            Box::new(move |op| {
-                if let Op::Pending { reply, .. } = op {
-                    send(reply, v)
-                }
-            })
-        }
-        Op::PendingDevices(_) => {
-            let v = uplink::pending_devices(tx)?;
-            Box::new(move |op| {
-                if let Op::PendingDevices(reply) = op {
-                    send(reply, v)
-                }
-            })
-        }
-        Op::ExpireDue { now_ms, .. } => {
-            let v = uplink::expire_due(tx, *now_ms, 1000)?;
-            Box::new(move |op| {
-                if let Op::ExpireDue { reply, .. } = op {
-                    send(reply, v)
-                }
-            })
-        }
-        Op::Down(down) => apply_down(tx, down)?,
-    })
+        } => answer(uplink::pending(tx, device, *after, *limit), |op| match op {
+            Op::Pending { reply, .. } => Some(reply),
+            _ => None,
+        }),
+        Op::PendingDevices(_) => answer(uplink::pending_devices(tx), |op| match op {
+            Op::PendingDevices(reply) => Some(reply),
+            _ => None,
+        }),
+        Op::ExpireDue { now_ms, .. } => answer(
+            uplink::expire_due(tx, *now_ms, 1000, EXPIRED_REASON),
+            |op| match op {
+                Op::ExpireDue { reply, .. } => Some(reply),
+                _ => None,
+            },
+        ),
+        Op::Down(down) => apply_down(tx, down),
+    }
 }
 
 fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
     /// An answer that takes the reply out of the down op it was made for.
-    fn answer<T: Send + 'static>(v: T, take: fn(DownOp) -> Option<Reply<T>>) -> Answer {
-        Box::new(move |op| {
+    fn answer<T: Send + 'static>(
+        r: Result<T, StoreError>,
+        take: fn(DownOp) -> Option<Reply<T>>,
+    ) -> rusqlite::Result<Answer> {
+        let v = settle(r)?;
+        Ok(Box::new(move |op| {
             if let Op::Down(down) = op {
                 if let Some(reply) = take(down) {
-                    send(reply, v)
+                    let _ = reply.send(v);
                 }
             }
-        })
+        }))
     }
-    Ok(match op {
-        DownOp::Intake(msg, _) => answer(downlink::intake(tx, msg)?, |op| match op {
+    match op {
+        DownOp::Intake(msg, _) => answer(downlink::intake(tx, msg), |op| match op {
             DownOp::Intake(_, reply) => Some(reply),
             _ => None,
         }),
@@ -251,7 +262,7 @@ fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
             now_ms,
             ..
         } => answer(
-            downlink::read_batch(tx, device, *after, *limit, *now_ms)?,
+            downlink::read_batch(tx, device, *after, *limit, *now_ms),
             |op| match op {
                 DownOp::Batch { reply, .. } => Some(reply),
                 _ => None,
@@ -264,7 +275,7 @@ fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
             now_ms,
             ..
         } => answer(
-            downlink::advance(tx, device, *upto, *read, *now_ms)?,
+            downlink::advance(tx, device, *upto, *read, *now_ms),
             |op| match op {
                 DownOp::Advance { reply, .. } => Some(reply),
                 _ => None,
@@ -277,28 +288,47 @@ fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
             now_ms,
             ..
         } => answer(
-            downlink::nack(tx, device, *seq, reason, *now_ms)?,
+            downlink::nack(tx, device, *seq, reason, *now_ms),
             |op| match op {
                 DownOp::Nack { reply, .. } => Some(reply),
                 _ => None,
             },
         ),
-        DownOp::Cursors { device, .. } => answer(downlink::cursors(tx, device)?, |op| match op {
+        DownOp::Cursors { device, .. } => answer(downlink::cursors(tx, device), |op| match op {
             DownOp::Cursors { reply, .. } => Some(reply),
             _ => None,
         }),
         DownOp::Sweep { now_ms, .. } => {
-            answer(downlink::sweep_expired(tx, *now_ms)?, |op| match op {
+            answer(downlink::sweep_expired(tx, *now_ms), |op| match op {
                 DownOp::Sweep { reply, .. } => Some(reply),
                 _ => None,
             })
         }
-    })
-}
-
-/// A dropped receiver means its asker went away; the commit stands.
-fn send<T>(reply: Reply<T>, v: T) {
-    let _ = reply.send(Ok(v));
+        DownOp::Reject { dl, receipt, .. } => {
+            answer(outbox::reject(tx, dl, receipt), |op| match op {
+                DownOp::Reject { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
+        DownOp::OutboxPage { from, limit, .. } => {
+            answer(outbox::page(tx, *from, *limit), |op| match op {
+                DownOp::OutboxPage { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
+        DownOp::ReceiptsSent(ids) => {
+            if let Err(e) = settle(outbox::delete(tx, ids))? {
+                warn!(error = %e, "acknowledged receipts not deleted; they will be sent again");
+            }
+            Ok(Box::new(|_| {}))
+        }
+        DownOp::ReceiptDead { id, dl, .. } => {
+            answer(outbox::dead_letter(tx, *id, dl), |op| match op {
+                DownOp::ReceiptDead { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
+    }
 }
 
 /// Answers `op` with an error.
@@ -321,6 +351,10 @@ fn fail(op: Op, e: &StoreError) {
             DownOp::Nack { reply, .. } => err(reply, e),
             DownOp::Cursors { reply, .. } => err(reply, e),
             DownOp::Sweep { reply, .. } => err(reply, e),
+            DownOp::Reject { reply, .. } => err(reply, e),
+            DownOp::OutboxPage { reply, .. } => err(reply, e),
+            DownOp::ReceiptsSent(_) => {}
+            DownOp::ReceiptDead { reply, .. } => err(reply, e),
         },
     }
 }
@@ -330,6 +364,11 @@ fn copy(e: &StoreError) -> StoreError {
     match e {
         StoreError::Sqlite(e) => StoreError::Sqlite(clone_err(e)),
         StoreError::Stopped(cause) => StoreError::Stopped(cause.clone()),
+        StoreError::IllegalMove(m) => StoreError::IllegalMove(*m),
+        StoreError::CorruptRow { table, detail } => StoreError::CorruptRow {
+            table,
+            detail: detail.clone(),
+        },
         other => StoreError::Stopped(other.to_string()),
     }
 }

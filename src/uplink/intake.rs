@@ -17,9 +17,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesOrdered, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::record::{Intake, IntakeOutcome, PendingMessage};
+use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
 use crate::protocol::control::ControlKind;
@@ -30,7 +32,7 @@ use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
 use crate::south::{Ack, Inbound, SouthMessage, SouthSender};
 use crate::state::MessageState;
-use crate::store::{DeadLetter, Intake, IntakeOutcome, PendingMessage, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Messages sent to the store and not yet answered, at most, and their
 /// payload bytes: past either, intake waits (and the broker, soon after,
@@ -89,7 +91,7 @@ pub async fn run(
             Some(answer) = unanswered.next(), if !unanswered.is_empty() => {
                 let (size, ack) = sizes.pop_front().unwrap_or_default();
                 bytes -= size;
-                if !finish(answer, ack, &topics, &south, &engine).await {
+                if !finish(answer, ack, &topics, &south, &engine).await? {
                     return Ok(());
                 }
             }
@@ -100,7 +102,7 @@ pub async fn run(
             msg = inbound.recv(), if room => match msg {
                 Some(msg) => {
                     let (size, ack) = (msg.payload.len(), msg.ack);
-                    match accept(&cfg, &topics, &store, msg).await? {
+                    match accept(&cfg, &topics, &store, msg).await {
                         Some(fut) => {
                             unanswered.push_back(fut);
                             sizes.push_back((size, ack));
@@ -117,31 +119,26 @@ pub async fn run(
     // Answer what was already sent to the store before stopping.
     while let Some(answer) = unanswered.next().await {
         let (_, ack) = sizes.pop_front().unwrap_or_default();
-        finish(answer, ack, &topics, &south, &engine).await;
+        finish(answer, ack, &topics, &south, &engine).await?;
     }
     Ok(())
 }
 
-/// Answers the device and, once the message is committed, acknowledges it
-/// to the south broker. False once the engine is gone.
+/// Answers the device, then acknowledges the message to the south broker
+/// (external mode): it is committed, or a store error refused it alone and
+/// the device, which got no receipt, resends it as it would a message lost
+/// on the way. Once the store is gone, nothing is acknowledged: the site
+/// broker sends it again to the next run. False once the engine is gone.
 async fn finish(
     answer: Answer,
     ack: Ack,
     topics: &Topics,
     south: &SouthSender,
     engine: &mpsc::Sender<PendingMessage>,
-) -> bool {
-    // Uncommitted, it stays unacknowledged: the south broker (or the
-    // device) sends it again.
-    let committed = matches!(
-        answer,
-        Answer::Stored { result: Ok(_), .. } | Answer::Rejected { result: Ok(_), .. }
-    );
-    let going = answer_device(answer, topics, south, engine).await;
-    if committed {
-        south.ack(ack);
-    }
-    going
+) -> Result<bool, StoreError> {
+    let going = answer_device(answer, topics, south, engine).await?;
+    south.ack(ack);
+    Ok(going)
 }
 
 /// Judges one device publish and sends it to the store.
@@ -150,7 +147,7 @@ async fn accept(
     topics: &Topics,
     store: &Store,
     msg: SouthMessage,
-) -> Result<Option<AnswerFuture>, StoreError> {
+) -> Option<AnswerFuture> {
     if let Some(size) = msg.oversize {
         let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
         warn!(topic = %msg.topic, bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
@@ -159,7 +156,7 @@ async fn accept(
         Ok((device, DeviceTopic::Up { stream })) => (device, stream),
         Ok((device, _)) if msg.oversize.is_some() => {
             warn!(device = %device, topic = %msg.topic, "oversized control message ignored");
-            return Ok(None);
+            return None;
         }
         Ok((device, kind)) => {
             let kind = match kind {
@@ -182,7 +179,7 @@ async fn accept(
             {
                 debug!("downlink stopped; control message dropped");
             }
-            return Ok(None);
+            return None;
         }
         Err(e @ (TopicError::NoStream(_) | TopicError::BadStream(..))) => {
             let device = match &e {
@@ -191,12 +188,12 @@ async fn accept(
             };
             let mut rejection = Rejection::new(RejectCode::BadTopic, e.to_string());
             rejection.msg_id = sniff_msg_id(&msg.payload);
-            return reject(store, Some(device), rejection, &msg).await.map(Some);
+            return Some(reject(store, Some(device), rejection, &msg));
         }
         Err(e) => {
             let rejection = Rejection::new(RejectCode::BadTopic, e.to_string());
             warn!(topic = %msg.topic, reason = %rejection.reason(), "device publish on a bad topic dead-lettered");
-            return reject(store, None, rejection, &msg).await.map(Some);
+            return Some(reject(store, None, rejection, &msg));
         }
     };
     if let Some(size) = msg.oversize {
@@ -208,7 +205,7 @@ async fn accept(
             ),
             msg_id: sniff_msg_id(&msg.payload),
         };
-        return reject(store, Some(device), rejection, &msg).await.map(Some);
+        return Some(reject(store, Some(device), rejection, &msg));
     }
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
@@ -223,26 +220,26 @@ async fn accept(
                     ),
                     msg_id: Some(intake.msg_id),
                 };
-                return reject(store, Some(device), rejection, &msg).await.map(Some);
+                return Some(reject(store, Some(device), rejection, &msg));
             }
-            let rx = store.intake(intake).await?;
-            Ok(Some(Box::pin(async move {
+            let stored = store.intake(intake);
+            Some(Box::pin(async move {
                 Answer::Stored {
                     device,
-                    result: flatten(rx.await),
+                    result: stored.await,
                 }
-            })))
+            }))
         }
-        Err(rejection) => reject(store, Some(device), rejection, &msg).await.map(Some),
+        Err(rejection) => Some(reject(store, Some(device), rejection, &msg)),
     }
 }
 
-async fn reject(
+fn reject(
     store: &Store,
     device: Option<DeviceId>,
     rejection: Rejection,
     msg: &SouthMessage,
-) -> Result<AnswerFuture, StoreError> {
+) -> AnswerFuture {
     let dl = DeadLetter {
         direction: "up",
         device: device
@@ -255,14 +252,14 @@ async fn reject(
         raw: msg.payload.clone(),
         at_ms: now_ms(),
     };
-    let rx = store.reject(dl).await?;
-    Ok(Box::pin(async move {
+    let dead_letter = store.reject(dl);
+    Box::pin(async move {
         Answer::Rejected {
             device,
             rejection,
-            result: flatten(rx.await),
+            result: dead_letter.await,
         }
-    }))
+    })
 }
 
 /// The largest the message's north PUBLISH can be once its seq is spliced in.
@@ -278,19 +275,14 @@ fn raw_device(topic: &str) -> Option<String> {
     topic.split('/').nth(1).map(str::to_string)
 }
 
-fn flatten<T>(
-    r: Result<Result<T, StoreError>, oneshot::error::RecvError>,
-) -> Result<T, StoreError> {
-    r.unwrap_or(Err(StoreError::Closed))
-}
-
-/// Sends the receipt a committed answer calls for. False once the engine is gone.
+/// Sends the receipt a committed answer calls for. False once the engine
+/// is gone; an error once the store is.
 async fn answer_device(
     answer: Answer,
     topics: &Topics,
     south: &SouthSender,
     engine: &mpsc::Sender<PendingMessage>,
-) -> bool {
+) -> Result<bool, StoreError> {
     let (device, receipt, new) = match answer {
         Answer::Stored {
             device,
@@ -315,8 +307,11 @@ async fn answer_device(
             device,
             result: Err(e),
         } => {
+            if e.is_fatal() {
+                return Err(e);
+            }
             warn!(device = %device, error = %e, "uplink not stored; the device will resend");
-            return true;
+            return Ok(true);
         }
         Answer::Rejected {
             device,
@@ -324,7 +319,9 @@ async fn answer_device(
             result: Ok(dead_letter),
         } => {
             warn!(device = ?device.as_ref().map(DeviceId::as_str), reason = %rejection.reason(), dead_letter, "uplink rejected");
-            let Some(device) = device else { return true };
+            let Some(device) = device else {
+                return Ok(true);
+            };
             (
                 device,
                 Receipt::rejected(rejection.msg_id.as_ref(), rejection.reason(), dead_letter),
@@ -332,8 +329,11 @@ async fn answer_device(
             )
         }
         Answer::Rejected { result: Err(e), .. } => {
+            if e.is_fatal() {
+                return Err(e);
+            }
             warn!(error = %e, "rejected uplink could not be dead-lettered");
-            return true;
+            return Ok(true);
         }
     };
     south
@@ -343,8 +343,8 @@ async fn answer_device(
             Bytes::from(receipt.to_bytes()),
         )
         .await;
-    match new {
+    Ok(match new {
         Some(msg) => engine.send(msg).await.is_ok(),
         None => true,
-    }
+    })
 }

@@ -19,6 +19,7 @@
 //! delivered stays stored for the next run.
 
 pub mod intake;
+pub mod record;
 pub mod scheduler;
 
 use std::future::Future;
@@ -39,7 +40,8 @@ use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
 use crate::south::SouthSender;
 use crate::state::MessageState;
-use crate::store::{PendingMessage, Store, StoreError, Transition, EXPIRED_REASON};
+use crate::store::{Store, StoreError};
+use record::{AttemptRecord, Moved, PendingMessage, Transition, EXPIRED_REASON};
 use scheduler::{Action, Scheduler};
 
 /// What the engine waits on from the store.
@@ -49,14 +51,14 @@ enum Done {
         msg_id: MsgId,
         to: MessageState,
         reason: Option<String>,
-        result: Result<Option<crate::store::Moved>, StoreError>,
+        result: Result<Option<Moved>, StoreError>,
     },
     Loaded {
         device: DeviceId,
         limit: usize,
         result: Result<Vec<PendingMessage>, StoreError>,
     },
-    Expired(Result<Vec<(DeviceId, MsgId, crate::store::Moved)>, StoreError>),
+    Expired(Result<Vec<(DeviceId, MsgId, Moved)>, StoreError>),
 }
 
 /// How often stored messages whose ttl passed are swept, wherever they are
@@ -65,6 +67,9 @@ const EXPIRY_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
 /// Backend acks applied per turn of the loop: a huge ack array is worked
 /// off in pieces, with everything else getting its turn in between.
 const ACK_CHUNK: usize = 1024;
+/// Store requests in flight, at most: past it queued acks wait (the store's
+/// queue is unbounded; this is what bounds the engine's share).
+const MAX_PENDING: usize = 16_384;
 
 type DoneFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -155,15 +160,15 @@ pub async fn run_engine(
                 Some(_) => Vec::new(),
                 None => return Ok(()),
             },
-            _ = std::future::ready(()), if !engine.acks.is_empty() => engine.apply_acks(),
+            _ = std::future::ready(()), if !engine.acks.is_empty() && pending.len() < MAX_PENDING => engine.apply_acks(),
             Some(done) = pending.next(), if !pending.is_empty() => {
-                engine.on_done(done).await;
+                engine.on_done(done).await?;
                 Vec::new()
             }
             _ = sleep => engine.scheduler.on_tick(Instant::now()),
             _ = sweep.tick(), if flush_by.is_none() => {
-                let rx = engine.store.expire_due(now_ms()).await?;
-                pending.push(Box::pin(async move { Done::Expired(rx.await.unwrap_or(Err(StoreError::Closed))) }));
+                let expired = engine.store.expire_due(now_ms());
+                pending.push(Box::pin(async move { Done::Expired(expired.await) }));
                 Vec::new()
             }
             _ = flush_over => {
@@ -236,7 +241,18 @@ impl Engine {
         actions
     }
 
-    async fn on_done(&mut self, done: Done) {
+    /// Applies a store answer; an error only once the store is gone.
+    async fn on_done(&mut self, done: Done) -> Result<(), StoreError> {
+        let done = match done {
+            Done::Moved { result: Err(e), .. }
+            | Done::Loaded { result: Err(e), .. }
+            | Done::Expired(Err(e))
+                if e.is_fatal() =>
+            {
+                return Err(e)
+            }
+            done => done,
+        };
         match done {
             Done::Moved {
                 device,
@@ -288,6 +304,7 @@ impl Engine {
                 }
             },
         }
+        Ok(())
     }
 
     /// Carries out one action; returns what to wait for, if anything.
@@ -332,14 +349,14 @@ impl Engine {
                 error,
             } => {
                 debug!(uplink_id = id, attempts, retry_in_ms = retry_in.as_millis() as u64, error = %error, "uplink attempt failed");
-                let rec = crate::store::AttemptRecord {
+                let rec = AttemptRecord {
                     id,
                     attempts,
                     next_attempt_ms: now_ms() + retry_in.as_millis() as i64,
                     error,
                     at_ms: now_ms(),
                 };
-                self.store.record_attempt(rec).await?;
+                self.store.record_attempt(rec)?;
                 Ok(None)
             }
             Action::Refill {
@@ -347,9 +364,9 @@ impl Engine {
                 after,
                 limit,
             } => {
-                let store = self.store.clone();
+                let read = self.store.pending(device.clone(), after, limit);
                 Ok(Some(Box::pin(async move {
-                    let result = store.pending(device.clone(), after, limit).await;
+                    let result = read.await;
                     Done::Loaded {
                         device,
                         limit,
@@ -376,9 +393,9 @@ impl Engine {
             reason: reason.clone(),
             at_ms: now_ms(),
         };
-        let rx = self.store.transition(t).await?;
+        let moved = self.store.transition(t);
         Ok(Box::pin(async move {
-            let result = rx.await.unwrap_or(Err(StoreError::Closed));
+            let result = moved.await;
             Done::Moved {
                 device,
                 msg_id,

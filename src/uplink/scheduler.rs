@@ -16,16 +16,18 @@
 //!   A message is dropped from memory only when a `Deliver`/`Kill` action
 //!   for it is issued; the store decides what really moved.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::record::{PendingMessage, EXPIRED_REASON};
 use crate::backoff;
 use crate::config::RetryConfig;
+use crate::deadlines::Deadlines;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::ack::Verdict;
-use crate::store::{PendingMessage, EXPIRED_REASON};
+use queue::{arm, DeviceQueue, Entry, Refill, Status, Timers};
 
 /// The failed attempt when the upstream closed the link on a message.
 pub const REFUSED: &str = "the upstream broker closed the connection on this message";
@@ -73,65 +75,15 @@ pub enum Action {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
-    Ready,
-    InFlight { deadline: Instant, epoch: u64 },
-    Backoff { until: Instant },
-}
-
-#[derive(Debug)]
-struct Entry {
-    msg: PendingMessage,
-    status: Status,
-    expires_at: Option<Instant>,
-}
-
-#[derive(Debug, Default)]
-struct DeviceQueue {
-    entries: BTreeMap<Seq, Entry>,
-    by_id: HashMap<MsgId, Seq>,
-    /// Highest seq this queue has held or handed to an action.
-    loaded_upto: Seq,
-    /// Stored messages past `loaded_upto` exist that are not in memory.
-    more_in_store: bool,
-    refilling: bool,
-    /// A message was stored while a refill was being read.
-    stored_during_refill: bool,
-}
-
-impl DeviceQueue {
-    fn inflight(&self) -> usize {
-        self.entries
-            .values()
-            .filter(|e| matches!(e.status, Status::InFlight { .. }))
-            .count()
-    }
-
-    fn remove(&mut self, seq: Seq) -> Option<Entry> {
-        let e = self.entries.remove(&seq)?;
-        self.by_id.remove(&e.msg.msg_id);
-        Some(e)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Link {
     Down,
     Up(u64),
 }
 
-/// Timer kinds, kept in one ordered set; a stale timer is ignored when due.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Timer {
-    at: Instant,
-    device: DeviceId,
-    seq: Seq,
-}
-
 pub struct Scheduler {
     cfg: SchedulerConfig,
     devices: HashMap<DeviceId, DeviceQueue>,
-    timers: BTreeSet<Timer>,
+    timers: Timers,
     link: Link,
     /// Devices that may have something to send or refill.
     dirty: HashSet<DeviceId>,
@@ -142,7 +94,7 @@ impl Scheduler {
         Scheduler {
             cfg,
             devices: HashMap::new(),
-            timers: BTreeSet::new(),
+            timers: Deadlines::new(),
             link: Link::Down,
             dirty: HashSet::new(),
         }
@@ -160,10 +112,11 @@ impl Scheduler {
 
     /// A device has stored messages that are not in memory yet (start-up).
     pub fn on_backlog(&mut self, device: DeviceId) {
-        self.devices
-            .entry(device.clone())
-            .or_default()
-            .more_in_store = true;
+        let q = self.devices.entry(device.clone()).or_default();
+        q.refill = match q.refill {
+            Refill::Reading { .. } => Refill::Reading { stored_since: true },
+            _ => Refill::InStore,
+        };
         self.dirty.insert(device);
     }
 
@@ -174,14 +127,16 @@ impl Scheduler {
         if msg.seq <= q.loaded_upto {
             return;
         }
-        if q.refilling {
-            q.stored_during_refill = true;
-        } else if q.more_in_store || q.entries.len() >= self.cfg.window {
-            q.more_in_store = true;
-        } else {
-            q.loaded_upto = msg.seq;
-            Self::insert(&mut self.timers, q, msg, now, now_ms);
-        }
+        q.refill = match q.refill {
+            Refill::Reading { .. } => Refill::Reading { stored_since: true },
+            Refill::InStore => Refill::InStore,
+            Refill::InMemory if q.entries.len() >= self.cfg.window => Refill::InStore,
+            Refill::InMemory => {
+                q.loaded_upto = msg.seq;
+                Self::insert(&mut self.timers, q, msg, now, now_ms);
+                Refill::InMemory
+            }
+        };
         self.dirty.insert(device);
     }
 
@@ -197,8 +152,12 @@ impl Scheduler {
         let Some(q) = self.devices.get_mut(device) else {
             return;
         };
-        q.refilling = false;
-        q.more_in_store = msgs.len() >= limit || std::mem::take(&mut q.stored_during_refill);
+        let stored_since = matches!(q.refill, Refill::Reading { stored_since: true });
+        q.refill = if msgs.len() >= limit || stored_since {
+            Refill::InStore
+        } else {
+            Refill::InMemory
+        };
         for msg in msgs {
             if msg.seq > q.loaded_upto {
                 q.loaded_upto = msg.seq;
@@ -211,14 +170,13 @@ impl Scheduler {
     /// A refill or a transition failed in the store: read the device again.
     pub fn on_store_failed(&mut self, device: &DeviceId) {
         if let Some(q) = self.devices.get_mut(device) {
-            q.refilling = false;
-            q.more_in_store = true;
+            q.refill = Refill::InStore;
             self.dirty.insert(device.clone());
         }
     }
 
     fn insert(
-        timers: &mut BTreeSet<Timer>,
+        timers: &mut Timers,
         q: &mut DeviceQueue,
         msg: PendingMessage,
         now: Instant,
@@ -227,22 +185,14 @@ impl Scheduler {
         let expires_at = msg
             .expires_ms
             .map(|ms| now + Duration::from_millis((ms - now_ms).max(0) as u64));
-        if let Some(at) = expires_at {
-            timers.insert(Timer {
-                at,
-                device: msg.device.clone(),
-                seq: msg.seq,
-            });
-        }
-        q.by_id.insert(msg.msg_id.clone(), msg.seq);
-        q.entries.insert(
-            msg.seq,
-            Entry {
-                msg,
-                status: Status::Ready,
-                expires_at,
-            },
-        );
+        let entry = Entry {
+            msg,
+            status: Status::Ready,
+            expires_at,
+        };
+        arm(timers, &entry);
+        q.by_id.insert(entry.msg.msg_id.clone(), entry.msg.seq);
+        q.entries.insert(entry.msg.seq, entry);
     }
 
     pub fn on_link_up(&mut self, epoch: u64) {
@@ -262,6 +212,7 @@ impl Scheduler {
             for e in q.entries.values_mut() {
                 if matches!(e.status, Status::InFlight { .. }) {
                     e.status = Status::Ready;
+                    arm(&mut self.timers, e);
                     any = true;
                 }
             }
@@ -276,6 +227,7 @@ impl Scheduler {
         if let Some(q) = self.devices.get_mut(device) {
             if let Some(seq) = q.by_id.get(msg_id).copied() {
                 q.remove(seq);
+                self.timers.remove(&(device.clone(), seq));
                 self.dirty.insert(device.clone());
             }
         }
@@ -290,11 +242,7 @@ impl Scheduler {
         {
             let until = now + Duration::from_millis(50);
             e.status = Status::Backoff { until };
-            self.timers.insert(Timer {
-                at: until,
-                device: device.clone(),
-                seq,
-            });
+            arm(&mut self.timers, e);
         }
     }
 
@@ -347,6 +295,7 @@ impl Scheduler {
         match verdict {
             Verdict::Ok => {
                 let e = q.remove(seq).expect("present");
+                self.timers.remove(&(device.clone(), seq));
                 vec![Action::Deliver {
                     device: device.clone(),
                     msg_id: msg_id.clone(),
@@ -356,6 +305,7 @@ impl Scheduler {
             Verdict::Nack { reason, retry } => {
                 if !retry || entry.msg.no_retry {
                     let e = q.remove(seq).expect("present");
+                    self.timers.remove(&(device.clone(), seq));
                     return vec![Action::Kill {
                         device: device.clone(),
                         msg_id: msg_id.clone(),
@@ -378,7 +328,7 @@ impl Scheduler {
     /// An attempt failed while the link was up: back off, or give up.
     fn count_failure(
         cfg: &SchedulerConfig,
-        timers: &mut BTreeSet<Timer>,
+        timers: &mut Timers,
         q: &mut DeviceQueue,
         seq: Seq,
         error: String,
@@ -396,6 +346,7 @@ impl Scheduler {
         };
         if let Some(reason) = give_up {
             let e = q.remove(seq).expect("present");
+            timers.remove(&(e.msg.device.clone(), seq));
             return vec![Action::Kill {
                 device: e.msg.device,
                 msg_id: e.msg.msg_id,
@@ -406,11 +357,7 @@ impl Scheduler {
         let retry_in = backoff::delay_random(&cfg.retry, attempts - 1);
         let until = now + retry_in;
         entry.status = Status::Backoff { until };
-        timers.insert(Timer {
-            at: until,
-            device: entry.msg.device.clone(),
-            seq,
-        });
+        arm(timers, entry);
         vec![Action::RecordAttempt {
             id: entry.msg.id,
             attempts,
@@ -421,36 +368,32 @@ impl Scheduler {
 
     /// When the shell should call [`Scheduler::on_tick`] next.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.timers.first().map(|t| t.at)
+        self.timers.next()
     }
 
     /// Applies every timer due at `now`.
     pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
-        while let Some(t) = self.timers.first().cloned() {
-            if t.at > now {
-                break;
-            }
-            self.timers.pop_first();
-            let Some(q) = self.devices.get_mut(&t.device) else {
+        while let Some(((device, seq), _)) = self.timers.pop_due(now) {
+            let Some(q) = self.devices.get_mut(&device) else {
                 continue;
             };
-            let Some(entry) = q.entries.get_mut(&t.seq) else {
+            let Some(entry) = q.entries.get_mut(&seq) else {
                 continue;
             };
             if entry.expires_at.is_some_and(|at| at <= now) {
-                let e = q.remove(t.seq).expect("present");
+                let e = q.remove(seq).expect("present");
                 actions.push(Action::Kill {
                     device: e.msg.device,
                     msg_id: e.msg.msg_id,
                     attempts: e.msg.attempts,
                     reason: EXPIRED_REASON.into(),
                 });
-                self.dirty.insert(t.device);
+                self.dirty.insert(device);
                 continue;
             }
             match entry.status {
-                Status::InFlight { deadline, epoch } if deadline == t.at => {
+                Status::InFlight { deadline, epoch } if deadline <= now => {
                     if self.link == Link::Up(epoch) {
                         let error =
                             format!("no ack within {} ms", self.cfg.ack_timeout.as_millis());
@@ -458,20 +401,23 @@ impl Scheduler {
                             &self.cfg,
                             &mut self.timers,
                             q,
-                            t.seq,
+                            seq,
                             error,
                             now,
                         ));
                     } else {
                         entry.status = Status::Ready;
+                        arm(&mut self.timers, entry);
                     }
-                    self.dirty.insert(t.device);
+                    self.dirty.insert(device);
                 }
-                Status::Backoff { until } if until == t.at => {
+                Status::Backoff { until } if until <= now => {
                     entry.status = Status::Ready;
-                    self.dirty.insert(t.device);
+                    arm(&mut self.timers, entry);
+                    self.dirty.insert(device);
                 }
-                _ => {}
+                // Its expiry is still ahead: keep waiting for it.
+                _ => arm(&mut self.timers, entry),
             }
         }
         actions
@@ -497,25 +443,23 @@ impl Scheduler {
                     }
                     if entry.status == Status::Ready {
                         entry.status = Status::InFlight { deadline, epoch };
-                        self.timers.insert(Timer {
-                            at: deadline,
-                            device: device.clone(),
-                            seq: entry.msg.seq,
-                        });
+                        arm(&mut self.timers, entry);
                         actions.push(Action::Publish(entry.msg.clone()));
                         inflight += 1;
                     }
                 }
             }
-            if q.more_in_store && !q.refilling && q.entries.len() <= self.cfg.window / 2 {
-                q.refilling = true;
+            if q.refill == Refill::InStore && q.entries.len() <= self.cfg.window / 2 {
+                q.refill = Refill::Reading {
+                    stored_since: false,
+                };
                 actions.push(Action::Refill {
                     device: device.clone(),
                     after: q.loaded_upto,
                     limit: self.cfg.window - q.entries.len(),
                 });
             }
-            if q.entries.is_empty() && !q.more_in_store && !q.refilling {
+            if q.entries.is_empty() && q.refill == Refill::InMemory {
                 // Nothing left: forget the device, so memory does not grow
                 // with every device that ever sent. (A store notice still
                 // queued for a message a refill already sent would send it
@@ -527,5 +471,6 @@ impl Scheduler {
     }
 }
 
+mod queue;
 #[cfg(test)]
 mod tests;

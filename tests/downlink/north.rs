@@ -307,3 +307,81 @@ async fn a_repeated_downlink_is_answered_with_its_current_status_and_queued_only
     inbox_until(&mut dev_a, QUIET, true, &mut inbox, |_| false).await;
     assert_eq!(inbox.seqs(), vec![1], "rep-a got it once");
 }
+
+both_modes!(receipts_pending_north_survive_a_sigkill_and_all_reach_the_backend_after_restart);
+async fn receipts_pending_north_survive_a_sigkill_and_all_reach_the_backend_after_restart(
+    mode: Mode,
+) {
+    const N: usize = 120;
+    const DEVICE: &str = "panel-outbox";
+    let mut mq = Mosquitto::start();
+    let mut ferry = Ferry::start_in(mode, FerryOpts::new("gw-down-outbox", mq.port));
+    let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
+    let boot = boot_id();
+    let ids: Vec<String> = (1..=N).map(|i| format!("ob-{boot}-{i:04}")).collect();
+    for id in &ids {
+        north.send(&[DEVICE], id, json!(1));
+    }
+    north
+        .expect(SECS_60, "`stored` receipts", |r| {
+            count_with(r, "stored") == N
+        })
+        .await;
+
+    // The upstream goes away; the device takes and confirms everything, so
+    // every `delivered` receipt waits in ferry's outbox.
+    mq.stop();
+    let mut device = device_client(ferry.south_port, DEVICE);
+    connected(&mut device, DEVICE).await;
+    let mut inbox = Inbox::default();
+    take_inbox(&mut device, SECS_60, true, &mut inbox, |i| {
+        i.handed.len() >= N
+    })
+    .await;
+    eventually(SECS_20, "every delivery `delivered` in the store", || {
+        ferry.query_i64(
+            "SELECT count(*) FROM down_delivery WHERE state = 'delivered'",
+            [],
+        ) == N as i64
+    })
+    .await;
+    let waiting = ferry.query_i64("SELECT count(*) FROM receipt_outbox", []);
+    assert!(waiting >= N as i64, "{waiting} receipts in the outbox");
+
+    // Killed with all of them unsent; the upstream returns, the backend
+    // subscribes again, then ferry starts.
+    ferry.kill();
+    mq.restart();
+    let deadline = Instant::now() + SECS_30;
+    loop {
+        match tokio::time::timeout(left(deadline), north.client.events.recv()).await {
+            Ok(Some(BackendEvent::Connected)) => break,
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the backend client stopped"),
+            Err(_) => panic!("the backend did not reconnect within 30 s"),
+        }
+    }
+    ferry.restart();
+    north
+        .expect(SECS_60, "a `delivered` receipt for every downlink", |r| {
+            r.iter()
+                .filter(|r| status(r) == "delivered")
+                .map(key_of)
+                .collect::<HashSet<_>>()
+                .len()
+                == N
+        })
+        .await;
+    let delivered: HashSet<Key> = north
+        .receipts
+        .iter()
+        .filter(|r| status(r) == "delivered")
+        .map(key_of)
+        .collect();
+    assert!(ids.iter().all(|id| delivered.contains(&key(id, DEVICE))));
+    eventually(SECS_20, "the outbox empties once acknowledged", || {
+        ferry.query_i64("SELECT count(*) FROM receipt_outbox", []) == 0
+    })
+    .await;
+    drop(device);
+}

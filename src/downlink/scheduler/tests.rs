@@ -226,3 +226,50 @@ fn subscribing_again_restarts_from_the_cursor() {
         .on_pull(&dev(), None, None, t1 + Duration::from_secs(5))
         .is_empty());
 }
+
+#[test]
+fn a_confirmed_batch_has_no_deadline_left() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 3, 0)).unwrap();
+    s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(3), false, t0);
+    assert!(s.next_deadline().is_some());
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(3, 3));
+    assert!(released.is_some());
+    assert!(acts.is_empty(), "caught up: idle");
+    assert_eq!(s.next_deadline(), None);
+    assert!(s.on_tick(t0 + Duration::from_secs(60)).is_empty());
+}
+
+#[test]
+fn cursors_arriving_while_online_only_move_forward() {
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 5, 2)).unwrap();
+    // A late answer of an older load: nothing goes back, the read stands.
+    assert!(s.on_cursors(&dev(), cursors(1, 0)).is_empty());
+    assert_eq!(
+        s.on_read(
+            &dev(),
+            gen,
+            Some((Seq(3), Seq(5), 3)),
+            Seq(5),
+            false,
+            Instant::now()
+        ),
+        Verdict::Send { more: false }
+    );
+}
+
+#[test]
+fn a_second_online_while_loading_asks_for_the_cursors_once() {
+    let mut s = DownScheduler::new(cfg());
+    assert_eq!(s.on_online(&dev()), vec![DownAction::LoadCursors(dev())]);
+    assert!(s.on_online(&dev()).is_empty());
+    assert!(s.on_subscribed(&dev(), Instant::now()).is_empty());
+    assert!(s.on_queued(&dev(), Seq(4)).is_empty(), "no cursors yet");
+    let acts = s.on_cursors(&dev(), cursors(4, 0));
+    assert_eq!(read_of(&acts).map(|r| r.0), Some(0));
+    assert_eq!(s.tracked(), 1);
+    s.on_offline(&dev());
+    assert_eq!(s.tracked(), 0);
+}

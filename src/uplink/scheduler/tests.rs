@@ -361,3 +361,56 @@ fn a_refusal_by_the_upstream_counts_as_an_attempt_while_other_messages_flow() {
         "gone: no more counting"
     );
 }
+
+fn refills(actions: &[Action]) -> Vec<(u64, usize)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Refill { after, limit, .. } => Some((after.0, *limit)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn one_refill_is_out_at_a_time_and_a_short_one_means_all_is_in_memory() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(cfg());
+    s.on_backlog(dev());
+    assert_eq!(refills(&s.poll(t0)), vec![(0, 4)]);
+    s.on_backlog(dev());
+    assert!(refills(&s.poll(t0)).is_empty(), "a read is out already");
+    // Two of four asked for: nothing more waits, except what the second
+    // backlog notice said might.
+    s.on_loaded(&dev(), vec![msg(1), msg(2)], 4, t0, 0);
+    assert_eq!(refills(&s.poll(t0)), vec![(2, 2)]);
+    s.on_loaded(&dev(), vec![], 2, t0, 0);
+    assert!(refills(&s.poll(t0)).is_empty());
+    // All in memory again: the next message goes straight in.
+    s.on_stored(msg(3), t0, 0);
+    s.on_link_up(1);
+    assert_eq!(published(&s.poll(t0)), vec![1, 2]);
+}
+
+#[test]
+fn a_failed_refill_is_read_again() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(cfg());
+    s.on_backlog(dev());
+    assert_eq!(refills(&s.poll(t0)), vec![(0, 4)]);
+    s.on_store_failed(&dev());
+    assert_eq!(refills(&s.poll(t0)), vec![(0, 4)]);
+}
+
+#[test]
+fn a_device_with_nothing_left_is_forgotten() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(cfg());
+    s.on_link_up(1);
+    s.on_stored(msg(1), t0, 0);
+    assert_eq!(published(&s.poll(t0)), vec![1]);
+    s.on_ack(&dev(), &id(1), Verdict::Ok, t0);
+    s.poll(t0);
+    assert_eq!(s.in_memory(), 0);
+    assert!(s.devices.is_empty());
+}

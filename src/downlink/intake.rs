@@ -1,0 +1,171 @@
+//! North intake: a downlink envelope from the backend is judged, its
+//! recipients resolved (device ids and `@group`s), and stored once for all
+//! of them; the backend's PUBACK and the `stored` receipts wait for the
+//! commit. A downlink that can never be delivered is dead-lettered and
+//! answered `rejected`, its receipt committed with its dead letter.
+
+use bytes::Bytes;
+use tracing::warn;
+
+use super::record::{DownIntake, DownIntakeOutcome, Rejected};
+use super::{Done, Downlink};
+use crate::dead_letter::DeadLetter;
+use crate::ids::{DeviceId, MsgId};
+use crate::north::AckToken;
+use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
+use crate::protocol::now_ms;
+use crate::protocol::receipt::NorthReceipt;
+use crate::store::StoreError;
+
+impl Downlink {
+    pub(super) async fn on_downlink(
+        &mut self,
+        topic: &str,
+        payload: Bytes,
+        token: AckToken,
+        oversize: Option<usize>,
+    ) -> Result<(), StoreError> {
+        let stored_ms = now_ms();
+        let parsed = match oversize {
+            // Only its head was kept: too large, by name if it can be read.
+            Some(size) => Err(Rejection {
+                code: RejectCode::TooLarge,
+                detail: format!("{size} bytes > north.max_packet_bytes"),
+                msg_id: sniff_msg_id(&payload),
+            }),
+            None => parse_downlink(&payload, self.settings.max_payload_bytes, stored_ms),
+        }
+        .and_then(|env| {
+            let to = match self.topics.parse_north_down(topic) {
+                Some(Some(device)) => vec![device.to_string()],
+                _ => env.to.clone(),
+            };
+            let to = self.resolve(&to).map_err(|detail| Rejection {
+                code: RejectCode::Malformed,
+                detail,
+                msg_id: Some(env.msg_id.clone()),
+            })?;
+            Ok((env, to))
+        });
+        match parsed {
+            Ok((env, to)) => {
+                let msg = DownIntake {
+                    msg_id: env.msg_id,
+                    body: Bytes::from(env.entry),
+                    stored_ms,
+                    expires_ms: env
+                        .ttl
+                        .map(|t| stored_ms.saturating_add(t.as_millis() as i64)),
+                    to,
+                    queue_cap: self.settings.cfg.queue_cap,
+                };
+                let stored = self.store.down_intake(msg);
+                self.pending.push(Box::pin(async move {
+                    Done::Intake {
+                        token,
+                        result: stored.await,
+                    }
+                }));
+            }
+            Err(rejection) => {
+                let reason = rejection.reason();
+                warn!(topic, reason = %reason, "downlink rejected");
+                let dl = DeadLetter {
+                    direction: "down",
+                    device: self
+                        .topics
+                        .parse_north_down(topic)
+                        .flatten()
+                        .map(str::to_string),
+                    msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
+                    topic: topic.to_string(),
+                    reason: reason.clone(),
+                    raw: payload,
+                    at_ms: stored_ms,
+                };
+                let receipt = NorthReceipt {
+                    msg_id: dl.msg_id.clone(),
+                    device: dl.device.clone(),
+                    status: "rejected",
+                    seq: None,
+                    ts: stored_ms,
+                    reason: None,
+                };
+                let rejected = self.store.reject_downlink(dl, receipt);
+                self.pending.push(Box::pin(async move {
+                    Done::Rejected {
+                        token,
+                        result: rejected.await,
+                    }
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Device ids and `@group`s → distinct devices, in first-named order.
+    fn resolve(&self, to: &[String]) -> Result<Vec<DeviceId>, String> {
+        let mut out: Vec<DeviceId> = Vec::new();
+        for name in to {
+            let members = match name.strip_prefix('@') {
+                Some(group) => self
+                    .settings
+                    .groups
+                    .get(group)
+                    .cloned()
+                    .ok_or_else(|| format!("unknown group {name:?}"))?,
+                None => vec![DeviceId::new(name.as_str())
+                    .map_err(|e| format!("bad device id {name:?}: {e}"))?],
+            };
+            for m in members {
+                if !out.contains(&m) {
+                    out.push(m);
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err("no recipient".into());
+        }
+        Ok(out)
+    }
+
+    /// A downlink committed: acknowledge it upstream, report it, and wake
+    /// the devices it is for.
+    pub(super) async fn on_stored(
+        &mut self,
+        token: AckToken,
+        result: Result<DownIntakeOutcome, StoreError>,
+    ) -> Result<(), StoreError> {
+        let out = match result {
+            Ok(out) => out,
+            Err(e) => {
+                warn!(error = %e, "downlink not stored; left unacknowledged for the backend to resend");
+                return Ok(());
+            }
+        };
+        self.north.ack(token);
+        let mut actions = Vec::new();
+        for (event, new) in &out.queued {
+            if *new {
+                actions.extend(self.scheduler.on_queued(&event.device, event.seq));
+            }
+        }
+        self.send_receipts(out.receipts);
+        self.execute(actions).await
+    }
+
+    /// A rejected downlink's dead letter and receipt committed: acknowledge
+    /// it upstream. If they could not be, it stays unacknowledged for the
+    /// backend to resend.
+    pub(super) fn on_rejected(&mut self, token: AckToken, result: Result<Rejected, StoreError>) {
+        match result {
+            Ok(rejected) => {
+                self.north.ack(token);
+                self.send_receipts([rejected.receipt]);
+            }
+            Err(e) => {
+                warn!(error = %e, "rejected downlink not dead-lettered; left unacknowledged for the backend to resend")
+            }
+        }
+    }
+}

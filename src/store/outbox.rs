@@ -1,0 +1,85 @@
+//! The receipts outbox: every receipt for the backend is a row here,
+//! written in the transaction of the state change it reports and deleted
+//! once the upstream broker has acknowledged the message that carried it.
+//! A crash or a north outage of any length loses none; the downlink task
+//! reads them back in pages of bounded size.
+
+use bytes::Bytes;
+use rusqlite::{params, Transaction};
+
+use super::{uplink, StoreError};
+use crate::dead_letter::DeadLetter;
+use crate::downlink::record::{reason, DeliveryEvent, OutboxReceipt, Rejected};
+use crate::protocol::receipt::NorthReceipt;
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// Commits one receipt.
+pub fn put(tx: &Transaction<'_>, receipt: &NorthReceipt) -> Result<OutboxReceipt> {
+    let body = serde_json::to_vec(receipt).map_err(|e| StoreError::CorruptRow {
+        table: "receipt_outbox",
+        detail: format!("a receipt does not serialize: {e}"),
+    })?;
+    tx.prepare_cached("INSERT INTO receipt_outbox (body) VALUES (?1)")?
+        .execute([&body[..]])?;
+    Ok(OutboxReceipt {
+        id: tx.last_insert_rowid(),
+        body: Bytes::from(body),
+    })
+}
+
+/// Commits the receipt of each event, stamped `ts`.
+pub fn report<'a>(
+    tx: &Transaction<'_>,
+    events: impl IntoIterator<Item = &'a DeliveryEvent>,
+    ts: i64,
+) -> Result<Vec<OutboxReceipt>> {
+    events
+        .into_iter()
+        .map(|e| put(tx, &NorthReceipt::of(e, ts)))
+        .collect()
+}
+
+/// Up to `limit` receipts with `id >= from`, in id order.
+pub fn page(tx: &Transaction<'_>, from: i64, limit: usize) -> Result<Vec<OutboxReceipt>> {
+    let rows = tx
+        .prepare_cached("SELECT id, body FROM receipt_outbox WHERE id >= ?1 ORDER BY id LIMIT ?2")?
+        .query_map(params![from, limit as i64], |r| {
+            Ok(OutboxReceipt {
+                id: r.get(0)?,
+                body: Bytes::from(r.get::<_, Vec<u8>>(1)?),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}
+
+/// The upstream acknowledged these receipts.
+pub fn delete(tx: &Transaction<'_>, ids: &[i64]) -> Result<()> {
+    let mut stmt = tx.prepare_cached("DELETE FROM receipt_outbox WHERE id = ?1")?;
+    for id in ids {
+        stmt.execute([id])?;
+    }
+    Ok(())
+}
+
+/// A receipt the upstream will never take: out of the outbox and into the
+/// dead letters, in one transaction. Returns the dead letter's id.
+pub fn dead_letter(tx: &Transaction<'_>, id: i64, dl: &DeadLetter) -> Result<i64> {
+    delete(tx, &[id])?;
+    uplink::dead_letter(tx, dl)
+}
+
+/// A downlink refused at intake: its dead letter and its `rejected`
+/// receipt (naming the dead letter), in one transaction.
+pub fn reject(tx: &Transaction<'_>, dl: &DeadLetter, receipt: &NorthReceipt) -> Result<Rejected> {
+    let dead_letter = uplink::dead_letter(tx, dl)?;
+    let receipt = NorthReceipt {
+        reason: Some(reason::rejected(&dl.reason, dead_letter)),
+        ..receipt.clone()
+    };
+    Ok(Rejected {
+        dead_letter,
+        receipt: put(tx, &receipt)?,
+    })
+}

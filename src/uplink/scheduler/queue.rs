@@ -1,0 +1,84 @@
+//! A device's messages in memory and the one timer each carries.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tokio::time::Instant;
+
+use super::super::record::PendingMessage;
+use crate::deadlines::Deadlines;
+use crate::ids::{DeviceId, MsgId, Seq};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    Ready,
+    InFlight { deadline: Instant, epoch: u64 },
+    Backoff { until: Instant },
+}
+
+#[derive(Debug)]
+pub(super) struct Entry {
+    pub(super) msg: PendingMessage,
+    pub(super) status: Status,
+    pub(super) expires_at: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct DeviceQueue {
+    pub(super) entries: BTreeMap<Seq, Entry>,
+    pub(super) by_id: HashMap<MsgId, Seq>,
+    /// Highest seq this queue has held or handed to an action.
+    pub(super) loaded_upto: Seq,
+    /// Where the device's messages past `loaded_upto` are.
+    pub(super) refill: Refill,
+}
+
+/// Whether a device's stored messages are all in memory, and if not, how
+/// the rest are being read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Refill {
+    /// Every stored message past `loaded_upto` is in memory.
+    #[default]
+    InMemory,
+    /// Stored messages past `loaded_upto` wait in the store.
+    InStore,
+    /// A refill read is out; `stored_since`: a message was stored meanwhile
+    /// (so more wait in the store, whatever the read brings).
+    Reading { stored_since: bool },
+}
+
+impl DeviceQueue {
+    pub(super) fn inflight(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|e| matches!(e.status, Status::InFlight { .. }))
+            .count()
+    }
+
+    pub(super) fn remove(&mut self, seq: Seq) -> Option<Entry> {
+        let e = self.entries.remove(&seq)?;
+        self.by_id.remove(&e.msg.msg_id);
+        Some(e)
+    }
+}
+
+/// One timer per message in memory: its next status change (ack timeout,
+/// end of backoff) or its expiry, whichever comes first.
+pub(super) type Timers = Deadlines<(DeviceId, Seq)>;
+
+/// Sets the message's timer from its status and expiry.
+pub(super) fn arm(timers: &mut Timers, e: &Entry) {
+    let status_at = match e.status {
+        Status::Ready => None,
+        Status::InFlight { deadline, .. } => Some(deadline),
+        Status::Backoff { until } => Some(until),
+    };
+    let key = (e.msg.device.clone(), e.msg.seq);
+    match [status_at, e.expires_at].into_iter().flatten().min() {
+        Some(at) => {
+            timers.insert(key, at);
+        }
+        None => {
+            timers.remove(&key);
+        }
+    }
+}
