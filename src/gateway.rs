@@ -70,7 +70,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let mut downlink_task = tokio::spawn(downlink.run(DownlinkInputs {
         north: down_events,
         controls: controls_rx,
-        broker: south.broker_events,
+        presence: south.presence,
         shutdown: shutdown_rx.clone(),
     }));
     let engine = Engine {

@@ -4,7 +4,7 @@
 //! One task owns the [`scheduler::DownScheduler`] and everything that
 //! feeds it: downlink envelopes from the north session, device control
 //! messages (`confirm`, `pull`, `read`, `nack`, `status`) from the south
-//! intake, broker presence events, and timers. Every state change is
+//! intake, presence from the south broker, and timers. Every state change is
 //! committed before anyone hears of it:
 //! - a downlink is PUBACKed upstream and answered `stored` only after its
 //!   commit (and the north session sends PUBACKs in receive order);
@@ -19,7 +19,7 @@
 //!
 //! This file is the task loop; each input has its own file: `intake.rs`
 //! (north downlinks and groups), `controls.rs` (device controls),
-//! `presence.rs` (broker events), `outbox.rs` (receipts north, around the
+//! `presence.rs` (what the south broker says), `outbox.rs` (receipts north, around the
 //! pure `receipts.rs`), and [`scheduler`] decides which batch goes when.
 
 mod controls;
@@ -49,7 +49,7 @@ use crate::protocol::control::{inbox_batch, ControlKind};
 use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
-use crate::south::presence::BrokerEvent;
+use crate::south::presence::Presence;
 use crate::south::SouthSender;
 use crate::store::{Store, StoreError};
 use receipts::Receipts;
@@ -134,8 +134,6 @@ pub struct Downlink {
 /// What a timer of the task is for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Timer {
-    /// A device the broker saw connect counts as online from then on.
-    Grace(DeviceId),
     /// Try again to hand receipts to the north session, which was full.
     ReceiptsRetry,
 }
@@ -144,7 +142,8 @@ enum Timer {
 pub struct DownlinkInputs {
     pub north: mpsc::Receiver<NorthEvent>,
     pub controls: mpsc::Receiver<DeviceControl>,
-    pub broker: Option<mpsc::UnboundedReceiver<BrokerEvent>>,
+    /// Presence from the south broker (embedded mode only).
+    pub presence: Option<mpsc::UnboundedReceiver<Presence>>,
     pub shutdown: Shutdown,
 }
 
@@ -182,7 +181,7 @@ impl Downlink {
     pub async fn run(mut self, mut inputs: DownlinkInputs) -> Result<(), StoreError> {
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut broker = inputs.broker.take();
+        let mut presence = inputs.presence.take();
         // Set once intake is gone in a shutdown: flush until then.
         let mut flush_by: Option<Instant> = None;
         // Receipts a previous run left in the outbox go first.
@@ -208,8 +207,8 @@ impl Downlink {
                     None => std::future::pending().await,
                 }
             };
-            let broker_event = async {
-                match &mut broker {
+            let presence_event = async {
+                match &mut presence {
                     Some(rx) => rx.recv().await,
                     None => std::future::pending().await,
                 }
@@ -244,7 +243,7 @@ impl Downlink {
                         None => return Ok(()),
                     },
                 },
-                Some(ev) = broker_event, if flush_by.is_none() => self.on_broker(ev).await?,
+                Some(p) = presence_event, if flush_by.is_none() => self.on_presence(p).await?,
                 Some(done) = self.pending.next(), if !self.pending.is_empty() => self.on_done(done).await?,
                 _ = timer => match flush_by {
                     Some(_) => self.flush_receipts(),
@@ -277,7 +276,6 @@ impl Downlink {
         let now = Instant::now();
         while let Some((timer, _)) = self.timers.pop_due(now) {
             match timer {
-                Timer::Grace(device) => self.on_grace_over(device).await?,
                 Timer::ReceiptsRetry => self.flush_receipts(),
             }
         }

@@ -122,11 +122,11 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             max_direct_queue: DEVICE_QUEUE,
         },
     );
-    let (events_tx, broker_events) = mpsc::unbounded_channel();
-    tokio::spawn(presence::forward(
+    let (presence_tx, presence_rx) = mpsc::unbounded_channel();
+    tokio::spawn(presence::run(
         router.client_events(),
-        events_tx,
-        LINK_CLIENT_ID,
+        presence_tx,
+        topics.clone(),
     ));
     let router_tx = router.spawn();
 
@@ -181,7 +181,7 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         inbound,
         outbound: SouthSender(Outbound::Embedded(out_tx)),
         stopped,
-        broker_events: Some(broker_events),
+        presence: Some(presence_rx),
     })
 }
 

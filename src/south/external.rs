@@ -65,7 +65,7 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
         inbound,
         outbound: SouthSender(Outbound::External(session)),
         stopped,
-        broker_events: None,
+        presence: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The south side: where device traffic comes in and receipts and inbox
 //! batches go out. This module is the seam the pipelines see:
 //! [`SouthMessage`]s in through [`Inbound`], [`SouthSender::publish`] and
-//! [`SouthSender::ack`] out, and [`presence::BrokerEvent`]s. Two
+//! [`SouthSender::ack`] out, and [`presence::Presence`]. Two
 //! implementations sit behind it, chosen by `south.mode`:
 //!
 //! - [`embedded`]: ferry's own rumqttd broker, devices connect to ferry.
@@ -151,9 +151,8 @@ pub struct South {
     pub outbound: SouthSender,
     /// Resolves only if the south side stops, which is fatal.
     pub stopped: tokio::task::JoinHandle<String>,
-    /// Connects, disconnects and subscriptions the broker reported
-    /// (embedded mode only).
-    pub broker_events: Option<mpsc::UnboundedReceiver<presence::BrokerEvent>>,
+    /// Device presence the broker reported (embedded mode only).
+    pub presence: Option<mpsc::UnboundedReceiver<presence::Presence>>,
 }
 
 /// Starts the south side `cfg.mode` names, on the current tokio runtime.

@@ -1,50 +1,188 @@
-//! Device presence as the south broker reports it.
+//! Device presence as the south broker reports it, for the downlink.
 //!
 //! Embedded mode: the vendored rumqttd reports every accepted CONNECT,
 //! every connection that is gone and every granted subscription through
 //! its client-event hook (`Router::client_events`, vendor/README.md), in the
-//! order its router handled them. [`forward`] turns those into
-//! [`BrokerEvent`]s for the downlink pipeline.
+//! order its router handled them. [`run`] turns those into [`Presence`]:
+//! - a device that subscribes to its inbox is [`Presence::Ready`]: it is
+//!   there to take a batch, from its cursor;
+//! - a device the broker saw connect that has not subscribed to its inbox
+//!   within a short grace is [`Presence::Online`] anyway (it may never
+//!   subscribe, and still pull or confirm);
+//! - a device whose connection is gone is [`Presence::Offline`].
 //!
 //! External mode: the site broker tells a client nothing about other
 //! clients. Presence there comes from the devices' own `status` messages
 //! (`online: true` after connecting, `online: false` as their last will)
 //! and from `pull` and `confirm`, which reach the downlink as device
-//! controls; no `BrokerEvent` is ever sent.
+//! controls; no [`Presence`] is ever sent.
+
+use std::time::Duration;
 
 use rumqttd::ClientEvent;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-/// What the broker said about a device.
+use crate::deadlines::Deadlines;
+use crate::ids::DeviceId;
+use crate::protocol::topics::Topics;
+
+/// A device the broker saw connect is taken as online after this, unless it
+/// subscribed to its inbox first.
+pub const CONNECT_GRACE: Duration = Duration::from_millis(500);
+
+/// What the south broker says about a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BrokerEvent {
-    Connected(String),
-    Disconnected(String),
-    Subscribed { client_id: String, filter: String },
+pub enum Presence {
+    /// Connected, not (yet) subscribed to its inbox.
+    Online(DeviceId),
+    /// Subscribed to its inbox: ready for a batch from its cursor.
+    Ready(DeviceId),
+    Offline(DeviceId),
 }
 
-/// Forwards the broker's client events as [`BrokerEvent`]s, leaving out
-/// the gateway's own link (`link_id`). Ends when either side is gone.
-pub async fn forward(
+/// Turns the broker's client events into [`Presence`], leaving out clients
+/// that are not devices (the gateway's own link). Ends when either side is
+/// gone.
+pub async fn run(
     mut events: mpsc::UnboundedReceiver<ClientEvent>,
-    out: mpsc::UnboundedSender<BrokerEvent>,
-    link_id: &'static str,
+    out: mpsc::UnboundedSender<Presence>,
+    topics: Topics,
 ) {
-    while let Some(event) = events.recv().await {
-        let event = match event {
-            ClientEvent::Connected { client_id } if client_id != link_id => {
-                BrokerEvent::Connected(client_id)
+    let mut tracker = Tracker::default();
+    loop {
+        let next = tracker.grace.next();
+        let sleep = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
-            ClientEvent::Disconnected { client_id } if client_id != link_id => {
-                BrokerEvent::Disconnected(client_id)
-            }
-            ClientEvent::Subscribed { client_id, filter } if client_id != link_id => {
-                BrokerEvent::Subscribed { client_id, filter }
-            }
-            _ => continue,
         };
-        if out.send(event).is_err() {
-            return;
+        let presence = tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => tracker.on_event(event, &topics, Instant::now()),
+                None => return,
+            },
+            _ = sleep => tracker.due(Instant::now()),
+        };
+        for p in presence {
+            if out.send(p).is_err() {
+                return;
+            }
         }
+    }
+}
+
+/// The pure part: grace timers per connected device.
+#[derive(Default)]
+struct Tracker {
+    grace: Deadlines<DeviceId>,
+}
+
+impl Tracker {
+    fn on_event(&mut self, event: ClientEvent, topics: &Topics, now: Instant) -> Vec<Presence> {
+        match event {
+            ClientEvent::Connected { client_id } => {
+                if let Ok(device) = DeviceId::new(client_id) {
+                    // One grace per device, for its latest connection.
+                    self.grace.insert(device, now + CONNECT_GRACE);
+                }
+                Vec::new()
+            }
+            ClientEvent::Disconnected { client_id } => match DeviceId::new(client_id) {
+                Ok(device) => {
+                    self.grace.remove(&device);
+                    vec![Presence::Offline(device)]
+                }
+                Err(_) => Vec::new(),
+            },
+            ClientEvent::Subscribed { client_id, filter } => match DeviceId::new(client_id) {
+                Ok(device) if filter == topics.device_inbox(&device) => {
+                    self.grace.remove(&device);
+                    vec![Presence::Ready(device)]
+                }
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    /// Devices whose grace ran out without a subscription.
+    fn due(&mut self, now: Instant) -> Vec<Presence> {
+        std::iter::from_fn(|| self.grace.pop_due(now))
+            .map(|(device, _)| Presence::Online(device))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topics() -> Topics {
+        Topics::new("devices", "ferry/gw")
+    }
+
+    fn connected(id: &str) -> ClientEvent {
+        ClientEvent::Connected {
+            client_id: id.into(),
+        }
+    }
+
+    fn dev(id: &str) -> DeviceId {
+        DeviceId::new(id).unwrap()
+    }
+
+    #[test]
+    fn a_device_subscribing_to_its_inbox_is_ready_and_its_grace_is_dropped() {
+        let (mut t, now) = (Tracker::default(), Instant::now());
+        assert!(t.on_event(connected("a"), &topics(), now).is_empty());
+        let sub = ClientEvent::Subscribed {
+            client_id: "a".into(),
+            filter: "devices/a/inbox".into(),
+        };
+        assert_eq!(
+            t.on_event(sub, &topics(), now),
+            vec![Presence::Ready(dev("a"))]
+        );
+        assert!(t.due(now + CONNECT_GRACE * 2).is_empty());
+    }
+
+    #[test]
+    fn a_device_that_never_subscribes_is_online_after_the_grace() {
+        let (mut t, now) = (Tracker::default(), Instant::now());
+        t.on_event(connected("a"), &topics(), now);
+        let ack = ClientEvent::Subscribed {
+            client_id: "a".into(),
+            filter: "devices/a/ack".into(),
+        };
+        assert!(t.on_event(ack, &topics(), now).is_empty());
+        assert!(t.due(now).is_empty(), "not before the grace");
+        assert_eq!(t.due(now + CONNECT_GRACE), vec![Presence::Online(dev("a"))]);
+        assert!(t.due(now + CONNECT_GRACE * 2).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_disconnect_is_offline_and_cancels_the_grace() {
+        let (mut t, now) = (Tracker::default(), Instant::now());
+        t.on_event(connected("a"), &topics(), now);
+        let gone = ClientEvent::Disconnected {
+            client_id: "a".into(),
+        };
+        assert_eq!(
+            t.on_event(gone, &topics(), now),
+            vec![Presence::Offline(dev("a"))]
+        );
+        assert!(t.due(now + CONNECT_GRACE).is_empty());
+    }
+
+    #[test]
+    fn clients_that_are_not_devices_say_nothing() {
+        let (mut t, now) = (Tracker::default(), Instant::now());
+        assert!(t.on_event(connected(""), &topics(), now).is_empty());
+        let gone = ClientEvent::Disconnected {
+            client_id: String::new(),
+        };
+        assert!(t.on_event(gone, &topics(), now).is_empty());
+        assert!(t.due(now + CONNECT_GRACE).is_empty());
     }
 }
