@@ -55,7 +55,7 @@ use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::IllegalMove;
 use crate::uplink::record::{
-    AttemptRecord, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
+    AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
 
 /// The database file inside `gateway.data_dir`.
@@ -110,6 +110,12 @@ enum Op {
         reply: Reply<Vec<PendingMessage>>,
     },
     PendingDevices(Reply<Vec<DeviceId>>),
+    /// The current state of one message, in commit order with every write.
+    Lookup {
+        device: DeviceId,
+        msg_id: MsgId,
+        reply: Reply<Option<Duplicate>>,
+    },
     /// Dead-letter stored uplinks whose ttl passed by `now_ms`.
     ExpireDue {
         now_ms: i64,
@@ -304,6 +310,20 @@ impl Store {
             device,
             after,
             limit,
+            reply,
+        })
+    }
+
+    /// The message `(device, msg_id)` as it stands once every request made
+    /// before this one is committed (`None` if it was never stored).
+    pub fn lookup(
+        &self,
+        device: DeviceId,
+        msg_id: MsgId,
+    ) -> impl Future<Output = Result<Option<Duplicate>, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Lookup {
+            device,
+            msg_id,
             reply,
         })
     }

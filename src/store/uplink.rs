@@ -118,7 +118,12 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result
     }))
 }
 
-fn existing(tx: &Transaction<'_>, device: &DeviceId, msg_id: &MsgId) -> Result<Option<Duplicate>> {
+/// The message `(device, msg_id)` as it stands, if stored.
+pub(super) fn existing(
+    tx: &Transaction<'_>,
+    device: &DeviceId,
+    msg_id: &MsgId,
+) -> Result<Option<Duplicate>> {
     let row: Option<(i64, String, Option<String>)> = tx
         .prepare_cached(
             "SELECT seq, state, last_error FROM uplink WHERE device = ?1 AND msg_id = ?2",

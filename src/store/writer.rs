@@ -224,6 +224,12 @@ fn apply_one(
             Op::PendingDevices(reply) => Some(reply),
             _ => None,
         }),
+        Op::Lookup { device, msg_id, .. } => {
+            answer(uplink::existing(tx, device, msg_id), |op| match op {
+                Op::Lookup { reply, .. } => Some(reply),
+                _ => None,
+            })
+        }
         Op::ExpireDue { now_ms, .. } => answer(
             uplink::expire_due(tx, *now_ms, 1000, EXPIRED_REASON),
             |op| match op {
@@ -343,6 +349,7 @@ fn fail(op: Op, e: &StoreError) {
         Op::Attempt(_) => {}
         Op::Pending { reply, .. } => err(reply, e),
         Op::PendingDevices(r) => err(r, e),
+        Op::Lookup { reply, .. } => err(reply, e),
         Op::ExpireDue { reply, .. } => err(reply, e),
         Op::Down(down) => match down {
             DownOp::Intake(_, r) => err(r, e),

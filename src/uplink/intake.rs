@@ -20,7 +20,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::record::{Intake, IntakeOutcome, PendingMessage};
+use super::record::{Intake, IntakeOutcome, ToEngine};
 use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
@@ -75,7 +75,7 @@ pub async fn run(
     store: Store,
     mut inbound: Inbound,
     south: SouthSender,
-    engine: mpsc::Sender<PendingMessage>,
+    engine: mpsc::Sender<ToEngine>,
     mut shutdown: Shutdown,
 ) -> Result<(), StoreError> {
     let mut unanswered: FuturesOrdered<AnswerFuture> = FuturesOrdered::new();
@@ -134,7 +134,7 @@ async fn finish(
     ack: Ack,
     topics: &Topics,
     south: &SouthSender,
-    engine: &mpsc::Sender<PendingMessage>,
+    engine: &mpsc::Sender<ToEngine>,
 ) -> Result<bool, StoreError> {
     let going = answer_device(answer, topics, south, engine).await?;
     south.ack(ack);
@@ -281,27 +281,31 @@ async fn answer_device(
     answer: Answer,
     topics: &Topics,
     south: &SouthSender,
-    engine: &mpsc::Sender<PendingMessage>,
+    engine: &mpsc::Sender<ToEngine>,
 ) -> Result<bool, StoreError> {
     let (device, receipt, new) = match answer {
         Answer::Stored {
             device,
             result: Ok(IntakeOutcome::Stored(msg)),
-        } => (device, Receipt::stored(&msg.msg_id, msg.seq), Some(msg)),
+        } => (
+            device,
+            Receipt::stored(&msg.msg_id, msg.seq),
+            Some(ToEngine::Stored(msg)),
+        ),
         Answer::Stored {
             device,
             result: Ok(IntakeOutcome::Duplicate(dup)),
         } => {
-            let receipt = match dup.state {
-                MessageState::Stored => Receipt::stored(&dup.msg_id, dup.seq),
-                MessageState::Delivered => Receipt::delivered(&dup.msg_id, dup.seq),
-                MessageState::Dead => Receipt::failed(
-                    &dup.msg_id,
-                    dup.seq,
-                    dup.reason.unwrap_or_else(|| "dead".into()),
-                ),
-            };
-            (device, receipt, None)
+            if dup.state == MessageState::Stored {
+                // The engine answers it (see `ToEngine::Duplicate`).
+                let dup = ToEngine::Duplicate {
+                    device,
+                    msg_id: dup.msg_id,
+                    seq: dup.seq,
+                };
+                return Ok(engine.send(dup).await.is_ok());
+            }
+            (device, dup.receipt(), None)
         }
         Answer::Stored {
             device,
@@ -344,7 +348,7 @@ async fn answer_device(
         )
         .await;
     Ok(match new {
-        Some(msg) => engine.send(msg).await.is_ok(),
+        Some(new) => engine.send(new).await.is_ok(),
         None => true,
     })
 }

@@ -41,7 +41,9 @@ use crate::shutdown::Shutdown;
 use crate::south::SouthSender;
 use crate::state::MessageState;
 use crate::store::{Store, StoreError};
-use record::{AttemptRecord, Moved, PendingMessage, Transition, EXPIRED_REASON};
+use record::{
+    AttemptRecord, Duplicate, Moved, PendingMessage, ToEngine, Transition, EXPIRED_REASON,
+};
 use scheduler::{Action, Scheduler};
 
 /// What the engine waits on from the store.
@@ -59,6 +61,11 @@ enum Done {
         result: Result<Vec<PendingMessage>, StoreError>,
     },
     Expired(Result<Vec<(DeviceId, MsgId, Moved)>, StoreError>),
+    /// A duplicate's current state, read after every earlier commit.
+    LookedUp {
+        device: DeviceId,
+        result: Result<Option<Duplicate>, StoreError>,
+    },
 }
 
 /// How often stored messages whose ttl passed are swept, wherever they are
@@ -90,7 +97,7 @@ pub struct Engine {
 /// shutdown, it first flushes what is due north (see `Engine::flushed`).
 pub async fn run_engine(
     mut engine: Engine,
-    mut stored: mpsc::Receiver<PendingMessage>,
+    mut stored: mpsc::Receiver<ToEngine>,
     mut north_events: mpsc::Receiver<NorthEvent>,
     shutdown: Shutdown,
 ) -> Result<(), StoreError> {
@@ -119,11 +126,11 @@ pub async fn run_engine(
         let actions = tokio::select! {
             msg = stored.recv(), if flush_by.is_none() => match msg {
                 Some(msg) => {
-                    engine.scheduler.on_stored(msg, Instant::now(), now_ms());
+                    engine.on_intake(msg, &mut pending).await;
                     // Take whatever else is queued before polling: one pass
                     // over the dirty devices per burst, not per message.
                     while let Ok(msg) = stored.try_recv() {
-                        engine.scheduler.on_stored(msg, Instant::now(), now_ms());
+                        engine.on_intake(msg, &mut pending).await;
                     }
                     Vec::new()
                 }
@@ -195,6 +202,33 @@ pub async fn run_engine(
 }
 
 impl Engine {
+    /// A message intake stored, or a duplicate for the engine to answer.
+    async fn on_intake(&mut self, msg: ToEngine, pending: &mut FuturesUnordered<DoneFuture>) {
+        match msg {
+            ToEngine::Stored(msg) => self.scheduler.on_stored(msg, Instant::now(), now_ms()),
+            // Not acked yet: its final receipt comes later, from here.
+            ToEngine::Duplicate {
+                device,
+                msg_id,
+                seq,
+            } if self.scheduler.holds(&device, seq) => {
+                self.send_receipt(&device, Receipt::stored(&msg_id, seq))
+                    .await
+            }
+            // Acked (its final receipt may be out), or not read back yet:
+            // its state as of now, read after the commit of that receipt.
+            ToEngine::Duplicate { device, msg_id, .. } => {
+                let looked = self.store.lookup(device.clone(), msg_id);
+                pending.push(Box::pin(async move {
+                    Done::LookedUp {
+                        device,
+                        result: looked.await,
+                    }
+                }));
+            }
+        }
+    }
+
     /// Nothing left to wait for in a shutdown: no message in flight north,
     /// no backend ack unapplied, no commit (and its receipt) outstanding.
     /// Messages only in the store, or backing off, wait for the next run.
@@ -247,6 +281,7 @@ impl Engine {
             Done::Moved { result: Err(e), .. }
             | Done::Loaded { result: Err(e), .. }
             | Done::Expired(Err(e))
+            | Done::LookedUp { result: Err(e), .. }
                 if e.is_fatal() =>
             {
                 return Err(e)
@@ -280,6 +315,17 @@ impl Engine {
                     self.scheduler.on_store_failed(&device);
                 }
             },
+            Done::LookedUp { device, result } => {
+                let receipt = match result {
+                    Ok(Some(dup)) => dup.receipt(),
+                    Ok(None) => return Ok(()),
+                    Err(e) => {
+                        warn!(device = %device, error = %e, "duplicate not answered; the device will resend");
+                        return Ok(());
+                    }
+                };
+                self.send_receipt(&device, receipt).await;
+            }
             Done::Expired(Ok(expired)) => {
                 for (device, msg_id, moved) in expired {
                     warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = EXPIRED_REASON, "uplink dead-lettered");

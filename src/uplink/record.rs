@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::{north_body, Envelope, Stamp};
+use crate::protocol::receipt::Receipt;
 use crate::state::MessageState;
 
 /// The reason written for a message whose `ttl_s` ran out.
@@ -77,6 +78,37 @@ pub struct Duplicate {
     pub state: MessageState,
     /// Why it died, for a `failed` receipt.
     pub reason: Option<String>,
+}
+
+impl Duplicate {
+    /// The answer to a duplicate: its current receipt, with its original seq.
+    pub fn receipt(self) -> Receipt {
+        match self.state {
+            MessageState::Stored => Receipt::stored(&self.msg_id, self.seq),
+            MessageState::Delivered => Receipt::delivered(&self.msg_id, self.seq),
+            MessageState::Dead => Receipt::failed(
+                &self.msg_id,
+                self.seq,
+                self.reason.unwrap_or_else(|| "dead".into()),
+            ),
+        }
+    }
+}
+
+/// What intake hands the uplink engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToEngine {
+    /// Newly stored; its `stored` receipt is out.
+    Stored(PendingMessage),
+    /// A duplicate of a message that was still `stored` when intake looked.
+    /// The engine answers it: it alone knows whether a `delivered` or
+    /// `failed` for it is already out, and a receipt must never go back
+    /// from those to `stored` (docs/PROTOCOL.md: receipts in state order).
+    Duplicate {
+        device: DeviceId,
+        msg_id: MsgId,
+        seq: Seq,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]

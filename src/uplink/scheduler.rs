@@ -105,6 +105,14 @@ impl Scheduler {
         self.devices.values().map(|d| d.entries.len()).sum()
     }
 
+    /// Whether `device`'s message `seq` is in memory: not yet acked, so
+    /// no final receipt for it has gone out.
+    pub fn holds(&self, device: &DeviceId, seq: Seq) -> bool {
+        self.devices
+            .get(device)
+            .is_some_and(|q| q.entries.contains_key(&seq))
+    }
+
     /// Messages published north and not yet acked or timed out, all devices.
     pub fn in_flight(&self) -> usize {
         self.devices.values().map(DeviceQueue::inflight).sum()

@@ -253,3 +253,47 @@ async fn malformed_unidentified_and_oversized_uplinks_are_rejected_while_others_
         "one dead letter per rejected uplink"
     );
 }
+
+both_modes!(duplicates_racing_the_backend_ack_never_take_a_receipt_back_to_stored);
+async fn duplicates_racing_the_backend_ack_never_take_a_receipt_back_to_stored(mode: Mode) {
+    // Every message is sent, then sent again three times at once, while
+    // the backend acks at full speed: each duplicate is looked up while its
+    // `delivered` may be committing. Receipts for one message must still
+    // arrive in state order (docs/PROTOCOL.md).
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start_in(mode, FerryOpts::new("gw-dup-race", mq.port));
+    let _backend = Backend::connect_auto_ack(mq.port, "gw-dup-race").await;
+    let mut device = Device::connect(ferry.south_port, "race-1").await;
+    let boot = boot_id();
+    let n = 200;
+    let ids: Vec<String> = (0..n).map(|i| format!("{boot}-{i:04}")).collect();
+    for id in &ids {
+        for _ in 0..4 {
+            device.publish_envelope("t", id, json!(1)).await;
+        }
+    }
+    let got = device
+        .receipts_until(SECS_30, |all| ids_with_status(all, "delivered") == n)
+        .await;
+    assert_eq!(
+        ids_with_status(&got, "delivered"),
+        n,
+        "every message delivered"
+    );
+    for id in &ids {
+        let mine = receipts_for(&got, id);
+        if let Some(first_delivered) = mine.iter().position(|r| status(r) == "delivered") {
+            assert!(
+                mine[first_delivered..]
+                    .iter()
+                    .all(|r| status(r) == "delivered"),
+                "{id}: a receipt went back after `delivered`: {mine:?}"
+            );
+        }
+    }
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM uplink", []),
+        n as i64,
+        "each stored once"
+    );
+}
