@@ -1,4 +1,5 @@
-//! The poller: the one task that polls a session's rumqttc event loop.
+//! The poller: the one task that polls a session's rumqttc event loop
+//! (and the making of that client and loop).
 //!
 //! `EventLoop::poll` is not safe to cancel: a publish being written when
 //! the future is dropped is lost, and its packet id stays taken until
@@ -10,8 +11,40 @@
 
 use std::time::Duration;
 
-use rumqttc::{ConnectionError, Event};
+use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, LastWill, MqttOptions, QoS};
 use tokio::sync::{mpsc, oneshot};
+
+/// rumqttc's client and event loop for `opts`: acks manual unless the
+/// session auto-acks, `capacity` requests queued towards the loop.
+pub(super) fn client(opts: &super::Options, capacity: usize) -> (AsyncClient, EventLoop) {
+    let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
+    mqtt.set_keep_alive(opts.keep_alive)
+        .set_clean_session(opts.clean_session)
+        // Automatic acks are rumqttc's own: sent as the publish is read,
+        // never queued behind the client's own publishes (which wait while
+        // the broker's inflight window is full).
+        .set_manual_acks(!opts.auto_ack)
+        .set_inflight(opts.inflight.max(1))
+        .set_max_packet_size(opts.max_incoming_packet, opts.max_outgoing_packet)
+        .set_request_channel_capacity(capacity);
+    if let Some(will) = &opts.last_will {
+        mqtt.set_last_will(LastWill::new(
+            will.topic.clone(),
+            will.payload.clone(),
+            QoS::AtLeastOnce,
+            will.retain,
+        ));
+    }
+    if let Some((user, pass)) = &opts.credentials {
+        mqtt.set_credentials(user.clone(), pass.clone());
+    }
+    let (client, mut eventloop) = AsyncClient::new(mqtt, capacity);
+    // Small messages (uplinks, acks, receipts): don't let Nagle hold them.
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    eventloop.set_network_options(net);
+    (client, eventloop)
+}
 
 /// What the poller hands the session.
 pub(super) enum Polled {
@@ -23,11 +56,7 @@ pub(super) enum Polled {
 
 /// Polls the event loop, and nothing else, so a poll is never cancelled.
 /// With `replay`, rumqttc keeps what it would resend after a reconnect.
-pub(super) async fn run(
-    mut eventloop: rumqttc::EventLoop,
-    session: mpsc::Sender<Polled>,
-    replay: bool,
-) {
+pub(super) async fn run(mut eventloop: EventLoop, session: mpsc::Sender<Polled>, replay: bool) {
     loop {
         match eventloop.poll().await {
             Ok(event) => {

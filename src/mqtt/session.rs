@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use rumqttc::{
-    AsyncClient, ConnectionError, Event as Polled, LastWill, MqttOptions, Outgoing as Sent, Packet,
-    Publish, QoS, SubscribeFilter, SubscribeReasonCode,
+    AsyncClient, ConnectionError, Event as Polled, Outgoing as Sent, Packet, Publish, QoS,
+    SubscribeFilter, SubscribeReasonCode,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
@@ -68,32 +68,7 @@ enum Stage {
 }
 
 pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<T>>) {
-    let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
-    mqtt.set_keep_alive(opts.keep_alive)
-        .set_clean_session(opts.clean_session)
-        // Automatic acks are rumqttc's own: sent as the publish is read,
-        // never queued behind the client's own publishes (which wait while
-        // the broker's inflight window is full).
-        .set_manual_acks(!opts.auto_ack)
-        .set_inflight(opts.inflight.max(1))
-        .set_max_packet_size(opts.max_incoming_packet, opts.max_outgoing_packet)
-        .set_request_channel_capacity(REQUEST_CAPACITY);
-    if let Some(will) = &opts.last_will {
-        mqtt.set_last_will(LastWill::new(
-            will.topic.clone(),
-            will.payload.clone(),
-            QoS::AtLeastOnce,
-            will.retain,
-        ));
-    }
-    if let Some((user, pass)) = &opts.credentials {
-        mqtt.set_credentials(user.clone(), pass.clone());
-    }
-    let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_CAPACITY);
-    // Small messages (uplinks, acks, receipts): don't let Nagle hold them.
-    let mut net = rumqttc::NetworkOptions::new();
-    net.set_tcp_nodelay(true);
-    eventloop.set_network_options(net);
+    let (client, eventloop) = poll::client(&opts, REQUEST_CAPACITY);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let (polled_tx, polled_rx) = mpsc::channel(POLLED_QUEUE);
     let poller = PollerGuard(tokio::spawn(poll::run(eventloop, polled_tx, opts.replay)));
