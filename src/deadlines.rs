@@ -10,6 +10,15 @@ use std::hash::Hash;
 
 use tokio::time::Instant;
 
+/// Sleeps until `at`, or forever when there is no deadline: a `select!`
+/// branch for an optional timer.
+pub async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[derive(Debug)]
 pub struct Deadlines<K> {
     /// Every live deadline, in time order (ties by key).

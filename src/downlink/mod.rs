@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::config::DownlinkConfig;
-use crate::deadlines::Deadlines;
+use crate::deadlines::{sleep_until, Deadlines};
 use crate::ids::DeviceId;
 use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
 use crate::protocol::control::{inbox_batch, ControlKind};
@@ -195,18 +195,8 @@ impl Downlink {
                     .flatten()
                     .min(),
             };
-            let timer = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let flush_over = async {
-                match flush_by {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let timer = sleep_until(deadline);
+            let flush_over = sleep_until(flush_by);
             let presence_event = async {
                 match &mut presence {
                     Some(rx) => rx.recv().await,

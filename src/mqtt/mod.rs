@@ -115,6 +115,14 @@ pub struct Reconnect {
 }
 
 impl Reconnect {
+    /// The gateway's own links (north, the external south): 200 ms
+    /// doubling to 30 s, reset only by a connection that lasted 30 s.
+    pub const GATEWAY: Reconnect = Reconnect {
+        base: Duration::from_millis(200),
+        max: Duration::from_secs(30),
+        stable_after: Duration::from_secs(30),
+    };
+
     /// The delay after `failures` consecutive failures (0 for the first).
     pub fn delay(&self, failures: u32) -> Duration {
         let cfg = crate::config::RetryConfig {

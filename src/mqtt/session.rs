@@ -16,6 +16,7 @@ use super::acks::{AckToken, OrderedAcks};
 use super::flow::{Flow, Outgoing, Tag};
 use super::poll::{self, Polled as FromPoller};
 use super::{Event, Message, Options, Session, Will, OVERSIZE_HEAD, PUBLISH_QUEUE};
+use crate::deadlines::sleep_until;
 
 /// Requests (publishes, acks) queued towards the event loop.
 const REQUEST_CAPACITY: usize = 65_536;
@@ -472,12 +473,5 @@ struct PollerGuard(tokio::task::JoinHandle<()>);
 impl Drop for PollerGuard {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -145,11 +145,7 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
         }),
         auto_ack: false,
         replay: false,
-        reconnect: Reconnect {
-            base: Duration::from_millis(200),
-            max: Duration::from_secs(30),
-            stable_after: Duration::from_secs(30),
-        },
+        reconnect: Reconnect::GATEWAY,
         transport: mqtt::Transport::Tcp,
     };
     let (session, events) = Session::start(opts);

@@ -16,7 +16,6 @@
 //! - Isolation between devices is the site broker's ACL (README).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tracing::{debug, error, info};
 
@@ -51,11 +50,7 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
         announce: None,
         auto_ack: false,
         replay: false,
-        reconnect: Reconnect {
-            base: Duration::from_millis(200),
-            max: Duration::from_secs(30),
-            stable_after: Duration::from_secs(30),
-        },
+        reconnect: Reconnect::GATEWAY,
         transport: mqtt::Transport::Tcp,
     };
     let (session, events) = Session::<()>::start(opts);

@@ -23,7 +23,7 @@ use rumqttd::ClientEvent;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::deadlines::Deadlines;
+use crate::deadlines::{sleep_until, Deadlines};
 use crate::ids::DeviceId;
 use crate::protocol::topics::Topics;
 
@@ -52,12 +52,7 @@ pub async fn run(
     let mut tracker = Tracker::default();
     loop {
         let next = tracker.grace.next();
-        let sleep = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = sleep_until(next);
         let presence = tokio::select! {
             event = events.recv() => match event {
                 Some(event) => tracker.on_event(event, &topics, Instant::now()),

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::deadlines::sleep_until;
 use crate::ids::{DeviceId, MsgId};
 use crate::north::{NorthEvent, NorthSender, Tag};
 use crate::protocol::ack::{parse_acks, BackendAck};
@@ -111,18 +112,8 @@ pub async fn run_engine(
     let mut flush_by: Option<Instant> = None;
     loop {
         let deadline = engine.scheduler.next_deadline();
-        let sleep = async {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        let flush_over = async {
-            match flush_by {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = sleep_until(deadline);
+        let flush_over = sleep_until(flush_by);
         let actions = tokio::select! {
             msg = stored.recv(), if flush_by.is_none() => match msg {
                 Some(msg) => {
