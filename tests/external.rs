@@ -226,3 +226,74 @@ async fn the_site_brokers_acl_keeps_a_device_out_of_another_devices_topics() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_mid_stream_acknowledges_only_what_was_committed_and_the_rest_comes_after_restart(
+) {
+    let mq = Mosquitto::start();
+    let mut ferry = external("gw-ext-term", mq.port);
+    let mut backend = Backend::connect_auto_ack(mq.port, "gw-ext-term").await;
+    let mut device = Device::connect(ferry.south_port, "term-1").await;
+    let boot = boot_id();
+    let n = 5000;
+    let publisher = {
+        let (client, topic, boot) = (device.client(), device.up_topic("t"), boot.clone());
+        tokio::spawn(async move {
+            for i in 0..n {
+                let body = json!({"msg_id": format!("{boot}-{i:04}"), "payload": i});
+                assert!(
+                    client
+                        .publish(topic.as_str(), serde_json::to_vec(&body).unwrap())
+                        .await
+                );
+            }
+        })
+    };
+    // Mid-stream: some stored, more on their way through the site broker.
+    let early = device
+        .receipts_until(SECS_30, |r| {
+            r.iter().filter(|r| status(r) == "stored").count() >= 50
+        })
+        .await;
+    assert!(
+        early.len() >= 50,
+        "receipts before SIGTERM: {}",
+        early.len()
+    );
+    let exit = ferry.terminate_status(Duration::from_secs(15));
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "exit 0 on SIGTERM ({exit:?})\n{}",
+        ferry.log_tail()
+    );
+    publisher.await.unwrap();
+    let committed_at_exit = ferry.query_i64("SELECT COUNT(*) FROM uplink", []);
+    assert!(
+        committed_at_exit < n as i64,
+        "the test stops ferry mid-stream ({committed_at_exit} of {n} stored)"
+    );
+
+    // What ferry did not acknowledge, the site broker kept for it.
+    ferry.restart();
+    let north = backend
+        .messages_until(SECS_60, |m| {
+            m.iter()
+                .map(|m| m.msg_id().to_string())
+                .collect::<HashSet<_>>()
+                .len()
+                >= n
+        })
+        .await;
+    let ids: HashSet<&str> = north.iter().map(|m| m.msg_id()).collect();
+    assert_eq!(ids.len(), n, "every message reached the backend");
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM uplink", []),
+        n as i64,
+        "each stored once"
+    );
+    assert_eq!(
+        ferry.query_i64("SELECT MAX(seq) FROM uplink", []),
+        n as i64,
+        "seqs 1..={n} in publish order, none skipped"
+    );
+}

@@ -81,12 +81,14 @@ async fn wait_online(port: u16, gateway: &str) {
     panic!("{gateway} never announced itself online");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_under_load_exits_zero_and_every_stored_receipt_is_a_committed_row() {
+both_modes!(sigterm_under_load_exits_zero_and_every_stored_receipt_is_a_committed_row);
+async fn sigterm_under_load_exits_zero_and_every_stored_receipt_is_a_committed_row(
+    mode: support::Mode,
+) {
     let mosquitto = support::Mosquitto::start();
     let opts =
         support::FerryOpts::new("gw-drain", mosquitto.port).with(|c| c.shutdown.grace_s = 10);
-    let mut ferry = support::Ferry::start(opts);
+    let mut ferry = support::Ferry::start_in(mode, opts);
     let _backend = support::Backend::connect_auto_ack(mosquitto.port, "gw-drain").await;
     wait_online(mosquitto.port, "gw-drain").await;
 

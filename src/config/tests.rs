@@ -66,3 +66,38 @@ fn shutdown_grace_defaults_to_ten_seconds_and_is_checked() {
     let err = load_str("[gateway]\nid = \"g\"\n[shutdown]\ngrace_s = 0\n").unwrap_err();
     assert_eq!(err.key, "shutdown.grace_s");
 }
+
+#[test]
+fn south_mode_is_embedded_by_default_and_external_takes_the_site_broker() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.south.mode, SouthMode::Embedded);
+    let cfg = load_str(
+        "[gateway]\nid = \"g\"\n[south]\nmode = \"external\"\nhost = \"broker.line\"\nport = 8883\nusername = \"ferry\"\npassword = \"pw\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.south.mode,
+        SouthMode::External(ExternalSouth {
+            host: "broker.line".into(),
+            port: 8883,
+            client_id: "ferry-g-south".into(),
+            credentials: Some(("ferry".into(), "pw".into())),
+            keep_alive: Duration::from_secs(30),
+        })
+    );
+}
+
+#[test]
+fn bad_south_mode_keys_are_named() {
+    let err = load_str("[gateway]\nid = \"g\"\n[south]\nmode = \"bridge\"\n").unwrap_err();
+    assert_eq!(err.key, "south.mode", "{err}");
+    let err =
+        load_str("[gateway]\nid = \"g\"\n[south]\nmode = \"external\"\nhost = \"\"\n").unwrap_err();
+    assert_eq!(err.key, "south.host", "{err}");
+    let err = load_str("[gateway]\nid = \"g\"\n[south]\nmode = \"external\"\npassword = \"pw\"\n")
+        .unwrap_err();
+    assert_eq!(err.key, "south.username", "{err}");
+    let err = load_str("[gateway]\nid = \"g\"\n[south]\nmode = \"external\"\nkeep_alive_s = 1\n")
+        .unwrap_err();
+    assert_eq!(err.key, "south.keep_alive_s", "{err}");
+}
