@@ -5,16 +5,20 @@
 //! - [`config`]: the TOML file and `FERRY_*` overrides, checked once.
 //! - [`ids`], [`state`], [`backoff`], [`protocol`]: pure types and rules of
 //!   docs/PROTOCOL.md — identifiers, the message state machine, resend
-//!   delays, topics, envelopes, receipts and acks. [`dead_letter`] is the
+//!   delays, and every wire type (both directions, Serialize and
+//!   Deserialize) with its topic builders. [`dead_letter`] is the
 //!   record of a message given up on; [`deadlines`] is every timer.
 //! - [`store`]: SQLite owned by one writer thread, group commit, migrations;
 //!   every call one future of `Result<T, StoreError>`. It persists the
 //!   pipelines' records (`uplink::record`, `downlink::record`) and never
 //!   the reverse.
-//! - [`south`]: the embedded rumqttd broker and the in-process link that
-//!   brings device traffic in and delivers receipts and batches straight to
-//!   each device's connection; it holds devices back rather than drop
-//!   anything. The only module that knows the south broker is embedded.
+//! - [`south`]: the seam to the devices' broker, chosen by `south.mode`:
+//!   `embedded` (ferry's own rumqttd, receipts and batches delivered straight
+//!   to each device's connection, devices held back rather than anything
+//!   dropped, presence from the broker's client-event hook) or `external`
+//!   (a persistent [`mqtt`] session on the site's broker, each device
+//!   message acknowledged there only after its commit). The pipelines see
+//!   messages in, publishes and acks out, and presence.
 //! - [`mqtt`]: the one MQTT client session over rumqttc, used by every
 //!   link ferry opens and by [`client`]: reconnect backoff,
 //!   re-subscription, ordered manual acks, each publish followed to its
