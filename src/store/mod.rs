@@ -40,11 +40,9 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::thread;
-use std::time::Instant;
 
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::info;
 
 use crate::config::{StoreConfig, SyncMode};
 use crate::dead_letter::DeadLetter;
@@ -212,7 +210,7 @@ impl Store {
         conn.pragma_update(None, "synchronous", sync)?;
         conn.pragma_update(None, "busy_timeout", 5000)?;
         conn.set_prepared_statement_cache_capacity(64);
-        check(&conn, &data_dir.join(DB_FILE))?;
+        schema::check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
 
         let (tx, rx) = mpsc::unbounded_channel();
@@ -466,39 +464,6 @@ fn closed(stopped: &OnceLock<String>) -> StoreError {
         Some(cause) => StoreError::Stopped(cause.clone()),
         None => StoreError::Closed,
     }
-}
-
-/// Refuses a database SQLite finds damaged, naming what is wrong: it is
-/// found at start, not by the first message that touches a bad page.
-fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    let started = Instant::now();
-    let corrupt = |detail: String| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        detail,
-    };
-    let problems: Vec<String> = conn
-        .prepare("PRAGMA quick_check(5)")
-        .and_then(|mut stmt| {
-            stmt.query_map([], |r| r.get::<_, String>(0))?
-                .collect::<Result<_, _>>()
-        })
-        .map_err(|e| match e.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
-                corrupt(e.to_string())
-            }
-            _ => StoreError::Sqlite(e),
-        })?;
-    if problems != ["ok"] {
-        let found = problems.join("; ").replace('\n', " ");
-        return Err(corrupt(format!(
-            "database disk image is malformed ({found})"
-        )));
-    }
-    info!(
-        took_ms = started.elapsed().as_millis() as u64,
-        "store checked"
-    );
-    Ok(())
 }
 
 #[cfg(test)]
