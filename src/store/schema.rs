@@ -140,6 +140,39 @@ pub fn latest() -> usize {
     MIGRATIONS.len()
 }
 
+/// Refuses a database SQLite finds damaged, naming what is wrong: it is
+/// found at start, not by the first message that touches a bad page.
+pub(super) fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let started = Instant::now();
+    let corrupt = |detail: String| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let problems: Vec<String> = conn
+        .prepare("PRAGMA quick_check(5)")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                corrupt(e.to_string())
+            }
+            _ => StoreError::Sqlite(e),
+        })?;
+    if problems != ["ok"] {
+        let found = problems.join("; ").replace('\n', " ");
+        return Err(corrupt(format!(
+            "database disk image is malformed ({found})"
+        )));
+    }
+    info!(
+        took_ms = started.elapsed().as_millis() as u64,
+        "store checked"
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,37 +212,4 @@ mod tests {
             "{plan:?}"
         );
     }
-}
-
-/// Refuses a database SQLite finds damaged, naming what is wrong: it is
-/// found at start, not by the first message that touches a bad page.
-pub(super) fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    let started = Instant::now();
-    let corrupt = |detail: String| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        detail,
-    };
-    let problems: Vec<String> = conn
-        .prepare("PRAGMA quick_check(5)")
-        .and_then(|mut stmt| {
-            stmt.query_map([], |r| r.get::<_, String>(0))?
-                .collect::<Result<_, _>>()
-        })
-        .map_err(|e| match e.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
-                corrupt(e.to_string())
-            }
-            _ => StoreError::Sqlite(e),
-        })?;
-    if problems != ["ok"] {
-        let found = problems.join("; ").replace('\n', " ");
-        return Err(corrupt(format!(
-            "database disk image is malformed ({found})"
-        )));
-    }
-    info!(
-        took_ms = started.elapsed().as_millis() as u64,
-        "store checked"
-    );
-    Ok(())
 }
