@@ -25,7 +25,7 @@
 //! ```text
 //! cargo bench --bench uplink -- [--devices 100] [--messages-per-device 2000]
 //!     [--payload-bytes 200] [--rate R] [--window 64] [--mode both|saturation|paced]
-//!     [--south embedded|external] [--sync full|normal] [--max-inflight N]
+//!     [--south embedded|external] [--site-conf LINE]... [--sync full|normal] [--max-inflight N]
 //!     [--timeout-s 120] [--quiet-wait-s 120]
 //! ```
 
@@ -91,6 +91,10 @@ struct Args {
     /// The south broker: ferry's own, or a site Mosquitto (south.mode = "external").
     #[arg(long, value_enum, default_value_t = South::Embedded)]
     south: South,
+    /// With `--south external`: a line added to the site broker's
+    /// mosquitto.conf (repeatable), e.g. "set_tcp_nodelay true".
+    #[arg(long, value_name = "LINE")]
+    site_conf: Vec<String>,
     /// store.sync.
     #[arg(long, default_value = "full", value_parser = ["full", "normal"])]
     sync: String,
@@ -147,7 +151,7 @@ impl Setup {
                 Setup::Embedded(Box::new(Env::start(GATEWAY, |c| args.configure(c))))
             }
             South::External => Setup::External(Box::new(
-                ExternalEnv::start(GATEWAY, |c| args.configure(c)).await?,
+                ExternalEnv::start(GATEWAY, &args.site_conf, |c| args.configure(c)).await?,
             )),
         })
     }
@@ -354,7 +358,12 @@ async fn bench(args: Args) -> Result<(), String> {
         South::Embedded => println!("  south: embedded broker"),
         South::External => println!(
             "  south: external, a site Mosquitto ({}) with ferry as its client",
-            SITE_BROKER.join(", ")
+            SITE_BROKER
+                .iter()
+                .copied()
+                .chain(args.site_conf.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
     println!("  store sync: {}", args.sync);
