@@ -23,6 +23,8 @@
 //!
 //! Everything is bounded by `--timeout-s` (storm) and `--setup-timeout-s`;
 //! a run that runs out of time reports what arrived and says INCOMPLETE.
+//! The devices, the receipt counter, the timeline and the report helpers
+//! are in `support::{drain, backend, timeline, report}`.
 //!
 //! ```text
 //! cargo bench --bench storm -- [--devices 2000] [--per-device 100] [--batch 200]
