@@ -16,6 +16,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ferry::ids::DeviceId;
+use ferry::protocol::control::{self, Status};
+use ferry::protocol::topics::DeviceTopics;
 use futures_util::stream::{self, StreamExt};
 use support::harness::{free_port, Ferry, FerryOpts, RawMqtt};
 
@@ -39,10 +42,15 @@ struct Args {
 async fn connect_all(port: u16, ids: Vec<String>) -> Vec<RawMqtt> {
     stream::iter(ids)
         .map(|id| async move {
+            let topics =
+                DeviceTopics::new("devices", &DeviceId::new(id.as_str()).expect("a device id"));
             let mut raw = RawMqtt::connect(port, &id, 600).await;
-            raw.subscribe(&[format!("devices/{id}/ack"), format!("devices/{id}/inbox")])
-                .await;
-            let online = raw.publish(&format!("devices/{id}/status"), &br#"{"online":true}"#[..]);
+            raw.subscribe(&[topics.ack(), topics.inbox()]).await;
+            let status = control::to_bytes(&Status {
+                online: true,
+                ts: None,
+            });
+            let online = raw.publish(&topics.status(), status);
             raw.send(online).await;
             raw
         })

@@ -23,6 +23,8 @@
 //!
 //! Everything is bounded by `--timeout-s` (storm) and `--setup-timeout-s`;
 //! a run that runs out of time reports what arrived and says INCOMPLETE.
+//! The devices, the receipt counter, the timeline and the report helpers
+//! are in `support::{drain, backend, timeline, report}`.
 //!
 //! ```text
 //! cargo bench --bench storm -- [--devices 2000] [--per-device 100] [--batch 200]
@@ -32,24 +34,30 @@
 
 mod support;
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
-use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
+use ferry::client::device::{DeviceClient, DeviceOptions};
+use ferry::ids::MsgId;
+use ferry::protocol::control::Status;
+use ferry::protocol::envelope::WireEnvelope;
+use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use support::backend::{count_receipts, ReceiptStats};
+use support::drain::{device_task, DeviceReport, Live};
+use support::procfs::{tcp_ext, TCP_EXT_KEYS};
+use support::report::{dist, log_summary, mib, pass, secs, CONFIRM_TIMEOUT_LINE};
+use support::timeline::sampler;
 use support::{
-    clock_ticks_per_s, cpu_ticks, reset_peak_rss, thread_ticks, vm_kib, CargoBench, Env,
+    clock_ticks_per_s, cpu_ticks, device_id, reset_peak_rss, thread_ticks, vm_kib, CargoBench, Env,
 };
 
-/// The WARN line ferry writes for every confirm timeout.
-const CONFIRM_TIMEOUT_LINE: &str = "downlink batch not confirmed in time; resending";
 /// conf/ferry.toml's log filter (the harness default is plain "info").
 const PRODUCTION_LOG_LEVEL: &str = "info,rumqttd=warn";
 /// Most device ids in one `to` list (keeps an envelope well under
@@ -119,47 +127,6 @@ impl Args {
     }
 }
 
-// ------------------------------------------------------------ /proc helpers
-
-/// Counters of the `TcpExt:` lines of /proc/net/netstat (system-wide).
-fn tcp_ext() -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("TcpExt:")).collect();
-    let mut out = BTreeMap::new();
-    if let [names, values, ..] = lines[..] {
-        for (n, v) in names
-            .split_whitespace()
-            .zip(values.split_whitespace())
-            .skip(1)
-        {
-            if let Ok(v) = v.parse() {
-                out.insert(n.to_string(), v);
-            }
-        }
-    }
-    out
-}
-
-const TCP_EXT_KEYS: [&str; 5] = [
-    "ListenOverflows",
-    "ListenDrops",
-    "SyncookiesSent",
-    "TCPReqQFullDoCookies",
-    "TCPReqQFullDrop",
-];
-
-/// (accept queue now, backlog) of the listening socket on 127.0.0.1:port.
-fn accept_queue(port: u16) -> Option<(u64, u64)> {
-    let out = std::process::Command::new("ss")
-        .args(["-ltnH", &format!("sport = :{port}")])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().next()?;
-    let f: Vec<&str> = line.split_whitespace().collect();
-    Some((f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?))
-}
-
 // -------------------------------------------------------------- environment
 
 fn start_env(args: &Args) -> Env {
@@ -171,385 +138,6 @@ fn start_env(args: &Args) -> Env {
         // Above the storm's devices: a CONNECT beyond it gets no CONNACK.
         c.south.max_connections = args.devices.max(10_000);
     })
-}
-
-// ------------------------------------------------------------------ backend
-
-/// What the backend heard, counted by its event task.
-#[derive(Default)]
-struct BackendStats {
-    /// Distinct (message, device) pairs with a `stored` receipt.
-    stored: AtomicU64,
-    /// Distinct (message, device) pairs with a `delivered` receipt.
-    delivered: AtomicU64,
-    receipts: AtomicU64,
-    /// Receipts with another status (expired, failed, rejected, read).
-    other: AtomicU64,
-    /// Receipts the bench could not attribute to one of its pairs.
-    foreign: AtomicU64,
-    connects: AtomicU64,
-}
-
-fn device_name(i: usize) -> String {
-    format!("dev-{i}")
-}
-
-fn device_index(name: &str) -> Option<u64> {
-    name.strip_prefix("dev-")?.parse().ok()
-}
-
-/// `{msg_prefix}{k}` → k (1-based).
-fn msg_index(prefix: &str, msg_id: &str) -> Option<u64> {
-    msg_id.strip_prefix(prefix)?.parse().ok()
-}
-
-/// Consumes the backend's events until the bench ends.
-async fn backend_events(
-    mut backend: BackendClient,
-    stats: Arc<BackendStats>,
-    msg_prefix: String,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut stored = HashSet::new();
-    let mut delivered = HashSet::new();
-    loop {
-        let ev = tokio::select! {
-            ev = backend.events.recv() => ev,
-            _ = stop.changed() => return,
-        };
-        let Some(ev) = ev else { return };
-        let r = match ev {
-            BackendEvent::Receipt(r) => r,
-            BackendEvent::Connected => {
-                stats.connects.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            _ => continue,
-        };
-        stats.receipts.fetch_add(1, Ordering::Relaxed);
-        let key = r["msg_id"]
-            .as_str()
-            .and_then(|m| msg_index(&msg_prefix, m))
-            .zip(r["device"].as_str().and_then(device_index))
-            .map(|(k, d)| (d << 20) | k);
-        let Some(key) = key else {
-            stats.foreign.fetch_add(1, Ordering::Relaxed);
-            continue;
-        };
-        match r["status"].as_str() {
-            Some("stored") => {
-                if stored.insert(key) {
-                    stats.stored.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Some("delivered") => {
-                if delivered.insert(key) {
-                    stats.delivered.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            _ => {
-                stats.other.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-// ------------------------------------------------------------------ devices
-
-/// Counters every device task adds to, read by the sampler.
-#[derive(Default)]
-struct Live {
-    connected: AtomicU64,
-    received: AtomicU64,
-    done: AtomicU64,
-}
-
-/// One device's view of the storm (times in ms since the storm began).
-#[derive(Default, Debug)]
-struct DeviceReport {
-    connected_ms: Option<f64>,
-    first_msg_ms: Option<f64>,
-    done_ms: Option<f64>,
-    connects: u32,
-    disconnects: u32,
-    received: u64,
-    batches: u32,
-    empty_batches: u32,
-    duplicates: u64,
-    /// A new message whose seq is not the next one (a gap).
-    seq_errors: u64,
-    /// A msg_id not of this run, or one received twice under two seqs.
-    msg_errors: u64,
-    /// Message k arrived with seq ≠ k (possible only if intake reordered).
-    order_mismatches: u64,
-    tombstones: u64,
-}
-
-async fn device_task(
-    mut client: DeviceClient,
-    per_device: usize,
-    msg_prefix: Arc<str>,
-    live: Arc<Live>,
-    origin: Instant,
-    mut stop: watch::Receiver<bool>,
-) -> DeviceReport {
-    let mut r = DeviceReport::default();
-    let mut seen = vec![false; per_device + 1];
-    let ms = || origin.elapsed().as_secs_f64() * 1000.0;
-    loop {
-        let ev = tokio::select! {
-            ev = client.events.recv() => ev,
-            _ = stop.changed() => break,
-        };
-        let Some(ev) = ev else { break };
-        match ev {
-            DeviceEvent::Connected => {
-                r.connects += 1;
-                if r.connected_ms.is_none() {
-                    r.connected_ms = Some(ms());
-                    live.connected.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            DeviceEvent::Disconnected => r.disconnects += 1,
-            DeviceEvent::Receipt(_) => {}
-            DeviceEvent::Inbox {
-                messages,
-                duplicates,
-                ..
-            } => {
-                r.batches += 1;
-                r.duplicates += duplicates as u64;
-                let Some(last) = messages.last().map(|m| m.seq) else {
-                    r.empty_batches += 1;
-                    continue;
-                };
-                // Committed at once: confirm before counting.
-                client.confirm(last);
-                if r.first_msg_ms.is_none() {
-                    r.first_msg_ms = Some(ms());
-                }
-                for m in &messages {
-                    if m.seq != r.received + 1 {
-                        r.seq_errors += 1;
-                    }
-                    if m.status.is_some() {
-                        r.tombstones += 1;
-                    }
-                    match msg_index(&msg_prefix, &m.msg_id) {
-                        Some(k) if (1..=per_device as u64).contains(&k) => {
-                            if seen[k as usize] {
-                                r.msg_errors += 1;
-                            }
-                            seen[k as usize] = true;
-                            if k != m.seq {
-                                r.order_mismatches += 1;
-                            }
-                        }
-                        _ => r.msg_errors += 1,
-                    }
-                    r.received += 1;
-                }
-                live.received
-                    .fetch_add(messages.len() as u64, Ordering::Relaxed);
-                if r.done_ms.is_none() && r.received >= per_device as u64 {
-                    r.done_ms = Some(ms());
-                    live.done.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-    r
-}
-
-// ------------------------------------------------------------------ sampler
-
-/// One second of the storm.
-struct Row {
-    t_s: f64,
-    connected: u64,
-    received: u64,
-    done: u64,
-    delivered_north: u64,
-    ferry_cpu_pct: f64,
-    bench_cpu_pct: f64,
-    ferry_rss_kib: u64,
-    /// The busiest ferry thread in this second, and its CPU %.
-    top_thread: (String, f64),
-    accept_q_max: Option<u64>,
-    overflows: u64,
-}
-
-struct Sampled {
-    rows: Vec<Row>,
-    accept_q_max: Option<u64>,
-    backlog: Option<u64>,
-}
-
-/// Samples the accept queue every 100 ms and writes a timeline row every
-/// second until `stop` is set.
-fn sampler(
-    origin: Instant,
-    port: u16,
-    ferry_pid: u32,
-    live: Arc<Live>,
-    stats: Arc<BackendStats>,
-    stop: Arc<AtomicBool>,
-) -> Sampled {
-    let hz = clock_ticks_per_s();
-    let me = std::process::id();
-    let mut rows = Vec::new();
-    let mut q_all: Option<u64> = None;
-    let mut backlog = None;
-    let mut q_sec: Option<u64> = None;
-    let mut last = (
-        origin,
-        cpu_ticks(ferry_pid),
-        cpu_ticks(me),
-        tcp_ext().get("ListenOverflows").copied().unwrap_or(0),
-    );
-    let mut last_threads = thread_ticks(ferry_pid);
-    let mut next_row = origin + Duration::from_secs(1);
-    while !stop.load(Ordering::Relaxed) {
-        if let Some((q, b)) = accept_queue(port) {
-            q_sec = Some(q_sec.map_or(q, |m| m.max(q)));
-            q_all = Some(q_all.map_or(q, |m| m.max(q)));
-            backlog = Some(b);
-        }
-        let now = Instant::now();
-        if now >= next_row {
-            let (f, b) = (cpu_ticks(ferry_pid), cpu_ticks(me));
-            let ov = tcp_ext().get("ListenOverflows").copied().unwrap_or(0);
-            let dt = now.duration_since(last.0).as_secs_f64().max(1e-3);
-            let threads = thread_ticks(ferry_pid);
-            let top_thread = threads
-                .iter()
-                .map(|(k, v)| (k, v.saturating_sub(*last_threads.get(k).unwrap_or(&0))))
-                .max_by_key(|(_, d)| *d)
-                .map(|(k, d)| {
-                    let name = k.split(" (").next().unwrap_or(k).to_string();
-                    (name, d as f64 / hz / dt * 100.0)
-                })
-                .unwrap_or_default();
-            last_threads = threads;
-            rows.push(Row {
-                t_s: now.duration_since(origin).as_secs_f64(),
-                connected: live.connected.load(Ordering::Relaxed),
-                received: live.received.load(Ordering::Relaxed),
-                done: live.done.load(Ordering::Relaxed),
-                delivered_north: stats.delivered.load(Ordering::Relaxed),
-                ferry_cpu_pct: f.saturating_sub(last.1) as f64 / hz / dt * 100.0,
-                bench_cpu_pct: b.saturating_sub(last.2) as f64 / hz / dt * 100.0,
-                ferry_rss_kib: vm_kib(ferry_pid, "VmRSS").unwrap_or(0),
-                top_thread,
-                accept_q_max: q_sec.take(),
-                overflows: ov.saturating_sub(last.3),
-            });
-            last = (now, f, b, ov);
-            next_row += Duration::from_secs(1);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Sampled {
-        rows,
-        accept_q_max: q_all,
-        backlog,
-    }
-}
-
-// ------------------------------------------------------------------- report
-
-fn secs(ms: f64) -> String {
-    format!("{:.2} s", ms / 1000.0)
-}
-
-fn mib(kib: Option<u64>) -> String {
-    kib.map_or("n/a".to_string(), |k| {
-        format!(
-            "{:.1} MiB ({:.1} MB)",
-            k as f64 / 1024.0,
-            k as f64 * 1.024 / 1000.0
-        )
-    })
-}
-
-/// The q-quantile of sorted values.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn dist(label: &str, mut v: Vec<f64>, of: usize) {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        println!("  {label}: none of {of}");
-        return;
-    }
-    println!(
-        "  {label} (n = {}/{of}): p50 {} p90 {} p99 {} max {}",
-        v.len(),
-        secs(quantile(&v, 0.5)),
-        secs(quantile(&v, 0.9)),
-        secs(quantile(&v, 0.99)),
-        secs(*v.last().unwrap_or(&0.0)),
-    );
-}
-
-fn pass(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "FAIL"
-    }
-}
-
-/// Counts of the interesting lines of a piece of ferry's log.
-fn log_summary(log: &str) {
-    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
-    println!(
-        "  ferry log (storm part): {} lines, WARN {}, ERROR {}, batches sent {}, batches confirmed {}, confirm timeouts {}",
-        log.lines().count(),
-        count(" WARN "),
-        count(" ERROR "),
-        count("downlink batch sent"),
-        count("downlink batch confirmed"),
-        count(CONFIRM_TIMEOUT_LINE),
-    );
-    // The distinct WARN/ERROR messages (fields stripped), most frequent first.
-    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
-    for l in log
-        .lines()
-        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-    {
-        let key: String = l
-            .split_once(" WARN ")
-            .or_else(|| l.split_once(" ERROR "))
-            .map(|(_, rest)| rest)
-            .unwrap_or(l)
-            .split(" device=")
-            .next()
-            .unwrap_or("")
-            .chars()
-            .take(160)
-            .collect();
-        // Numbers (connection ids, seqs) vary: group by the message's shape.
-        let mut shape = String::with_capacity(key.len());
-        for c in key.chars() {
-            if !c.is_ascii_digit() {
-                shape.push(c);
-            } else if !shape.ends_with('#') {
-                shape.push('#');
-            }
-        }
-        *kinds.entry(shape).or_default() += 1;
-    }
-    let mut kinds: Vec<_> = kinds.into_iter().collect();
-    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
-    for (k, n) in kinds.iter().take(8) {
-        println!("    {n} × {k}");
-    }
 }
 
 // --------------------------------------------------------------------- main
@@ -596,7 +184,7 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
     // ------------------------------------------------ setup: queue everything
     let run = support::harness::boot_id();
     let msg_prefix = format!("storm-{run}-");
-    let stats = Arc::new(BackendStats::default());
+    let stats = Arc::new(ReceiptStats::default());
     let mut backend = BackendClient::connect(BackendOptions {
         // Only a safety net: a resend is answered again and deduplicated.
         resend_after: Duration::from_secs(30),
@@ -611,7 +199,9 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         let left = setup_deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, backend.events.recv()).await {
             Ok(Some(BackendEvent::Connected)) => connected = true,
-            Ok(Some(BackendEvent::Status(s))) => online = s["online"] == json!(true),
+            Ok(Some(BackendEvent::Status(s))) => {
+                online = Status::deserialize(&s).is_ok_and(|s| s.online)
+            }
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
                 return Err(format!(
@@ -623,21 +213,24 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         }
     }
     stats.connects.fetch_add(1, Ordering::Relaxed);
-    let names: Vec<String> = (0..args.devices).map(device_name).collect();
+    let names: Vec<String> = (0..args.devices)
+        .map(|i| device_id(i).to_string())
+        .collect();
     let text = "x".repeat(args.payload_bytes);
     let mut envelopes = 0;
     for k in 1..=args.per_device {
         for chunk in names.chunks(MAX_TO) {
             let to: Vec<&str> = chunk.iter().map(String::as_str).collect();
-            backend.send_down(
+            let msg_id = MsgId::new(format!("{msg_prefix}{k}")).expect("a valid msg_id");
+            backend.send_downlink(
                 &to,
-                json!({"msg_id": format!("{msg_prefix}{k}"), "payload": {"k": k, "text": text}}),
+                WireEnvelope::json(msg_id, json!({"k": k, "text": text})),
             );
             envelopes += 1;
         }
     }
     let (stop_tx, stop_rx) = watch::channel(false);
-    let backend_task = tokio::spawn(backend_events(
+    let backend_task = tokio::spawn(count_receipts(
         backend,
         stats.clone(),
         msg_prefix.clone(),
