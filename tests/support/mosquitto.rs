@@ -140,6 +140,7 @@ impl Mosquitto {
              allow_anonymous true\n\
              max_queued_messages 0\n\
              max_inflight_messages 0\n\
+             set_tcp_nodelay true\n\
              {persistence}\
              user root\n\
              log_dest file {log}\n\
