@@ -5,7 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry::ids::{DeviceId, GatewayId, MsgId};
 use ferry::mqtt::Message;
+use ferry::protocol::ack::{encode_acks, BackendAck};
+use ferry::protocol::envelope::{Payload, WireEnvelope};
+use ferry::protocol::topics::{DeviceTopics, NorthTopics};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -16,6 +20,7 @@ use super::session::{unique_client_id, Client, PublishHook, Session};
 /// A field device on ferry's south broker; its client id is its device id.
 pub struct Device {
     pub id: String,
+    pub topics: DeviceTopics,
     session: Session,
 }
 
@@ -27,16 +32,12 @@ impl Device {
 
     /// Like `connect`, choosing `clean_session`.
     pub async fn connect_with_session(south_port: u16, id: &str, clean_session: bool) -> Device {
-        let session = Session::connect(
-            id,
-            south_port,
-            vec![format!("devices/{id}/ack")],
-            clean_session,
-            None,
-        )
-        .await;
+        let topics = device_topics(id);
+        let session =
+            Session::connect(id, south_port, vec![topics.ack()], clean_session, None).await;
         Device {
             id: id.to_string(),
+            topics,
             session,
         }
     }
@@ -47,13 +48,21 @@ impl Device {
     }
 
     pub fn up_topic(&self, stream: &str) -> String {
-        format!("devices/{}/up/{stream}", self.id)
+        self.topics.up(stream)
     }
 
     /// Publishes `{"msg_id", "ts", "payload"}` on `devices/{id}/up/{stream}`.
     pub async fn publish_envelope(&self, stream: &str, msg_id: &str, payload: Value) {
-        let envelope = json!({"msg_id": msg_id, "ts": now_ms(), "payload": payload});
-        self.publish_json(stream, &envelope).await;
+        let envelope = WireEnvelope {
+            msg_id: MsgId::new(msg_id).unwrap_or_else(|e| panic!("msg_id {msg_id:?}: {e}")),
+            ts: Some(now_ms() as i64),
+            payload: Payload::Json(payload),
+            ttl_s: None,
+            retry: true,
+            extra: Default::default(),
+        };
+        let bytes = serde_json::to_vec(&envelope).expect("serialize envelope");
+        self.publish_raw(&self.up_topic(stream), bytes).await;
     }
 
     /// Publishes `count` envelopes `{boot}-{tag}{i:04}` on `stream`; returns
@@ -186,9 +195,39 @@ impl NorthMessage {
     }
 }
 
+/// A device's topics under the tests' `devices` prefix.
+pub fn device_topics(id: &str) -> DeviceTopics {
+    let device = DeviceId::new(id).unwrap_or_else(|e| panic!("device id {id:?}: {e}"));
+    DeviceTopics::new("devices", &device)
+}
+
+/// A gateway's north topics under the tests' `ferry` prefix.
+pub fn north_topics(gateway: &str) -> NorthTopics {
+    let gateway = GatewayId::new(gateway).unwrap_or_else(|e| panic!("gateway {gateway:?}: {e}"));
+    NorthTopics::new("ferry", &gateway)
+}
+
+/// `ack` or `nack` as the protocol's [`BackendAck`]; ids the protocol
+/// would refuse (a test's deliberate junk) go out as written.
+fn ack_body(device: &str, msg_id: &str, nack: Option<(&str, bool)>) -> Vec<u8> {
+    match (DeviceId::new(device), MsgId::new(msg_id)) {
+        (Ok(d), Ok(m)) => encode_acks(&[match nack {
+            None => BackendAck::ok(d, m),
+            Some((reason, retry)) => BackendAck::nack(d, m, reason, retry),
+        }]),
+        _ => {
+            let body = match nack {
+                None => json!({"device": device, "msg_id": msg_id, "status": "ok"}),
+                Some((reason, retry)) => json!({"device": device, "msg_id": msg_id,
+                    "status": "nack", "reason": reason, "retry": retry}),
+            };
+            serde_json::to_vec(&body).expect("serialize ack")
+        }
+    }
+}
+
 fn ack_ok_body(device: &str, msg_id: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({"device": device, "msg_id": msg_id, "status": "ok"}))
-        .expect("serialize ack")
+    ack_body(device, msg_id, None)
 }
 
 /// The backend on the upstream Mosquitto.
@@ -224,13 +263,13 @@ impl Backend {
         let session = Session::connect(
             &unique_client_id(&format!("backend-{gateway}")),
             mosquitto_port,
-            vec![format!("ferry/{gateway}/up/#")],
+            vec![north_topics(gateway).up_filter()],
             true,
             Some(hook),
         )
         .await;
         let client = session.client.clone();
-        let ack_topic = format!("ferry/{gateway}/ack");
+        let ack_topic = north_topics(gateway).ack();
         let acker = tokio::spawn(async move {
             while let Some((device, msg_id)) = ack_rx.recv().await {
                 client
@@ -252,7 +291,7 @@ impl Backend {
     }
 
     pub fn ack_topic(&self) -> String {
-        format!("ferry/{}/ack", self.gateway)
+        north_topics(&self.gateway).ack()
     }
 
     /// The next message; `None` after `timeout`.
@@ -311,14 +350,7 @@ impl Backend {
 
     /// `{"device", "msg_id", "status": "nack", "reason", "retry"}`.
     pub async fn nack(&self, device: &str, msg_id: &str, reason: &str, retry: bool) {
-        let body = json!({
-            "device": device,
-            "msg_id": msg_id,
-            "status": "nack",
-            "reason": reason,
-            "retry": retry,
-        });
-        self.publish_ack_raw(serde_json::to_vec(&body).expect("serialize nack"))
+        self.publish_ack_raw(ack_body(device, msg_id, Some((reason, retry))))
             .await;
     }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ferry::mqtt::{self, Event, Message, Reconnect};
+use ferry::protocol::control::{self, Status};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -160,12 +161,17 @@ impl BareClient {
     /// external mode that is all ferry learns of its presence, also after
     /// ferry restarts).
     pub async fn device(south_port: u16, id: &str) -> BareClient {
-        let client = BareClient::connect(south_port, id, vec![format!("devices/{id}/inbox")]).await;
+        let topics = super::clients::device_topics(id);
+        let client = BareClient::connect(south_port, id, vec![topics.inbox()]).await;
+        let online = control::to_bytes(&Status {
+            online: true,
+            ts: None,
+        });
         assert!(
             client
                 .session
                 .client
-                .publish_retained(format!("devices/{id}/status"), r#"{"online":true}"#)
+                .publish_retained(topics.status(), online)
                 .await,
             "status queued"
         );
