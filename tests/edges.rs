@@ -7,11 +7,12 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use ferry::ids::DeviceId;
 use rumqttc::{ConnectReturnCode, Packet, SubscribeReasonCode};
 use serde_json::{json, Value};
 
 use crate::support::{
-    self, boot_id, ferry_command, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs,
+    self, boot_id, ferry_command, north_topics, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs,
 };
 
 const SECS_10: Duration = Duration::from_secs(10);
@@ -227,13 +228,16 @@ async fn ttl_at_its_edges_is_refused_or_kept_without_overflow() {
 
     // Downlinks: the same bounds, answered north.
     let mut north = RawMqtt::connect(mq.port, "ttl-north", 30).await;
-    north.subscribe(&[format!("ferry/{gw}/receipts")]).await;
+    north.subscribe(&[north_topics(gw).receipts()]).await;
     for (id, ttl) in [
         ("d-u64", "18446744073709551615".to_string()),
         ("d-max", max.to_string()),
     ] {
         let body = format!(r#"{{"msg_id":"{id}","payload":1,"ttl_s":{ttl}}}"#);
-        let p = north.publish(&format!("ferry/{gw}/down/ttl"), body);
+        let p = north.publish(
+            &north_topics(gw).down_to(&DeviceId::new("ttl").unwrap()),
+            body,
+        );
         north.send(p).await;
     }
     let got = raw_receipts(&mut north, SECS_10, |all| {

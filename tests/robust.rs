@@ -6,10 +6,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use ferry::ids::DeviceId;
 use serde_json::{json, Value};
 
 use crate::support::{
-    self, boot_id, north_connects, Backend, Device, Ferry, FerryOpts, Mosquitto, RawMqtt,
+    self, boot_id, device_topics, north_connects, north_topics, Backend, Device, Ferry, FerryOpts,
+    Mosquitto, RawMqtt,
 };
 
 const SECS_10: Duration = Duration::from_secs(10);
@@ -171,7 +173,7 @@ async fn a_message_the_upstream_drops_the_link_on_is_dead_lettered_while_another
 /// A client on the upstream broker reading `ferry/{gateway}/receipts`.
 async fn receipts_reader(mq_port: u16, gateway: &str) -> RawMqtt {
     let mut raw = RawMqtt::connect(mq_port, &format!("receipts-{gateway}"), 30).await;
-    raw.subscribe(&[format!("ferry/{gateway}/receipts")]).await;
+    raw.subscribe(&[north_topics(gateway).receipts()]).await;
     raw
 }
 
@@ -237,10 +239,16 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
     let huge = serde_json::to_vec(&json!({"msg_id": "huge-down", "payload": "h".repeat(2 << 20)}))
         .unwrap();
     backend
-        .publish_raw(&format!("ferry/{gw}/down/d1"), big)
+        .publish_raw(
+            &north_topics(gw).down_to(&DeviceId::new("d1").unwrap()),
+            big,
+        )
         .await;
     backend
-        .publish_raw(&format!("ferry/{gw}/down/d1"), huge)
+        .publish_raw(
+            &north_topics(gw).down_to(&DeviceId::new("d1").unwrap()),
+            huge,
+        )
         .await;
     let mut all = Vec::new();
     let rejected = |all: &[Value], id: &str| {
@@ -277,7 +285,7 @@ async fn oversized_messages_from_upstream_are_answered_and_never_wedge_the_link(
     // Traffic goes on, both ways, on the first connection.
     let ok = serde_json::to_vec(&json!({"msg_id": "small-down", "payload": "hello"})).unwrap();
     backend
-        .publish_raw(&format!("ferry/{gw}/down/d1"), ok)
+        .publish_raw(&north_topics(gw).down_to(&DeviceId::new("d1").unwrap()), ok)
         .await;
     let stored = north_receipts_until(&mut receipts, &mut all, SECS_30, |all| {
         all.iter()
@@ -370,12 +378,12 @@ async fn connect_devices(port: u16, ids: Vec<String>, parallel: usize) -> Vec<Ra
         .map(|id| async move {
             let mut raw = RawMqtt::connect(port, &id, 60).await;
             let codes = raw
-                .subscribe(&[format!("devices/{id}/ack"), format!("devices/{id}/inbox")])
+                .subscribe(&[device_topics(&id).ack(), device_topics(&id).inbox()])
                 .await;
             assert!(codes
                 .iter()
                 .all(|c| !matches!(c, rumqttc::SubscribeReasonCode::Failure)));
-            let online = raw.publish(&format!("devices/{id}/status"), &br#"{"online":true}"#[..]);
+            let online = raw.publish(&device_topics(&id).status(), &br#"{"online":true}"#[..]);
             raw.send(online).await;
             raw
         })

@@ -92,7 +92,7 @@ async fn a_thousand_downlinks_for_a_new_device_are_stored_then_sent_in_order_one
         }
         device
             .publish(
-                &format!("devices/{DEVICE}/confirm"),
+                &device_topics(DEVICE).confirm(),
                 json!({ "upto": last }).to_string(),
             )
             .await;
@@ -151,7 +151,7 @@ async fn a_catch_up_cut_by_sigkill_resumes_after_restart_from_the_confirmed_curs
             count_with(r, "stored") == N as usize
         })
         .await;
-    let confirm_topic = format!("devices/{DEVICE}/confirm");
+    let confirm_topic = device_topics(DEVICE).confirm();
 
     // Batches 1 and 2 confirmed, batch 3 received and left unconfirmed.
     let mut device = BareClient::device(ferry.south_port, DEVICE).await;
@@ -363,7 +363,7 @@ async fn an_unconfirmed_batch_is_sent_again_with_a_growing_timeout_while_the_dev
     // Offline by its own word: no more resends.
     device
         .publish(
-            &format!("devices/{DEVICE}/status"),
+            &device_topics(DEVICE).status(),
             json!({"online": false}).to_string(),
         )
         .await;
@@ -379,7 +379,7 @@ async fn an_unconfirmed_batch_is_sent_again_with_a_growing_timeout_while_the_dev
 
     device
         .publish(
-            &format!("devices/{DEVICE}/confirm"),
+            &device_topics(DEVICE).confirm(),
             json!({"upto": 3}).to_string(),
         )
         .await;

@@ -18,7 +18,10 @@ use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions, InboxMessage};
 use serde_json::{json, Value};
 
-use crate::support::{boot_id, cut_off, BareClient, Ferry, FerryOpts, Mode, Mosquitto};
+use crate::support::{
+    boot_id, cut_off, device_topics, north_topics, BareClient, Ferry, FerryOpts, Mode, Mosquitto,
+};
+use ferry::ids::DeviceId;
 
 mod batches;
 mod expiry;

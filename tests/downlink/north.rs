@@ -123,8 +123,8 @@ async fn malformed_downlinks_are_rejected_with_a_reason_and_dead_lettered(mode: 
     )
     .await;
     let boot = boot_id();
-    let one = format!("ferry/{}/down/{DEVICE}", ferry.gateway);
-    let many = format!("ferry/{}/down", ferry.gateway);
+    let one = north_topics(&ferry.gateway).down_to(&DeviceId::new(DEVICE).unwrap());
+    let many = north_topics(&ferry.gateway).down();
     let no_recipient = format!("bad-{boot}-norecipient");
     let unknown_group = format!("bad-{boot}-group");
     let bad_device = format!("bad-{boot}-device");

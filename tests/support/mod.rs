@@ -31,7 +31,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use clients::{Backend, Device, NorthMessage};
+pub use clients::{device_topics, north_topics, Backend, Device, NorthMessage};
 pub use config::FerryOpts;
 pub use ferry::{ferry_command, Ferry};
 pub use mosquitto::Mosquitto;

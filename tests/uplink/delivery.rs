@@ -84,7 +84,7 @@ async fn a_thousand_messages_from_ten_devices_are_stored_then_delivered_in_seq_o
         assert_eq!(b["payload"]["tag"], "m", "north body payload: {b}");
         assert_eq!(
             m.topic,
-            format!("ferry/gw-bulk/up/{}/line3/temp", m.device()),
+            north_topics("gw-bulk").up(&DeviceId::new(m.device()).unwrap(), "line3/temp"),
             "north topic"
         );
         let seq = m

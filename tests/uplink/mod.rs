@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{boot_id, Backend, Device, Ferry, FerryOpts, Mode, Mosquitto, NorthMessage};
+use crate::support::{
+    boot_id, north_topics, Backend, Device, Ferry, FerryOpts, Mode, Mosquitto, NorthMessage,
+};
+use ferry::ids::DeviceId;
 
 mod delivery;
 mod restarts;
