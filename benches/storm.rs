@@ -42,9 +42,7 @@ use clap::Parser;
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::client::device::{DeviceClient, DeviceOptions};
 use ferry::ids::MsgId;
-use ferry::protocol::control::Status;
 use ferry::protocol::envelope::WireEnvelope;
-use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -199,9 +197,7 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         let left = setup_deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, backend.events.recv()).await {
             Ok(Some(BackendEvent::Connected)) => connected = true,
-            Ok(Some(BackendEvent::Status(s))) => {
-                online = Status::deserialize(&s).is_ok_and(|s| s.online)
-            }
+            Ok(Some(BackendEvent::Status(s))) => online = s.online,
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
                 return Err(format!(

@@ -6,9 +6,6 @@
 use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::ids::MsgId;
 use ferry::protocol::envelope::WireEnvelope;
-use ferry::protocol::north::NorthMessage;
-use ferry::protocol::receipt::NorthReceipt;
-use serde::Deserialize;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,27 +21,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     backend.send_downlink(&[&device], order);
     while let Some(event) = backend.events.recv().await {
         match event {
-            BackendEvent::Uplink(m) => match NorthMessage::deserialize(&m) {
-                Ok(message) => {
-                    println!(
-                        "uplink #{} from {} on {}: {:?}",
-                        message.seq, message.device, message.stream, message.envelope.payload
-                    );
-                    // Commit to the backend's database here, then ack.
-                    backend.ack_message(&message);
-                }
-                Err(e) => println!("not an uplink message ({e}): {m}"),
-            },
-            BackendEvent::Receipt(r) => match NorthReceipt::deserialize(&r) {
-                Ok(r) => println!(
-                    "receipt: {} for {:?} at {:?}: {}",
-                    r.status,
-                    r.msg_id,
-                    r.device,
-                    r.reason.unwrap_or_default()
-                ),
-                Err(e) => println!("not a receipt ({e}): {r}"),
-            },
+            BackendEvent::Uplink(message) => {
+                println!(
+                    "uplink #{} from {} on {}: {:?}",
+                    message.seq, message.device, message.stream, message.envelope.payload
+                );
+                // Commit to the backend's database here, then ack.
+                backend.ack_message(&message);
+            }
+            BackendEvent::Receipt(r) => println!(
+                "receipt: {} for {:?} at {:?}: {}",
+                r.status,
+                r.msg_id,
+                r.device,
+                r.reason.unwrap_or_default()
+            ),
             other => println!("{other:?}"),
         }
     }

@@ -6,8 +6,6 @@
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
 use ferry::ids::MsgId;
 use ferry::protocol::envelope::WireEnvelope;
-use ferry::protocol::receipt::Receipt;
-use serde::Deserialize;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,16 +22,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     device.send_envelope("line3/temp", &reading);
     while let Some(event) = device.events.recv().await {
         match event {
-            DeviceEvent::Receipt(r) => match Receipt::deserialize(&r) {
-                Ok(r) => println!(
-                    "receipt: {:?} {:?} seq {:?} {}",
-                    r.msg_id.map(|m| m.to_string()),
-                    r.status,
-                    r.seq.map(|s| s.0),
-                    r.reason.unwrap_or_default()
-                ),
-                Err(e) => println!("not a receipt ({e}): {r}"),
-            },
+            DeviceEvent::Receipt(r) => println!(
+                "receipt: {:?} {:?} seq {:?} {}",
+                r.msg_id.map(|m| m.to_string()),
+                r.status,
+                r.seq.map(|s| s.0),
+                r.reason.unwrap_or_default()
+            ),
             DeviceEvent::Inbox {
                 messages,
                 more,

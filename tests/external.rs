@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
+use ferry::protocol::receipt::ReceiptStatus;
 use serde_json::{json, Value};
 
 use crate::support::{boot_id, Backend, Device, Ferry, FerryOpts, Mode, Mosquitto};
@@ -30,8 +31,8 @@ async fn delivered(device: &mut DeviceClient, want: usize, timeout: Duration) ->
     let mut done = HashSet::new();
     while done.len() < want {
         match tokio::time::timeout_at(deadline, device.events.recv()).await {
-            Ok(Some(DeviceEvent::Receipt(r))) if status(&r) == "delivered" => {
-                done.insert(r["msg_id"].as_str().unwrap_or_default().to_string());
+            Ok(Some(DeviceEvent::Receipt(r))) if r.status == ReceiptStatus::Delivered => {
+                done.extend(r.msg_id.map(|m| m.to_string()));
             }
             Ok(Some(_)) => {}
             _ => break,

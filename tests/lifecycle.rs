@@ -18,7 +18,9 @@ async fn retained_status(port: u16, gateway: &str, client_id: &str) -> serde_jso
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         match tokio::time::timeout_at(deadline, backend.events.recv()).await {
-            Ok(Some(BackendEvent::Status(s))) => return s,
+            Ok(Some(BackendEvent::Status(s))) => {
+                return serde_json::to_value(s).expect("status serializes")
+            }
             Ok(Some(_)) => continue,
             _ => panic!("no retained status on ferry/{gateway}/status within 20 s"),
         }

@@ -16,6 +16,7 @@ use super::outbox::Outbox;
 use crate::ids::{DeviceId, GatewayId, IdError, MsgId};
 use crate::mqtt::{self, Event, Session};
 use crate::protocol::ack::{encode_acks, BackendAck};
+use crate::protocol::control::Status;
 use crate::protocol::envelope::{WireDownlink, WireEnvelope};
 use crate::protocol::north::NorthMessage;
 use crate::protocol::receipt::{NorthReceipt, NorthStatus};
@@ -58,11 +59,11 @@ impl BackendOptions {
 pub enum BackendEvent {
     Connected,
     /// An uplink message (`{prefix}/{gateway}/up/...`); ack it after committing.
-    Uplink(Value),
+    Uplink(NorthMessage),
     /// A receipt from `{prefix}/{gateway}/receipts` (arrays are split).
-    Receipt(Value),
+    Receipt(NorthReceipt),
     /// The gateway's retained status.
-    Status(Value),
+    Status(Status),
 }
 
 enum Command {
@@ -285,29 +286,34 @@ impl Task {
         self.session.send(topic, body.to_vec(), false);
     }
 
+    /// False once the application dropped its receiver. What is not one
+    /// of the protocol's messages is logged and skipped.
     fn on_publish(&mut self, topic: &str, payload: &[u8]) -> bool {
-        let Ok(value) = serde_json::from_slice::<Value>(payload) else {
-            return true;
-        };
-        match self.topics.parse(topic) {
-            Some(NorthTopic::Up { .. }) => self.events.send(BackendEvent::Uplink(value)).is_ok(),
-            Some(NorthTopic::Status) => self.events.send(BackendEvent::Status(value)).is_ok(),
-            Some(NorthTopic::Receipts) => {
-                let receipts = match value {
-                    Value::Array(items) => items,
-                    one => vec![one],
-                };
-                for r in receipts {
-                    if let Ok(receipt) = NorthReceipt::deserialize(&r) {
-                        on_receipt(&mut self.downs, &receipt);
+        let event = match self.topics.parse(topic) {
+            Some(NorthTopic::Up { .. }) => {
+                serde_json::from_slice(payload).map(BackendEvent::Uplink)
+            }
+            Some(NorthTopic::Status) => serde_json::from_slice(payload).map(BackendEvent::Status),
+            Some(NorthTopic::Receipts) => match NorthReceipt::parse_many(payload) {
+                Ok(receipts) => {
+                    for r in receipts {
+                        on_receipt(&mut self.downs, &r);
+                        if self.events.send(BackendEvent::Receipt(r)).is_err() {
+                            return false;
+                        }
                     }
-                    if self.events.send(BackendEvent::Receipt(r)).is_err() {
-                        return false;
-                    }
+                    return true;
                 }
+                Err(e) => Err(e),
+            },
+            Some(NorthTopic::Ack | NorthTopic::Down(_)) | None => return true,
+        };
+        match event {
+            Ok(event) => self.events.send(event).is_ok(),
+            Err(e) => {
+                warn!(topic, error = %e, "not one of the protocol's messages; ignored");
                 true
             }
-            Some(NorthTopic::Ack | NorthTopic::Down(_)) | None => true,
         }
     }
 }

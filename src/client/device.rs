@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde::Deserialize;
+
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tracing::warn;
 
 use super::outbox::Outbox;
 use crate::ids::{DeviceId, IdError, MsgId, Seq};
@@ -70,9 +71,8 @@ pub enum DeviceEvent {
     /// Connected and subscribed (again); the backlog has been pulled.
     Connected,
     Disconnected,
-    /// A receipt on `{prefix}/{device}/ack`, as received. Its typed form:
-    /// [`Receipt::deserialize`].
-    Receipt(Value),
+    /// A receipt on `{prefix}/{device}/ack`.
+    Receipt(Receipt),
     /// New inbox messages, in seq order, none at or below the cursor.
     /// Confirm them with [`DeviceClient::confirm`] once committed.
     Inbox {
@@ -314,17 +314,18 @@ impl Task {
     }
 
     fn on_receipt(&mut self, payload: &[u8]) -> bool {
-        let Ok(value) = serde_json::from_slice::<Value>(payload) else {
-            return true;
+        let receipt = match serde_json::from_slice::<Receipt>(payload) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "a receipt that is not one of the protocol's; ignored");
+                return true;
+            }
         };
-        if let Ok(Receipt {
-            msg_id: Some(id), ..
-        }) = Receipt::deserialize(&value)
-        {
+        if let Some(id) = &receipt.msg_id {
             // Any receipt but a lost one is an answer: stop resending.
             self.unanswered.remove(id.as_str());
         }
-        self.events.send(DeviceEvent::Receipt(value)).is_ok()
+        self.events.send(DeviceEvent::Receipt(receipt)).is_ok()
     }
 
     fn on_inbox(&mut self, payload: &[u8]) -> bool {

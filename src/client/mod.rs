@@ -13,8 +13,9 @@
 //!
 //! Every topic comes from [`crate::protocol::topics`] and every body is one
 //! of [`crate::protocol`]'s wire types, the same ones the gateway reads and
-//! writes. Events hand the application each message as received (JSON);
-//! its typed form is the matching wire type's `deserialize(&value)`.
+//! writes. Events hand the application the typed message (an uplink's or
+//! a batch entry's own payload stays the application's JSON); what is not
+//! one of the protocol's messages is logged and skipped.
 //!
 //! Both reconnect with exponential backoff and jitter (the session's).
 

@@ -57,6 +57,12 @@ async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bo
 // Receipts north
 // ---------------------------------------------------------------------------
 
+/// A typed message as the JSON it was on the wire, for assertions on its
+/// fields by name.
+fn as_json(m: &impl serde::Serialize) -> Value {
+    serde_json::to_value(m).expect("a wire type serializes")
+}
+
 fn status(r: &Value) -> &str {
     r["status"].as_str().unwrap_or("")
 }
@@ -132,8 +138,8 @@ impl North {
         let deadline = Instant::now() + SECS_30;
         loop {
             match tokio::time::timeout(left(deadline), north.client.events.recv()).await {
-                Ok(Some(BackendEvent::Status(s))) if s["online"] == true => return north,
-                Ok(Some(BackendEvent::Receipt(r))) => north.receipts.push(r),
+                Ok(Some(BackendEvent::Status(s))) if s.online => return north,
+                Ok(Some(BackendEvent::Receipt(r))) => north.receipts.push(as_json(&r)),
                 Ok(Some(_)) => {}
                 Ok(None) => panic!("the backend client stopped"),
                 Err(_) => panic!("gateway {gateway} did not report online within 30 s"),
@@ -152,7 +158,7 @@ impl North {
         let deadline = Instant::now() + timeout;
         while !done(&self.receipts) {
             match tokio::time::timeout(left(deadline), self.client.events.recv()).await {
-                Ok(Some(BackendEvent::Receipt(r))) => self.receipts.push(r),
+                Ok(Some(BackendEvent::Receipt(r))) => self.receipts.push(as_json(&r)),
                 Ok(Some(_)) => {}
                 Ok(None) => panic!("the backend client stopped"),
                 Err(_) => return false,
