@@ -22,7 +22,11 @@
 //!   again; rumqttc never replays it. For the gateway's own links.
 //! - [`Session::send`]: fire and forget, replayed by rumqttc after a
 //!   reconnect (with [`Options::replay`]). For clients that resend on their
-//!   own protocol timers anyway.
+//!   own protocol timers anyway, and for the external south's receipts and
+//!   batches (the protocol repairs a lost one).
+//!
+//! A session uses one of the two, never both: tracking matches packet ids
+//! to tracked publishes in the order rumqttc writes them.
 
 pub mod acks;
 pub mod flow;
