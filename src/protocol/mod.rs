@@ -23,6 +23,8 @@ pub mod envelope;
 pub mod inbox;
 pub mod north;
 pub mod receipt;
+#[cfg(test)]
+mod props;
 mod sniff;
 pub mod topics;
 
