@@ -32,6 +32,7 @@ mod config;
 mod downlink;
 mod edges;
 mod external;
+mod isolation;
 mod lifecycle;
 mod robust;
 mod uplink;

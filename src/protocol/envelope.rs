@@ -137,6 +137,8 @@ pub enum RejectCode {
     Malformed,
     TooLarge,
     BadTopic,
+    /// Published on a topic that is not the sender's own.
+    Unauthorized,
 }
 
 impl RejectCode {
@@ -145,6 +147,7 @@ impl RejectCode {
             RejectCode::Malformed => "malformed",
             RejectCode::TooLarge => "too_large",
             RejectCode::BadTopic => "bad_topic",
+            RejectCode::Unauthorized => "unauthorized",
         }
     }
 }

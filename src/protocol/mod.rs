@@ -22,9 +22,9 @@ pub mod control;
 pub mod envelope;
 pub mod inbox;
 pub mod north;
-pub mod receipt;
 #[cfg(test)]
 mod props;
+pub mod receipt;
 mod sniff;
 pub mod topics;
 

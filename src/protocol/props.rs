@@ -193,7 +193,7 @@ proptest! {
         let back: Vec<BackendAck> = parse_acks(&encode_acks(&acks))
             .into_iter()
             .collect::<Result<_, _>>()
-            .map_err(|e| TestCaseError::fail(e))?;
+            .map_err(TestCaseError::fail)?;
         prop_assert_eq!(back, acks);
     }
 
@@ -288,7 +288,12 @@ proptest! {
 /// written again on their way through (north body, inbox entry).
 #[test]
 fn payload_numbers_go_through_the_gateway_unchanged() {
-    let tricky = [3.753_318_737_314_215_6e94, -9.021_894_255_568_605e-160, 0.1, 1e308];
+    let tricky = [
+        3.753_318_737_314_215_6e94,
+        -9.021_894_255_568_605e-160,
+        0.1,
+        1e308,
+    ];
     for x in tricky {
         let sent = json!({"msg_id": "m-1", "payload": {"v": x}, "to": ["a"]});
         let bytes = serde_json::to_vec(&sent).unwrap();
@@ -300,7 +305,8 @@ fn payload_numbers_go_through_the_gateway_unchanged() {
             stream: "t",
             stored_ms: 1,
         };
-        let north: Value = serde_json::from_slice(&super::north::north_body(&up.fields, &stamp)).unwrap();
+        let north: Value =
+            serde_json::from_slice(&super::north::north_body(&up.fields, &stamp)).unwrap();
         assert_eq!(north["payload"]["v"].as_f64(), Some(x), "north body");
         let down = parse_downlink(&bytes, MAX_BYTES, 1).expect("valid downlink");
         let entry: Value = serde_json::from_slice(&down.entry).unwrap();

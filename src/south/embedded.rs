@@ -20,6 +20,13 @@
 //!   retained messages, no logs of filters nobody reads), bounds keep-alive
 //!   and subscriptions, and refuses a CONNECT beyond `max_connections` with
 //!   a CONNACK.
+//! - A device is held to its own topics (vendor/README.md, patch 22): it
+//!   publishes only on `{prefix}/{its id}/...` device topics and subscribes
+//!   only to its own `ack` and `inbox`. A publish anywhere else reaches
+//!   only the gateway, quarantined and marked with its sender, and is
+//!   answered `rejected` (reason `unauthorized`); any other SUBSCRIBE
+//!   filter gets 0x80. Who a device is, is still its client id:
+//!   authentication comes with issue 8.
 //! - The link's client id is the empty string. rumqttd renames any device
 //!   that connects with an empty id (`rumqtt-{uuid}`), so no device can take
 //!   the link over.
@@ -36,7 +43,8 @@ use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
 use rumqttd::protocol::v4::V4;
 use rumqttd::{
     ConnectionSettings, DirectPublish, Forward, LinkType, Notification, Router, RouterConfig,
-    Server, ServerSettings, OVERSIZE_PROPERTY,
+    Server, ServerSettings, OVERSIZE_PROPERTY, PUBLISHER_PROPERTY, QUARANTINE_TOPIC,
+    TOPIC_PROPERTY,
 };
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
@@ -97,7 +105,7 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         source,
     })?;
 
-    let filters: HashMap<String, rumqttd::SegmentConfig> = device_filters(topics)
+    let filters: HashMap<String, rumqttd::SegmentConfig> = link_filters(topics)
         .map(|filter| {
             let seg = rumqttd::SegmentConfig {
                 max_segment_size: LINK_FILTER_SEGMENT,
@@ -120,6 +128,8 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             ephemeral: true,
             max_subscriptions: cfg.max_subscriptions,
             max_direct_queue: DEVICE_QUEUE,
+            // A device subscribes to its own `ack` and `inbox` only.
+            isolation: Some(topics.south_prefix().to_string()),
         },
     );
     let (presence_tx, presence_rx) = mpsc::unbounded_channel();
@@ -134,7 +144,7 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         .build()
         .map_err(|e| SouthError::Link(e.to_string()))?;
     let mut link_tx = link_tx;
-    for filter in device_filters(topics) {
+    for filter in link_filters(topics) {
         link_tx
             .subscribe(filter)
             .map_err(|e| SouthError::Link(e.to_string()))?;
@@ -168,6 +178,9 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             // A device publishing outside the protocol's topics is disconnected.
             dynamic_filters: false,
             max_keep_alive: cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16,
+            // A device publishes on its own topics only; anything else
+            // reaches the gateway quarantined, to be answered `rejected`.
+            isolation: Some(topics.south_prefix().to_string()),
         },
     };
     let mut server = Server::new(settings, router_tx, V4);
@@ -261,6 +274,11 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
     }
 }
 
+/// What the link reads: every device topic kind, and the quarantine.
+fn link_filters(topics: &Topics) -> impl Iterator<Item = String> {
+    device_filters(topics).chain(std::iter::once(QUARANTINE_TOPIC.to_string()))
+}
+
 /// A forwarded device publish as the pipeline sees it.
 fn south_message(f: Forward) -> Option<SouthMessage> {
     let Ok(topic) = String::from_utf8(f.publish.topic.to_vec()) else {
@@ -268,13 +286,23 @@ fn south_message(f: Forward) -> Option<SouthMessage> {
         warn!("dropping a device publish whose topic is not UTF-8");
         return None;
     };
-    let oversize = f.properties.as_ref().and_then(|p| {
-        p.user_properties
-            .iter()
-            .find(|(k, _)| k == OVERSIZE_PROPERTY)
-            .and_then(|(_, v)| v.parse().ok())
-    });
+    let property = |name: &str| {
+        f.properties.as_ref().and_then(|p| {
+            p.user_properties
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
+    };
+    let oversize = property(OVERSIZE_PROPERTY).and_then(|v| v.parse().ok());
+    // A quarantined publish: who sent it, on which topic.
+    let publisher = property(PUBLISHER_PROPERTY);
+    let topic = match (&publisher, property(TOPIC_PROPERTY)) {
+        (Some(_), Some(own)) => own,
+        _ => topic,
+    };
     Some(SouthMessage {
+        publisher,
         topic,
         payload: f.publish.payload,
         oversize,
@@ -296,6 +324,59 @@ fn send(mut link: LinkTx, mut rx: mpsc::Receiver<DirectPublish>) {
         if let Err(e) = link.deliver(batch) {
             error!(error = %e, "embedded broker link lost; stopping sends to devices");
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rumqttd::{own_publish_topic, own_subscribe_filter};
+
+    #[test]
+    fn a_device_publishes_on_its_own_device_topics_only() {
+        for ok in [
+            "devices/a/up",
+            "devices/a/up/t",
+            "devices/a/up/line3/temp",
+            "devices/a/confirm",
+            "devices/a/pull",
+            "devices/a/read",
+            "devices/a/nack",
+            "devices/a/status",
+        ] {
+            assert!(own_publish_topic("devices", "a", ok), "{ok}");
+        }
+        for refused in [
+            "devices/b/up/t",
+            "devices/ab/up/t",
+            "devices/a/ack",
+            "devices/a/inbox",
+            "devices/a/upx",
+            "devices/a",
+            "devices/a/",
+            "devicesx/a/up/t",
+            "ferry-quarantine",
+            "other/a/up/t",
+        ] {
+            assert!(!own_publish_topic("devices", "a", refused), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_device_subscribes_to_its_own_ack_and_inbox_only() {
+        assert!(own_subscribe_filter("devices", "a", "devices/a/ack"));
+        assert!(own_subscribe_filter("devices", "a", "devices/a/inbox"));
+        for refused in [
+            "devices/b/ack",
+            "devices/+/ack",
+            "devices/#",
+            "#",
+            "devices/a/#",
+            "devices/a/up/t",
+            "ferry-quarantine",
+            "devices/ab/inbox",
+        ] {
+            assert!(!own_subscribe_filter("devices", "a", refused), "{refused}");
         }
     }
 }

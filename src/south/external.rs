@@ -91,6 +91,8 @@ async fn receive(mut events: tokio::sync::mpsc::Receiver<Event<()>>, tx: Inbound
             topic: m.topic,
             payload: m.payload,
             oversize: m.oversize,
+            // The site broker's ACL keeps devices to their own topics.
+            publisher: None,
             ack: Ack(Some(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);

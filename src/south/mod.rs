@@ -56,6 +56,10 @@ pub struct SouthMessage {
     /// Its real size, when it was over the limit and only its head is in
     /// `payload`.
     pub oversize: Option<usize>,
+    /// Set when the broker found it outside its sender's own topics
+    /// (embedded mode): the client id that sent it. It was routed nowhere
+    /// else, and is answered `rejected`, reason `unauthorized`.
+    pub publisher: Option<String>,
     /// Pass to [`SouthSender::ack`] once the message is committed (or
     /// handed on, for a control message).
     pub ack: Ack,

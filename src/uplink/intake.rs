@@ -42,6 +42,8 @@ const MAX_UNANSWERED_BYTES: usize = 32 << 20;
 
 /// Device publishes over the broker's limit, counted.
 pub static OVERSIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
+/// Device publishes outside the sender's own topics, counted.
+pub static UNAUTHORIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
 
 pub struct IntakeConfig {
     pub gateway: Arc<str>,
@@ -152,6 +154,19 @@ async fn accept(
         let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
         warn!(topic = %msg.topic, bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
     }
+    if let Some(publisher) = &msg.publisher {
+        // Not the sender's own topic: routed nowhere, answered to the
+        // sender, kept as a dead letter.
+        let total = UNAUTHORIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+        warn!(publisher = %publisher, topic = %msg.topic, total, "device publish outside its own topics rejected");
+        let mut rejection = Rejection::new(
+            RejectCode::Unauthorized,
+            format!("{publisher} may not publish on {}", msg.topic),
+        );
+        rejection.msg_id = sniff_msg_id(&msg.payload);
+        let sender = DeviceId::new(publisher.as_str()).ok();
+        return Some(reject(store, sender, rejection, &msg));
+    }
     let (device, stream) = match topics.parse_device(&msg.topic) {
         Ok((device, DeviceTopic::Up { stream })) => (device, stream),
         Ok((device, _)) if msg.oversize.is_some() => {
@@ -245,6 +260,7 @@ fn reject(
         device: device
             .as_ref()
             .map(|d| d.to_string())
+            .or_else(|| msg.publisher.clone())
             .or_else(|| raw_device(&msg.topic)),
         msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
         topic: msg.topic.clone(),

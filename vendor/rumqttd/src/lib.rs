@@ -167,6 +167,50 @@ pub struct ConnectionSettings {
     /// property giving its real size. 0 keeps upstream's behaviour.
     #[serde(default)]
     pub oversize_head: usize,
+    /// ferry: per-client topic isolation under this prefix. A client with
+    /// id X may publish only on `{prefix}/X/up[/...]`, `confirm`, `pull`,
+    /// `read`, `nack` and `status`; any other publish is not routed where it
+    /// was sent but handed to [`QUARANTINE_TOPIC`] with the publisher and
+    /// the topic it used as user properties. `None` keeps upstream's
+    /// behaviour.
+    #[serde(default)]
+    pub isolation: Option<String>,
+}
+
+/// ferry: where a publish outside its client's own topics goes instead
+/// (see [`ConnectionSettings::isolation`]); only a local link may
+/// subscribe to it.
+pub const QUARANTINE_TOPIC: &str = "ferry-quarantine";
+/// ferry: the user property naming a quarantined publish's client id.
+pub const PUBLISHER_PROPERTY: &str = "ferry-publisher";
+/// ferry: the user property giving a quarantined publish's own topic.
+pub const TOPIC_PROPERTY: &str = "ferry-topic";
+
+/// ferry: whether client `client_id` may publish on `topic` under
+/// isolation `prefix`: only on its own device topics.
+pub fn own_publish_topic(prefix: &str, client_id: &str, topic: &str) -> bool {
+    let Some(rest) = topic
+        .strip_prefix(prefix)
+        .and_then(|t| t.strip_prefix('/'))
+        .and_then(|t| t.strip_prefix(client_id))
+        .and_then(|t| t.strip_prefix('/'))
+    else {
+        return false;
+    };
+    rest == "up"
+        || rest.starts_with("up/")
+        || matches!(rest, "confirm" | "pull" | "read" | "nack" | "status")
+}
+
+/// ferry: whether client `client_id` may subscribe to `filter` under
+/// isolation `prefix`: only to its own `ack` and `inbox`.
+pub fn own_subscribe_filter(prefix: &str, client_id: &str, filter: &str) -> bool {
+    filter
+        .strip_prefix(prefix)
+        .and_then(|t| t.strip_prefix('/'))
+        .and_then(|t| t.strip_prefix(client_id))
+        .and_then(|t| t.strip_prefix('/'))
+        .is_some_and(|rest| matches!(rest, "ack" | "inbox"))
 }
 
 impl ConnectionSettings {
@@ -234,6 +278,13 @@ pub struct RouterConfig {
     /// limit.
     #[serde(default)]
     pub max_direct_queue: usize,
+    /// ferry: per-client subscription isolation under this prefix: a
+    /// remote client may subscribe only to its own `{prefix}/X/ack` and
+    /// `{prefix}/X/inbox`; any other filter (wildcards included) gets a
+    /// failure (0x80). Local links are not held to it. `None` keeps
+    /// upstream's behaviour.
+    #[serde(default)]
+    pub isolation: Option<String>,
 }
 
 /// The user property a skipped oversized publish carries (see

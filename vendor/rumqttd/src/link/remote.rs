@@ -15,7 +15,7 @@ use std::time::Duration;
 use subtle::ConstantTimeEq;
 use tokio::time::error::Elapsed;
 use tokio::{select, time};
-use tracing::{trace, Span};
+use tracing::{debug, trace, Span};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -58,6 +58,8 @@ pub struct RemoteLink<P> {
     link_rx: LinkRx,
     notifications: VecDeque<Notification>,
     pub(crate) will_delay_interval: u32,
+    /// ferry: the client's id and the isolation prefix, when isolated.
+    isolation: Option<(String, String)>,
 }
 
 impl<P: Protocol> RemoteLink<P> {
@@ -133,7 +135,44 @@ impl<P: Protocol> RemoteLink<P> {
             // ferry: allocated when used.
             notifications: VecDeque::new(),
             will_delay_interval,
+            isolation: None,
         })
+    }
+
+    /// ferry: holds this client to its own topics under `prefix` (see
+    /// [`crate::ConnectionSettings::isolation`]).
+    pub fn set_isolation(&mut self, prefix: Option<String>) {
+        self.isolation = prefix.map(|p| (self.client_id().to_owned(), p));
+    }
+
+    fn client_id(&self) -> &str {
+        &self.connect.client_id
+    }
+
+    /// ferry: sends a publish outside the client's own topics to the
+    /// quarantine topic instead, naming the publisher and its topic.
+    fn quarantine(&self, packets: &mut VecDeque<Packet>, from: usize) {
+        let Some((client_id, prefix)) = &self.isolation else {
+            return;
+        };
+        for packet in packets.iter_mut().skip(from) {
+            let Packet::Publish(publish, props) = packet else {
+                continue;
+            };
+            let topic = String::from_utf8_lossy(&publish.topic).into_owned();
+            if crate::own_publish_topic(prefix, client_id, &topic) {
+                continue;
+            }
+            debug!(client_id, topic, "publish outside the client's own topics quarantined");
+            let props = props.get_or_insert_with(Default::default);
+            props
+                .user_properties
+                .push((crate::PUBLISHER_PROPERTY.to_owned(), client_id.clone()));
+            props
+                .user_properties
+                .push((crate::TOPIC_PROPERTY.to_owned(), topic));
+            publish.topic = bytes::Bytes::from_static(crate::QUARANTINE_TOPIC.as_bytes());
+        }
     }
 
     pub async fn start(&mut self) -> Result<(), Error> {
@@ -147,8 +186,10 @@ impl<P: Protocol> RemoteLink<P> {
                     let packet = o?;
                     let len = {
                         let mut buffer = self.link_tx.buffer();
+                        let from = buffer.len();
                         buffer.push_back(packet);
                         self.network.readv(&mut buffer)?;
+                        self.quarantine(&mut buffer, from);
                         buffer.len()
                     };
 

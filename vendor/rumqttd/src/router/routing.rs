@@ -872,6 +872,26 @@ impl Router {
                             return_codes.push(SubscribeReasonCode::Failure);
                             continue;
                         }
+                        // ferry: a remote client subscribes to its own
+                        // topics only (local links, the gateway's own, are
+                        // not held to it).
+                        if let Some(prefix) = &self.config.isolation {
+                            let remote = self
+                                .ibufs
+                                .get(id)
+                                .is_some_and(|i| !i.client_id.is_empty());
+                            if remote
+                                && !crate::own_subscribe_filter(
+                                    prefix,
+                                    &connection.client_id,
+                                    &f.path,
+                                )
+                            {
+                                warn!(filter = f.path, "Subscription refused: not the client's own topic");
+                                return_codes.push(SubscribeReasonCode::Failure);
+                                continue;
+                            }
+                        }
                         info!("Adding subscription on topic {}", f.path);
 
                         if let Err(e) = validate_subscription(connection, f) {

@@ -522,6 +522,7 @@ async fn remote<P: Protocol>(
     network.set_oversize_head(config.oversize_head);
 
     let dynamic_filters = config.dynamic_filters;
+    let isolation = config.isolation.clone();
 
     let max_keep_alive = config.max_keep_alive;
     let mut connect_packet = match mqtt_connect(config, &mut network).await {
@@ -607,6 +608,8 @@ async fn remote<P: Protocol>(
         }
     };
 
+    // ferry: the client is held to its own topics.
+    link.set_isolation(isolation);
     let connection_id = link.connection_id;
     let will_delay_interval = link.will_delay_interval;
     let mut send_disconnect = true;
