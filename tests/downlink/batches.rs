@@ -53,7 +53,7 @@ async fn a_thousand_downlinks_for_a_new_device_are_stored_then_sent_in_order_one
     );
 
     // A device that holds each confirm back and checks nothing else comes.
-    let mut device = BareClient::device(ferry.south_port, DEVICE).await;
+    let mut device = BareClient::device(&ferry, DEVICE).await;
     let mut next = 1u64;
     let mut batches = 0;
     while next <= N {
@@ -154,7 +154,7 @@ async fn a_catch_up_cut_by_sigkill_resumes_after_restart_from_the_confirmed_curs
     let confirm_topic = device_topics(DEVICE).confirm();
 
     // Batches 1 and 2 confirmed, batch 3 received and left unconfirmed.
-    let mut device = BareClient::device(ferry.south_port, DEVICE).await;
+    let mut device = BareClient::device(&ferry, DEVICE).await;
     let mut received: Vec<u64> = Vec::new();
     for b in 1..=3u64 {
         let batch = device
@@ -339,7 +339,7 @@ async fn an_unconfirmed_batch_is_sent_again_with_a_growing_timeout_while_the_dev
         .await;
 
     // A device that never confirms: the same batch, at growing intervals.
-    let mut device = BareClient::device(ferry.south_port, DEVICE).await;
+    let mut device = BareClient::device(&ferry, DEVICE).await;
     let mut arrivals = Vec::new();
     for n in 1..=3 {
         let batch = device

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::{CONNECT_TIMEOUT, MAX_PACKET};
+use super::{Ferry, Mode, CONNECT_TIMEOUT, MAX_PACKET};
 
 static CLIENT_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -156,25 +156,28 @@ impl BareClient {
         }
     }
 
-    /// A device subscribed to its inbox only, confirming nothing by itself.
-    /// It says it is online, as the protocol has devices do, retained (in
-    /// external mode that is all ferry learns of its presence, also after
-    /// ferry restarts).
-    pub async fn device(south_port: u16, id: &str) -> BareClient {
+    /// A device of `ferry` subscribed to its inbox only, confirming
+    /// nothing by itself. Behind a site broker (external mode) it says it is
+    /// online, retained, as the protocol has devices do: that is all ferry
+    /// learns of its presence there, also after ferry restarts. (The
+    /// embedded broker reports the subscription itself.)
+    pub async fn device(ferry: &Ferry, id: &str) -> BareClient {
         let topics = super::clients::device_topics(id);
-        let client = BareClient::connect(south_port, id, vec![topics.inbox()]).await;
-        let online = control::to_bytes(&Status {
-            online: true,
-            ts: None,
-        });
-        assert!(
-            client
-                .session
-                .client
-                .publish_retained(topics.status(), online)
-                .await,
-            "status queued"
-        );
+        let client = BareClient::connect(ferry.south_port, id, vec![topics.inbox()]).await;
+        if ferry.mode == Mode::External {
+            let online = control::to_bytes(&Status {
+                online: true,
+                ts: None,
+            });
+            assert!(
+                client
+                    .session
+                    .client
+                    .publish_retained(topics.status(), online)
+                    .await,
+                "status queued"
+            );
+        }
         client
     }
 
