@@ -439,3 +439,45 @@ async fn a_long_stall_holds_devices_back_and_loses_none_of_thirty_thousand_messa
     assert!(ferry.log().contains("devices' publishes are taken again"));
     assert_eq!(device.subacks(), 1, "on the same connection");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_stalled_connections_neither_delay_a_device_nor_stay_open() {
+    // Connections that open TCP and never send CONNECT wait on their own
+    // and are closed after south.connect_timeout_ms.
+    support::raise_fd_limit();
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-stall-hs", mq.port).with(|c| c.south.connect_timeout_ms = 1000),
+    );
+    let mut stalled = Vec::new();
+    for _ in 0..500 {
+        let s = tokio::net::TcpStream::connect(("127.0.0.1", ferry.south_port))
+            .await
+            .expect("connect");
+        stalled.push(s);
+    }
+    let started = Instant::now();
+    let mut device = Device::connect(ferry.south_port, "prompt").await;
+    device.publish_envelope("t", "prompt-1", json!(1)).await;
+    let r = device.next_receipt(SECS_10).await.expect("a receipt");
+    let took = started.elapsed();
+    assert_eq!(status(&r), "stored", "{r}");
+    eprintln!("connect and `stored` with 500 stalled connections open: {took:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+
+    // Every stalled connection is closed by ferry within its timeout (plus
+    // slack): a read sees the end of the stream.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for s in stalled.iter_mut().step_by(50) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(left, tokio::io::AsyncReadExt::read(s, &mut buf))
+            .await
+            .expect("closed within 5 s (the timeout is 1 s)")
+            .unwrap_or(0);
+        assert_eq!(
+            n, 0,
+            "ferry sent something to a client that never sent CONNECT"
+        );
+    }
+}

@@ -76,6 +76,8 @@ pub struct SouthConfig {
     /// A device asking for a longer keep-alive, or none, gets this one.
     pub max_keep_alive: Duration,
     pub max_subscriptions: usize,
+    /// Embedded mode: how long a connection may take to complete its CONNECT.
+    pub connect_timeout: Duration,
 }
 
 /// Which broker devices talk to.
@@ -174,6 +176,12 @@ impl Config {
             raw.south.max_subscriptions,
             2,
             10_000,
+        )?;
+        in_range(
+            "south.connect_timeout_ms",
+            raw.south.connect_timeout_ms,
+            100,
+            u16::MAX as u64,
         )?;
 
         if raw.north.host.trim().is_empty() {
@@ -315,6 +323,7 @@ impl Config {
                 max_connections: raw.south.max_connections,
                 max_keep_alive: Duration::from_secs(raw.south.max_keep_alive_s),
                 max_subscriptions: raw.south.max_subscriptions,
+                connect_timeout: Duration::from_millis(raw.south.connect_timeout_ms),
             },
             north: NorthConfig {
                 host: raw.north.host,

@@ -82,6 +82,9 @@ pub struct RawSouth {
     pub max_keep_alive_s: u64,
     /// Most subscriptions one device may hold.
     pub max_subscriptions: usize,
+    /// A connection that has not completed its CONNECT within this long is
+    /// closed, milliseconds.
+    pub connect_timeout_ms: u64,
     /// External mode: the site broker's host.
     pub host: String,
     /// External mode: the site broker's port.
@@ -105,6 +108,7 @@ impl Default for RawSouth {
             max_connections: 10_000,
             max_keep_alive_s: 600,
             max_subscriptions: 8,
+            connect_timeout_ms: 5000,
             mode: "embedded".into(),
             host: "127.0.0.1".into(),
             port: 1883,

@@ -101,3 +101,11 @@ fn bad_south_mode_keys_are_named() {
         .unwrap_err();
     assert_eq!(err.key, "south.keep_alive_s", "{err}");
 }
+
+#[test]
+fn connect_timeout_defaults_to_five_seconds_and_is_checked() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.south.connect_timeout, Duration::from_secs(5));
+    let err = load_str("[gateway]\nid = \"g\"\n[south]\nconnect_timeout_ms = 70000\n").unwrap_err();
+    assert_eq!(err.key, "south.connect_timeout_ms", "{err}");
+}

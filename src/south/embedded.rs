@@ -167,7 +167,10 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         tls: None,
         next_connection_delay_ms: 0,
         connections: ConnectionSettings {
-            connection_timeout_ms: 10_000,
+            // A client that opens TCP and never completes its CONNECT is
+            // closed after this; each waits in its own task, so none delays
+            // another device's connect.
+            connection_timeout_ms: cfg.connect_timeout.as_millis().min(u16::MAX as u128) as u16,
             // A larger publish is skipped on the wire and reaches the
             // gateway as its head, to be answered `rejected`.
             max_payload_size: cfg.max_payload_bytes + TOPIC_ALLOWANCE,
