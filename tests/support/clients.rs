@@ -101,13 +101,7 @@ impl Device {
     /// The next receipt, parsed; `None` after `timeout`.
     pub async fn next_receipt(&mut self, timeout: Duration) -> Option<Value> {
         let p = self.session.next(timeout).await?;
-        Some(serde_json::from_slice(&p.payload).unwrap_or_else(|e| {
-            panic!(
-                "device {} got a receipt that is not JSON ({e}): {:?}",
-                self.id,
-                String::from_utf8_lossy(&p.payload)
-            )
-        }))
+        Some(receipt_json(&self.id, &p))
     }
 
     /// Collects receipts until `done(all collected so far)` holds or
@@ -115,21 +109,12 @@ impl Device {
     pub async fn receipts_until(
         &mut self,
         timeout: Duration,
-        mut done: impl FnMut(&[Value]) -> bool,
+        done: impl FnMut(&[Value]) -> bool,
     ) -> Vec<Value> {
-        let deadline = Instant::now() + timeout;
-        let mut all = Vec::new();
-        while !done(&all) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match self.next_receipt(left).await {
-                Some(r) => all.push(r),
-                None => break,
-            }
-        }
-        all
+        let id = self.id.clone();
+        self.session
+            .collect_until(timeout, |m| receipt_json(&id, m), done)
+            .await
     }
 
     /// The next receipt for `msg_id`, skipping (and returning) others.
@@ -193,6 +178,16 @@ impl NorthMessage {
     pub fn seq(&self) -> Option<u64> {
         self.body["seq"].as_u64()
     }
+}
+
+/// A receipt as JSON; a device that gets anything else fails its test.
+fn receipt_json(device: &str, m: &Message) -> Value {
+    serde_json::from_slice(&m.payload).unwrap_or_else(|e| {
+        panic!(
+            "device {device} got a receipt that is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&m.payload)
+        )
+    })
 }
 
 /// A device's topics under the tests' `devices` prefix.
@@ -305,21 +300,11 @@ impl Backend {
     pub async fn messages_until(
         &mut self,
         timeout: Duration,
-        mut done: impl FnMut(&[NorthMessage]) -> bool,
+        done: impl FnMut(&[NorthMessage]) -> bool,
     ) -> Vec<NorthMessage> {
-        let deadline = Instant::now() + timeout;
-        let mut all = Vec::new();
-        while !done(&all) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match self.next_message(left).await {
-                Some(m) => all.push(m),
-                None => break,
-            }
-        }
-        all
+        self.session
+            .collect_until(timeout, NorthMessage::from_publish, done)
+            .await
     }
 
     /// Everything that arrives within `window`.

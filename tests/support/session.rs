@@ -124,6 +124,25 @@ impl Session {
             .unwrap_or(false)
     }
 
+    /// Collects `parse`d messages until `done(all collected so far)` holds
+    /// or `timeout` passes; returns what it collected either way.
+    pub async fn collect_until<T>(
+        &mut self,
+        timeout: Duration,
+        parse: impl Fn(&Message) -> T,
+        mut done: impl FnMut(&[T]) -> bool,
+    ) -> Vec<T> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut all = Vec::new();
+        while !done(&all) {
+            match tokio::time::timeout_at(deadline, self.incoming.recv()).await {
+                Ok(Some(m)) => all.push(parse(&m)),
+                _ => break,
+            }
+        }
+        all
+    }
+
     /// The next incoming message; `None` after `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Message> {
         tokio::time::timeout(timeout, self.incoming.recv())
