@@ -278,13 +278,6 @@ impl<T: Tag> Session<T> {
         let _ = self.commands.send(session::Command::Ack(token));
     }
 
-    /// Adds a filter, subscribed now and on every reconnect.
-    pub fn subscribe(&self, filter: impl Into<String>) {
-        let _ = self
-            .commands
-            .send(session::Command::Subscribe(filter.into()));
-    }
-
     /// Leaves cleanly: `farewell` first (a clean DISCONNECT does not fire
     /// the last will, so a retained status says it instead), then
     /// DISCONNECT, waiting at most `within` for it to be written.

@@ -27,7 +27,6 @@ const EVENT_QUEUE: usize = 4096;
 
 pub(super) enum Command {
     Ack(AckToken),
-    Subscribe(String),
     Close(Option<Will>),
 }
 
@@ -134,7 +133,6 @@ impl<T: Tag> Task<T> {
                 command = commands.recv(), if handles => {
                     match command {
                         Some(Command::Ack(token)) => self.ready(token),
-                        Some(Command::Subscribe(filter)) => self.add_subscription(filter, connected),
                         Some(Command::Close(farewell)) => match link {
                             Link::Connected { .. } => {
                                 self.leave(farewell);
@@ -387,16 +385,6 @@ impl<T: Tag> Task<T> {
         if let Err(e) = self.client.try_subscribe_many(filters) {
             warn!(link = %self.opts.name, error = %e, "subscribe could not be queued");
         }
-    }
-
-    fn add_subscription(&mut self, filter: String, connected: bool) {
-        if self.opts.subscriptions.contains(&filter) {
-            return;
-        }
-        if connected {
-            let _ = self.client.try_subscribe(filter.clone(), QoS::AtLeastOnce);
-        }
-        self.opts.subscriptions.push(filter);
     }
 
     /// Hands rumqttc every tracked publish that may go now.

@@ -29,8 +29,8 @@ use tracing::{debug, warn};
 
 use crate::config::NorthConfig;
 use crate::ids::{DeviceId, Seq};
+pub use crate::mqtt::AckToken;
 use crate::mqtt::{self, Announce, Event, Message, Reconnect, Session, Will};
-pub use crate::mqtt::{AckToken, OVERSIZE_HEAD};
 use crate::protocol::control::{self, Status};
 use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;

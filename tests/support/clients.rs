@@ -84,12 +84,6 @@ impl Device {
         ids
     }
 
-    /// Publishes any JSON value as the envelope.
-    pub async fn publish_json(&self, stream: &str, envelope: &Value) {
-        let bytes = serde_json::to_vec(envelope).expect("serialize envelope");
-        self.publish_raw(&self.up_topic(stream), bytes).await;
-    }
-
     /// Publishes bytes on any topic at QoS 1.
     pub async fn publish_raw(&self, topic: &str, bytes: impl Into<Vec<u8>>) {
         assert!(
