@@ -33,6 +33,16 @@ enum Command {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Set DEVICE's password in a password file (south.password_file),
+    /// adding or replacing its line. The password is read from stdin,
+    /// without echo on a terminal. Send the running gateway SIGHUP
+    /// (`systemctl reload ferry`) to apply it.
+    Passwd {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        #[arg(value_name = "DEVICE")]
+        device: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,6 +55,16 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Passwd { file, device } => match passwd(&file, &device) {
+            Ok(()) => {
+                eprintln!("ferry: {}: password for {device} set", file.display());
+                ExitCode::SUCCESS
+            }
+            Err((code, e)) => {
+                eprintln!("ferry passwd: {e}");
+                ExitCode::from(code)
+            }
+        },
         Command::CheckConfig { config } => match Config::load(&config) {
             Ok(_) => {
                 println!("{}: ok", config.display());
@@ -88,6 +108,71 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `ferry passwd FILE DEVICE`; an error is (exit code, one line).
+fn passwd(file: &std::path::Path, device: &str) -> Result<(), (u8, String)> {
+    use ferry::south::auth;
+    use std::io::{BufRead, IsTerminal, Write};
+
+    let device = ferry::ids::DeviceId::new(device)
+        .map_err(|e| (EXIT_CONFIG, format!("device id {device:?}: {e}")))?;
+    let existing = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err((1, format!("{}: {e}", file.display()))),
+    };
+    // Refuse to rewrite a file the gateway could not read anyway.
+    auth::parse(file, &existing).map_err(|e| (EXIT_CONFIG, e.to_string()))?;
+
+    let password = if std::io::stdin().is_terminal() {
+        let first = rpassword::prompt_password(format!("password for {device}: "))
+            .map_err(|e| (1, format!("cannot read the password: {e}")))?;
+        let again = rpassword::prompt_password("again: ")
+            .map_err(|e| (1, format!("cannot read the password: {e}")))?;
+        if first != again {
+            return Err((EXIT_CONFIG, "the passwords differ; nothing changed".into()));
+        }
+        first
+    } else {
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| (1, format!("cannot read the password from stdin: {e}")))?;
+        line.trim_end_matches(['\n', '\r']).to_string()
+    };
+    if password.is_empty() {
+        return Err((EXIT_CONFIG, "empty password; nothing changed".into()));
+    }
+    let hash = auth::hash_password(&password).map_err(|e| (1, format!("cannot hash: {e}")))?;
+    let text = auth::set_line(&existing, &device, &hash);
+
+    // Written whole and renamed over the old file, so the gateway reading
+    // it on SIGHUP sees the old file or the new one, never half of one.
+    let tmp = file.with_extension("tmp");
+    let io = |e: std::io::Error| (1, format!("{}: {e}", tmp.display()));
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?;
+        // Keep the file's owner and mode (e.g. root:ferry 0640), so the
+        // gateway can still read it after root edits it.
+        if let Ok(meta) = std::fs::metadata(file) {
+            use std::os::unix::fs::MetadataExt;
+            std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid())).map_err(io)?;
+            f.set_permissions(meta.permissions()).map_err(io)?;
+        }
+        f.write_all(text.as_bytes()).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, file).map_err(|e| (1, format!("{}: {e}", file.display())))?;
+    Ok(())
 }
 
 /// Logs to stderr through `log.level` (or RUST_LOG).

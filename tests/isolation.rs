@@ -2,7 +2,9 @@
 //! subscribes only on its own topics. What it sends elsewhere is routed
 //! nowhere, answered `rejected` (reason `unauthorized`) and kept as a dead
 //! letter; what it subscribes to elsewhere is refused with 0x80; the other
-//! device's traffic is undisturbed throughout.
+//! device's traffic is undisturbed throughout. Each test runs with
+//! anonymous devices (who a device is, is its client id) and with
+//! password-authenticated ones.
 
 use std::time::Duration;
 
@@ -21,10 +23,54 @@ fn status(r: &Value) -> &str {
     r["status"].as_str().unwrap_or("")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_device_publishing_on_another_devices_topics_is_rejected_and_reaches_nobody() {
+/// How the test's devices prove who they are.
+#[derive(Clone, Copy, Debug)]
+enum Login {
+    Anonymous,
+    Password,
+}
+
+impl Login {
+    /// `opts` with every device in `devices` given a password, or not.
+    fn apply(self, opts: FerryOpts, devices: &[&str]) -> FerryOpts {
+        match self {
+            Login::Anonymous => opts,
+            Login::Password => {
+                let logins: Vec<(&str, String)> =
+                    devices.iter().map(|d| (*d, format!("pw-{d}"))).collect();
+                let logins: Vec<(&str, &str)> =
+                    logins.iter().map(|(d, p)| (*d, p.as_str())).collect();
+                opts.with_passwords(&logins)
+            }
+        }
+    }
+}
+
+/// Runs `$name(login)` as `$name::anonymous` and `$name::with_passwords`.
+macro_rules! each_login {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn anonymous() {
+                super::$name(super::Login::Anonymous).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn with_passwords() {
+                super::$name(super::Login::Password).await
+            }
+        }
+    };
+}
+
+each_login!(a_device_publishing_on_another_devices_topics_is_rejected_and_reaches_nobody);
+each_login!(a_device_may_subscribe_only_to_its_own_ack_and_inbox);
+
+async fn a_device_publishing_on_another_devices_topics_is_rejected_and_reaches_nobody(
+    login: Login,
+) {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-iso", mq.port));
+    let ferry = Ferry::start(login.apply(FerryOpts::new("gw-iso", mq.port), &["iso-a", "iso-b"]));
     let mut backend = Backend::connect_auto_ack(mq.port, "gw-iso").await;
     let mut opts = BackendOptions::new("127.0.0.1", mq.port, "gw-iso");
     opts.client_id = "iso-downlinks".into();
@@ -151,10 +197,9 @@ async fn a_device_publishing_on_another_devices_topics_is_rejected_and_reaches_n
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_device_may_subscribe_only_to_its_own_ack_and_inbox() {
+async fn a_device_may_subscribe_only_to_its_own_ack_and_inbox(login: Login) {
     let mq = Mosquitto::start();
-    let ferry = Ferry::start(FerryOpts::new("gw-iso-sub", mq.port));
+    let ferry = Ferry::start(login.apply(FerryOpts::new("gw-iso-sub", mq.port), &["iso-spy"]));
     let mut raw = RawMqtt::connect(ferry.south_port, "iso-spy", 30).await;
     let own = device_topics("iso-spy");
     let other = device_topics("iso-other");

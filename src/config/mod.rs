@@ -78,6 +78,18 @@ pub struct SouthConfig {
     pub max_subscriptions: usize,
     /// Embedded mode: how long a connection may take to complete its CONNECT.
     pub connect_timeout: Duration,
+    /// Embedded mode: how devices prove who they are.
+    pub auth: SouthAuth,
+}
+
+/// How the embedded broker authenticates devices.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SouthAuth {
+    /// Any client is accepted as the device its client id names; allowed
+    /// off loopback only with `south.allow_anonymous`.
+    None,
+    /// Client id = username, password checked against this file.
+    Password { file: PathBuf },
 }
 
 /// Which broker devices talk to.
@@ -222,6 +234,7 @@ impl Config {
             raw.north.client_id.clone()
         };
         let north_credentials = credentials("north", &raw.north.username, &raw.north.password)?;
+        let south_auth = south_auth(&raw.south, listen)?;
         let south_mode = match raw.south.mode.as_str() {
             "embedded" => SouthMode::Embedded,
             "external" => {
@@ -324,6 +337,7 @@ impl Config {
                 max_keep_alive: Duration::from_secs(raw.south.max_keep_alive_s),
                 max_subscriptions: raw.south.max_subscriptions,
                 connect_timeout: Duration::from_millis(raw.south.connect_timeout_ms),
+                auth: south_auth,
             },
             north: NorthConfig {
                 host: raw.north.host,
@@ -355,6 +369,66 @@ impl Config {
             log_level: raw.log.level,
             shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
         })
+    }
+}
+
+/// `south.auth` and its companions. In external mode the site broker
+/// authenticates devices, so none of them apply there.
+fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigError> {
+    if raw.mode == "external" {
+        if raw.auth != "none" {
+            return Err(ConfigError::new(
+                "south.auth",
+                "applies to embedded mode only; in external mode the site broker \
+                 authenticates devices (docs/EXTERNAL.md)",
+            ));
+        }
+        if !raw.password_file.as_os_str().is_empty() {
+            return Err(ConfigError::new(
+                "south.password_file",
+                "applies to embedded mode only",
+            ));
+        }
+        return Ok(SouthAuth::None);
+    }
+    match raw.auth.as_str() {
+        "none" => {
+            if !raw.password_file.as_os_str().is_empty() {
+                return Err(ConfigError::new(
+                    "south.password_file",
+                    "is set but south.auth is \"none\"; set south.auth = \"password\" to use it",
+                ));
+            }
+            if !listen.ip().is_loopback() && !raw.allow_anonymous {
+                return Err(ConfigError::new(
+                    "south.auth",
+                    format!(
+                        "\"none\" on {listen}, which is not loopback, would let any client on \
+                         the network act as any device; set south.auth = \"password\" with \
+                         south.password_file, or south.allow_anonymous = true to accept that"
+                    ),
+                ));
+            }
+            Ok(SouthAuth::None)
+        }
+        "password" => {
+            if raw.password_file.as_os_str().is_empty() {
+                return Err(ConfigError::new(
+                    "south.password_file",
+                    "is required with south.auth = \"password\"; make it with \
+                     `ferry passwd FILE DEVICE`",
+                ));
+            }
+            crate::south::auth::load(&raw.password_file)
+                .map_err(|e| ConfigError::new("south.password_file", e.to_string()))?;
+            Ok(SouthAuth::Password {
+                file: raw.password_file.clone(),
+            })
+        }
+        other => Err(ConfigError::new(
+            "south.auth",
+            format!("{other:?} is not a method; use \"none\" or \"password\""),
+        )),
     }
 }
 

@@ -85,6 +85,15 @@ pub struct RawSouth {
     /// A connection that has not completed its CONNECT within this long is
     /// closed, milliseconds.
     pub connect_timeout_ms: u64,
+    /// Embedded mode: "none" or "password" (client id = username, checked
+    /// against `password_file`).
+    pub auth: String,
+    /// Embedded mode: `device:hash` lines (argon2id PHC), made with
+    /// `ferry passwd FILE DEVICE`.
+    pub password_file: PathBuf,
+    /// Embedded mode: allow `auth = "none"` on a listener that is not on
+    /// loopback (any client could then act as any device).
+    pub allow_anonymous: bool,
     /// External mode: the site broker's host.
     pub host: String,
     /// External mode: the site broker's port.
@@ -102,7 +111,11 @@ pub struct RawSouth {
 impl Default for RawSouth {
     fn default() -> Self {
         RawSouth {
-            listen: "0.0.0.0:1883".into(),
+            // Loopback until devices are authenticated: see `auth`.
+            listen: "127.0.0.1:1883".into(),
+            auth: "none".into(),
+            password_file: PathBuf::new(),
+            allow_anonymous: false,
             max_payload_bytes: 65536,
             topic_prefix: "devices".into(),
             max_connections: 10_000,

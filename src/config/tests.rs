@@ -109,3 +109,61 @@ fn connect_timeout_defaults_to_five_seconds_and_is_checked() {
     let err = load_str("[gateway]\nid = \"g\"\n[south]\nconnect_timeout_ms = 70000\n").unwrap_err();
     assert_eq!(err.key, "south.connect_timeout_ms", "{err}");
 }
+
+#[test]
+fn device_auth_keys_are_checked_by_mode_and_listener() {
+    let base = "[gateway]\nid = \"g\"\n[south]\n";
+    // Defaults: anonymous devices, on loopback only.
+    let cfg = load_str(base).unwrap();
+    assert_eq!(cfg.south.auth, SouthAuth::None);
+    assert!(cfg.south.listen.ip().is_loopback());
+
+    let cases = [
+        ("listen = \"0.0.0.0:1883\"\n", "south.auth"),
+        ("listen = \"10.1.2.3:1883\"\n", "south.auth"),
+        ("auth = \"cert\"\n", "south.auth"),
+        ("auth = \"password\"\n", "south.password_file"),
+        (
+            "auth = \"password\"\npassword_file = \"/nonexistent/pw\"\n",
+            "south.password_file",
+        ),
+        ("password_file = \"/etc/passwd\"\n", "south.password_file"),
+        ("mode = \"external\"\nauth = \"password\"\n", "south.auth"),
+        (
+            "mode = \"external\"\npassword_file = \"/x\"\n",
+            "south.password_file",
+        ),
+    ];
+    for (keys, key) in cases {
+        let err = load_str(&format!("{base}{keys}")).unwrap_err();
+        assert_eq!(err.key, key, "{keys}: {err}");
+    }
+    let cfg = load_str(&format!(
+        "{base}listen = \"0.0.0.0:1883\"\nallow_anonymous = true\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.south.auth, SouthAuth::None);
+
+    let mut pw = tempfile::NamedTempFile::new().unwrap();
+    let hash = crate::south::auth::hash_password("x").unwrap();
+    writeln!(pw, "press-7:{hash}").unwrap();
+    let path = pw.path().display().to_string();
+    let cfg = load_str(&format!(
+        "{base}listen = \"0.0.0.0:1883\"\nauth = \"password\"\npassword_file = \"{path}\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        cfg.south.auth,
+        SouthAuth::Password {
+            file: pw.path().to_owned()
+        }
+    );
+    // A file that does not parse names the key and the line.
+    writeln!(pw, "no hash here").unwrap();
+    let err = load_str(&format!(
+        "{base}auth = \"password\"\npassword_file = \"{path}\"\n"
+    ))
+    .unwrap_err();
+    assert_eq!(err.key, "south.password_file");
+    assert!(err.reason.contains("line 2"), "{err}");
+}

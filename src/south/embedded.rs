@@ -25,8 +25,9 @@
 //!   only to its own `ack` and `inbox`. A publish anywhere else reaches
 //!   only the gateway, quarantined and marked with its sender, and is
 //!   answered `rejected` (reason `unauthorized`); any other SUBSCRIBE
-//!   filter gets 0x80. Who a device is, is still its client id:
-//!   authentication comes with issue 8.
+//!   filter gets 0x80. Who a device is, is its client id; with
+//!   `south.auth = "password"` a CONNECT is accepted only when the client
+//!   id is the username and the password matches (`auth.rs`).
 //! - The link's client id is the empty string. rumqttd renames any device
 //!   that connects with an empty id (`rumqtt-{uuid}`), so no device can take
 //!   the link over.
@@ -50,12 +51,13 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, error, info, warn};
 
+use super::auth::{self, Authenticator};
 use super::presence;
 use super::{
     device_filters, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
     INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
 };
-use crate::config::SouthConfig;
+use crate::config::{SouthAuth, SouthConfig};
 use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
@@ -95,6 +97,8 @@ pub enum SouthError {
     },
     #[error("embedded broker link: {0}")]
     Link(String),
+    #[error("south.password_file: {0}")]
+    PasswordFile(#[from] super::auth::FileError),
 }
 
 /// Starts the broker, its listener (on the current tokio runtime) and the link.
@@ -104,6 +108,26 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         addr: cfg.listen,
         source,
     })?;
+
+    let connect_hook = match &cfg.auth {
+        SouthAuth::Password { file } => {
+            let auth = Authenticator::load(file, cfg.connect_timeout)?;
+            info!(file = %file.display(), "devices authenticate with passwords");
+            auth::reload_on_hangup(Some(auth.clone()));
+            Some(auth.hook())
+        }
+        SouthAuth::None => {
+            if !cfg.listen.ip().is_loopback() {
+                warn!(
+                    listen = %cfg.listen,
+                    "south.auth = \"none\" with south.allow_anonymous: ANY CLIENT THAT CAN \
+                     REACH THIS PORT CAN ACT AS ANY DEVICE"
+                );
+            }
+            auth::reload_on_hangup(None);
+            None
+        }
+    };
 
     let filters: HashMap<String, rumqttd::SegmentConfig> = link_filters(topics)
         .map(|filter| {
@@ -178,6 +202,8 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             max_inflight_count: 256,
             auth: None,
             external_auth: None,
+            // With passwords: client id = username, password verified.
+            connect_hook,
             // A device publishing outside the protocol's topics is disconnected.
             dynamic_filters: false,
             max_keep_alive: cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16,

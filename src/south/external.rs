@@ -32,6 +32,8 @@ use crate::protocol::topics::Topics;
 const INFLIGHT: u16 = 1024;
 
 pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South {
+    // The site broker authenticates devices; SIGHUP has nothing to reload.
+    super::auth::reload_on_hangup(None);
     let opts = mqtt::Options {
         name: "south".into(),
         host: site.host.clone(),

@@ -17,6 +17,11 @@ pub struct FerryOpts {
     pub config: RawConfig,
     /// Embedded broker, or a site Mosquitto `Ferry::start` starts for it.
     pub mode: Mode,
+    /// Device logins. With any, embedded: `south.auth = "password"`, and
+    /// `Ferry::start` writes them to the password file (argon2id); external:
+    /// the site broker takes only these devices, by username. Either way
+    /// the harness's clients log in with them.
+    pub logins: Vec<(String, String)>,
 }
 
 impl FerryOpts {
@@ -42,6 +47,7 @@ impl FerryOpts {
         FerryOpts {
             config: c,
             mode: Mode::Embedded,
+            logins: Vec::new(),
         }
     }
 
@@ -49,6 +55,17 @@ impl FerryOpts {
     /// `FerryOpts::new("gw", port).with(|c| c.south.max_connections = 3)`.
     pub fn with(mut self, change: impl FnOnce(&mut RawConfig)) -> FerryOpts {
         change(&mut self.config);
+        self
+    }
+
+    /// Devices authenticate with passwords: `(device, password)` pairs (in
+    /// embedded mode, in the password file `passwd` in the gateway's temp
+    /// dir).
+    pub fn with_passwords(mut self, logins: &[(&str, &str)]) -> FerryOpts {
+        self.logins = logins
+            .iter()
+            .map(|(d, p)| (d.to_string(), p.to_string()))
+            .collect();
         self
     }
 

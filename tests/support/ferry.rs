@@ -72,10 +72,17 @@ impl Ferry {
             Mode::Embedded => {
                 let port = free_port();
                 config.south.listen = format!("127.0.0.1:{port}");
+                if !opts.logins.is_empty() {
+                    config.south.auth = "password".into();
+                    config.south.password_file = "passwd".into();
+                }
                 (port, None)
             }
             Mode::External => {
-                let site = Mosquitto::start_site();
+                let site = Mosquitto::start_site_with(&opts.logins);
+                for (device, password) in &opts.logins {
+                    super::session::register_login(site.port, device, password);
+                }
                 config.south.mode = "external".into();
                 config.south.host = "127.0.0.1".into();
                 config.south.port = site.port;
@@ -86,6 +93,17 @@ impl Ferry {
         };
         // An absolute data_dir (a test's own disk) stays as it is.
         config.gateway.data_dir = dir.path().join(&config.gateway.data_dir);
+        if !config.south.password_file.as_os_str().is_empty() {
+            config.south.password_file = dir.path().join(&config.south.password_file);
+            let mut text = String::new();
+            for (device, password) in &opts.logins {
+                let device = ferry::ids::DeviceId::new(device.as_str()).expect("device id");
+                let hash = ferry::south::auth::hash_password(password).expect("hash");
+                text = ferry::south::auth::set_line(&text, &device, &hash);
+                super::session::register_login(south_port, device.as_str(), password);
+            }
+            fs::write(&config.south.password_file, text).expect("write the password file");
+        }
         let config_path = dir.path().join("ferry.toml");
         fs::write(&config_path, to_toml(&config)).expect("write ferry.toml");
         let mut ferry = Ferry {
@@ -209,6 +227,40 @@ impl Ferry {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Sets `device`'s password with `ferry passwd` on the gateway's
+    /// password file (the password on stdin, as an operator pipes it), and
+    /// lets the harness's clients log in with it. The running gateway
+    /// sees it after [`Ferry::hangup`].
+    pub fn passwd(&self, device: &str, password: &str) {
+        let mut child = ferry_command()
+            .arg("passwd")
+            .arg(&self.config.south.password_file)
+            .arg(device)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferry passwd");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("{password}\n").as_bytes())
+            .expect("write the password");
+        let out = blocking(|| child.wait_with_output()).expect("ferry passwd");
+        assert!(
+            out.status.success(),
+            "ferry passwd {device}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        super::session::register_login(self.south_port, device, password);
+    }
+
+    /// Sends the gateway SIGHUP (what `systemctl reload ferry` does).
+    pub fn hangup(&self) {
+        signal(self.child.as_ref().expect("ferry is running"), libc::SIGHUP);
     }
 
     /// The store, opened read-only.

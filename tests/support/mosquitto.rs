@@ -91,25 +91,45 @@ impl Mosquitto {
     /// and inboxes, and devices (anonymous here) held to their own topics
     /// by `pattern` lines on their client id.
     pub fn start_site() -> Mosquitto {
+        Mosquitto::start_site_with(&[])
+    }
+
+    /// [`Mosquitto::start_site`], and with `devices` as EXTERNAL.md has
+    /// it in full: every device a user in the password file
+    /// (device id, password), no anonymous clients, and the username as
+    /// the client id, so a device cannot claim another's id.
+    pub fn start_site_with(devices: &[(String, String)]) -> Mosquitto {
         Mosquitto::start_in(free_port(), true, |dir| {
             let passwd = dir.join("passwd");
-            let made = std::process::Command::new("mosquitto_passwd")
-                .arg("-c")
-                .arg("-b")
-                .arg(&passwd)
-                .arg(SITE_USER)
-                .arg(SITE_PASSWORD)
-                .status()
-                .unwrap_or_else(|e| {
-                    panic!("mosquitto_passwd ({e}): install Mosquitto with `apt-get install -y mosquitto`")
-                });
-            assert!(made.success(), "mosquitto_passwd failed: {made}");
+            let users = std::iter::once((SITE_USER, SITE_PASSWORD))
+                .chain(devices.iter().map(|(d, p)| (d.as_str(), p.as_str())));
+            for (i, (user, password)) in users.enumerate() {
+                let mut cmd = std::process::Command::new("mosquitto_passwd");
+                if i == 0 {
+                    cmd.arg("-c");
+                }
+                let made = cmd
+                    .arg("-b")
+                    .arg(&passwd)
+                    .arg(user)
+                    .arg(password)
+                    .status()
+                    .unwrap_or_else(|e| {
+                        panic!("mosquitto_passwd ({e}): install Mosquitto with `apt-get install -y mosquitto`")
+                    });
+                assert!(made.success(), "mosquitto_passwd failed: {made}");
+            }
             let acl = dir.join("acl");
             fs::write(&acl, SITE_ACL).expect("write acl");
-            vec![
+            let mut lines = vec![
                 format!("password_file {}", passwd.display()),
                 format!("acl_file {}", acl.display()),
-            ]
+            ];
+            if !devices.is_empty() {
+                lines.push("allow_anonymous false".into());
+                lines.push("use_username_as_clientid true".into());
+            }
+            lines
         })
     }
 
@@ -137,7 +157,7 @@ impl Mosquitto {
         };
         let config = format!(
             "listener {port} 127.0.0.1\n\
-             allow_anonymous true\n\
+             {anonymous}\
              max_queued_messages 0\n\
              max_inflight_messages 0\n\
              set_tcp_nodelay true\n\
@@ -150,7 +170,12 @@ impl Mosquitto {
              log_type information\n\
              connection_messages true\n{extra}",
             log = log.display(),
-            extra = extra.iter().map(|l| format!("{l}\n")).collect::<String>()
+            extra = extra.iter().map(|l| format!("{l}\n")).collect::<String>(),
+            anonymous = if extra.iter().any(|l| l.starts_with("allow_anonymous")) {
+                ""
+            } else {
+                "allow_anonymous true\n"
+            },
         );
         fs::write(dir.path().join("mosquitto.conf"), config).expect("write mosquitto.conf");
         let mut m = Mosquitto {

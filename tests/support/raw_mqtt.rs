@@ -24,6 +24,19 @@ impl RawMqtt {
         client_id: &str,
         keep_alive: u16,
     ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
+        let login = super::session::login_for(port, client_id);
+        let login = login.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+        RawMqtt::try_connect_login(port, client_id, keep_alive, login).await
+    }
+
+    /// [`RawMqtt::try_connect`] with this login (username, password), or
+    /// none at all.
+    pub async fn try_connect_login(
+        port: u16,
+        client_id: &str,
+        keep_alive: u16,
+        login: Option<(&str, &str)>,
+    ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| format!("tcp connect: {e}"))?;
@@ -36,6 +49,9 @@ impl RawMqtt {
         let mut connect = rumqttc::Connect::new(client_id);
         connect.keep_alive = keep_alive;
         connect.clean_session = true;
+        if let Some((username, password)) = login {
+            connect.set_login(username, password);
+        }
         raw.send(rumqttc::Packet::Connect(connect)).await;
         match raw.recv(CONNECT_TIMEOUT).await {
             Some(rumqttc::Packet::ConnAck(ack)) => Ok((raw, ack)),

@@ -3,7 +3,9 @@
 //! helpers ([`super::clients`]) are built on; [`BareClient`] is a session
 //! with nothing on top, for misbehaving devices and malformed input.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry::mqtt::{self, Event, Message, Reconnect};
@@ -49,9 +51,33 @@ impl Client {
     }
 }
 
+/// Passwords of devices of gateways with `south.auth = "password"`, by
+/// (south port, device id): a device of such a gateway knows its password,
+/// so every client of the harness logs in with it there.
+static LOGINS: Mutex<BTreeMap<(u16, String), String>> = Mutex::new(BTreeMap::new());
+
+/// From now on, clients connecting to `port` as `device` log in with
+/// `password` (username = device id).
+pub fn register_login(port: u16, device: &str, password: &str) {
+    LOGINS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((port, device.to_string()), password.to_string());
+}
+
+/// The login a client with `client_id` uses on `port`, if any.
+pub fn login_for(port: u16, client_id: &str) -> Option<(String, String)> {
+    LOGINS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(port, client_id.to_string()))
+        .map(|p| (client_id.to_string(), p.clone()))
+}
+
 /// Options for a test client: reconnects quickly (tests restart brokers).
 fn options(client_id: &str, port: u16, filters: Vec<String>, clean_session: bool) -> mqtt::Options {
     let mut o = mqtt::Options::new(client_id, "127.0.0.1", port, client_id);
+    o.credentials = login_for(port, client_id);
     o.max_incoming_packet = MAX_PACKET;
     o.max_outgoing_packet = MAX_PACKET;
     o.clean_session = clean_session;

@@ -55,6 +55,26 @@ pub type AuthHandler = Arc<
         + Sync,
 >;
 
+/// ferry: what a connect hook is told about a CONNECT (see
+/// [`ConnectionSettings::connect_hook`]).
+#[derive(Debug, Clone)]
+pub struct ConnectInfo {
+    pub client_id: String,
+    /// `None` when the CONNECT carried no username (or no login at all).
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// The address the connection came from.
+    pub peer: std::net::SocketAddr,
+}
+
+/// ferry: decides whether a CONNECT is accepted; `Err(code)` refuses it
+/// with a CONNACK carrying `code` before the connection is closed.
+pub type ConnectHook = Arc<
+    dyn Fn(ConnectInfo) -> Pin<Box<dyn std::future::Future<Output = Result<(), protocol::ConnectReturnCode>> + Send>>
+        + Send
+        + Sync,
+>;
+
 #[derive(Debug, Default, Serialize, Deserialize, Clone)]
 pub struct Config {
     pub id: usize,
@@ -175,6 +195,13 @@ pub struct ConnectionSettings {
     /// behaviour.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// ferry: when set, decides every CONNECT (after the static `auth` and
+    /// `external_auth`, which ferry leaves unset): a refusal is answered
+    /// with a CONNACK carrying the hook's return code, then the connection
+    /// is closed. Unlike `external_auth` it is told the peer's address and
+    /// can choose the code.
+    #[serde(skip)]
+    pub connect_hook: Option<ConnectHook>,
 }
 
 /// ferry: where a publish outside its client's own topics goes instead
@@ -238,6 +265,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("dynamic_filters", &self.dynamic_filters)
             .field("max_keep_alive", &self.max_keep_alive)
             .field("oversize_head", &self.oversize_head)
+            .field("connect_hook", &self.connect_hook.is_some())
             .finish()
     }
 }

@@ -43,6 +43,9 @@ pub enum Error {
     ConnectionAck(String),
     #[error("Authentication error")]
     InvalidAuth,
+    /// ferry: the connect hook refused the CONNECT (and said why).
+    #[error("CONNECT refused")]
+    Refused,
     #[error("Channel try send error")]
     TrySend(#[from] TrySendError<(ConnectionId, Event)>),
     #[error("Link error = {0}")]
@@ -226,6 +229,7 @@ impl<P: Protocol> RemoteLink<P> {
 pub async fn mqtt_connect<P>(
     config: Arc<ConnectionSettings>,
     network: &mut Network<P>,
+    peer: std::net::SocketAddr,
 ) -> Result<Packet, Error>
 where
     P: Protocol,
@@ -248,6 +252,24 @@ where
     Span::current().record("client_id", &connect.client_id);
 
     handle_auth(config.clone(), login.as_ref(), &connect.client_id).await?;
+
+    // ferry: the connect hook decides, and a refusal gets its CONNACK.
+    if let Some(hook) = &config.connect_hook {
+        let info = crate::ConnectInfo {
+            client_id: connect.client_id.clone(),
+            username: login.as_ref().map(|l| l.username.clone()),
+            password: login.as_ref().map(|l| l.password.clone()),
+            peer,
+        };
+        if let Err(code) = hook(info).await {
+            let ack = ConnAck {
+                session_present: false,
+                code,
+            };
+            network.write(Packet::ConnAck(ack, None)).await?;
+            return Err(Error::Refused);
+        }
+    }
 
     // When keep_alive feature is disabled client can live forever, which is not good in
     // distributed broker context so currenlty we don't allow it.
@@ -347,6 +369,7 @@ mod tests {
             max_inflight_count: 0,
             auth: None,
             external_auth: None,
+            connect_hook: None,
             dynamic_filters: false,
             max_keep_alive: 0,
             oversize_head: 0,

@@ -14,7 +14,7 @@ use flume::{RecvError, SendError, Sender};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use tracing::{error, field, info, warn, Instrument};
+use tracing::{debug, error, field, info, warn, Instrument};
 use uuid::Uuid;
 
 #[cfg(feature = "websocket")]
@@ -447,6 +447,7 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
                             stream,
                             protocol,
                             self.awaiting_will_handler.clone(),
+                            addr,
                         )
                         .instrument(tracing::info_span!(
                             "websocket_link",
@@ -463,6 +464,7 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
                         network,
                         protocol,
                         self.awaiting_will_handler.clone(),
+                        addr,
                     )
                     .instrument(tracing::error_span!(
                         "remote_link",
@@ -512,6 +514,8 @@ async fn remote<P: Protocol>(
     stream: Box<dyn N>,
     protocol: P,
     will_handlers: Arc<Mutex<HashMap<String, Sender<AwaitingWill>>>>,
+    // ferry: where the connection came from, for the connect hook.
+    peer: SocketAddr,
 ) {
     let mut network = Network::new(
         stream,
@@ -525,7 +529,7 @@ async fn remote<P: Protocol>(
     let isolation = config.isolation.clone();
 
     let max_keep_alive = config.max_keep_alive;
-    let mut connect_packet = match mqtt_connect(config, &mut network).await {
+    let mut connect_packet = match mqtt_connect(config, &mut network, peer).await {
         Ok(p) => p,
         // ferry: a client that goes away or times out before its CONNECT
         // (a port probe, a device losing power) is an ordinary event; a bad
@@ -534,6 +538,11 @@ async fn remote<P: Protocol>(
             e @ (remote::Error::Network(network::Error::Io(_)) | remote::Error::Timeout(_)),
         ) => {
             info!(error=?e, "no CONNECT");
+            return;
+        }
+        // ferry: the connect hook logged why it refused.
+        Err(remote::Error::Refused) => {
+            debug!("CONNECT refused");
             return;
         }
         Err(e) => {
