@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use super::ack::{encode_acks, parse_acks, BackendAck};
 use super::control::{parse_control, Confirm, ControlKind, Nack, Pull, Read, Status};
-use super::envelope::{parse_downlink, parse_uplink, Payload, WireEnvelope};
+use super::envelope::{parse_downlink, parse_uplink, Payload, WireDownlink, WireEnvelope};
 use super::inbox::{InboxBatch, InboxEntry, InboxEnvelope, Tombstone, TombstoneStatus};
 use super::north::NorthMessage;
 use super::receipt::{NorthReceipt, NorthStatus, Receipt, ReceiptStatus};
@@ -152,6 +152,33 @@ proptest! {
         if let Ok(env) = parse_uplink(&bytes, MAX_BYTES) {
             prop_assert_eq!(sniff_msg_id(&bytes), Some(env.msg_id.clone()));
         }
+    }
+
+    #[test]
+    fn every_downlink_the_backend_writes_is_accepted_for_its_recipients(
+        to in prop::collection::vec(prop_oneof![
+            device_id().prop_map(|d| d.to_string()),
+            device_id().prop_map(|d| format!("@{d}")),
+        ], 0..5),
+        env in envelope(),
+        stored_ms in 0i64..i64::MAX / 2,
+    ) {
+        let down = WireDownlink { to: to.clone(), envelope: env.clone() };
+        let bytes = down.to_bytes();
+        let back: WireDownlink = serde_json::from_slice(&bytes).expect("reads back");
+        prop_assert_eq!(&back, &down);
+        let parsed = parse_downlink(&bytes, usize::MAX, stored_ms).map_err(|r| r.reason());
+        let parsed = match parsed {
+            Ok(p) => p,
+            Err(reason) => return Err(TestCaseError::fail(reason)),
+        };
+        prop_assert_eq!(&parsed.msg_id, &env.msg_id);
+        prop_assert_eq!(&parsed.to, &to);
+        // The inbox entry is the envelope (without `to`), `ts` filled in.
+        let entry: Map<String, Value> = serde_json::from_slice(&parsed.entry).expect("an object");
+        prop_assert!(!entry.contains_key("to"));
+        prop_assert_eq!(&entry["msg_id"], &json!(env.msg_id.as_str()));
+        prop_assert_eq!(&entry["ts"], &json!(env.ts.unwrap_or(stored_ms)));
     }
 
     #[test]
