@@ -104,6 +104,10 @@ struct Args {
     /// Copy ferry's log here at the end (its temp dir is removed).
     #[arg(long, value_name = "FILE")]
     save_log: Option<String>,
+    /// Devices log in with passwords (south.auth = "password"): the storm
+    /// then includes one argon2 verification per device.
+    #[arg(long)]
+    passwords: bool,
     #[command(flatten)]
     _cargo: CargoBench,
 }
@@ -127,15 +131,34 @@ impl Args {
 
 // -------------------------------------------------------------- environment
 
-fn start_env(args: &Args) -> Env {
-    Env::start("storm-gw", |c| {
-        c.store.sync = args.sync.clone();
-        c.log.level = args.log_level.clone();
-        c.downlink.batch_size = args.batch;
-        c.downlink.confirm_timeout_ms = args.confirm_timeout_ms;
-        // Above the storm's devices: a CONNECT beyond it gets no CONNACK.
-        c.south.max_connections = args.devices.max(10_000);
+fn start_env(args: &Args, names: &[String]) -> Env {
+    Env::start_opts("storm-gw", |opts| {
+        let opts = opts.with(|c| {
+            c.store.sync = args.sync.clone();
+            c.log.level = args.log_level.clone();
+            c.downlink.batch_size = args.batch;
+            c.downlink.confirm_timeout_ms = args.confirm_timeout_ms;
+            // Above the storm's devices: a CONNECT beyond it gets no CONNACK.
+            c.south.max_connections = args.devices.max(10_000);
+        });
+        if !args.passwords {
+            return opts;
+        }
+        let logins: Vec<(String, String)> = names
+            .iter()
+            .map(|n| (n.clone(), password_of(n)))
+            .collect();
+        let logins: Vec<(&str, &str)> = logins
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.as_str()))
+            .collect();
+        opts.with_passwords(&logins)
     })
+}
+
+/// A device's password in a `--passwords` run.
+fn password_of(device: &str) -> String {
+    format!("pw-{device}")
 }
 
 // --------------------------------------------------------------------- main
@@ -164,7 +187,10 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
             args.devices
         ));
     }
-    let env = start_env(&args);
+    let names: Vec<String> = (0..args.devices)
+        .map(|i| device_id(i).to_string())
+        .collect();
+    let env = start_env(&args, &names);
     let hz = clock_ticks_per_s();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("ferry reconnect-storm benchmark");
@@ -173,10 +199,11 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         args.devices, args.per_device, args.batch, args.confirm_timeout_ms, args.payload_bytes
     );
     println!(
-        "  store sync {}, log level {:?}, south max_connections {}, fd limit {nofile}, cores {cores}",
+        "  store sync {}, log level {:?}, south max_connections {}, fd limit {nofile}, cores {cores}, passwords {}",
         args.sync,
         args.log_level,
-        args.devices.max(10_000)
+        args.devices.max(10_000),
+        args.passwords
     );
 
     // ------------------------------------------------ setup: queue everything
@@ -209,9 +236,6 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         }
     }
     stats.connects.fetch_add(1, Ordering::Relaxed);
-    let names: Vec<String> = (0..args.devices)
-        .map(|i| device_id(i).to_string())
-        .collect();
     let text = "x".repeat(args.payload_bytes);
     let mut envelopes = 0;
     for k in 1..=args.per_device {
@@ -286,11 +310,9 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
     let prefix: Arc<str> = Arc::from(msg_prefix.as_str());
     let mut devices: Vec<JoinHandle<DeviceReport>> = Vec::with_capacity(args.devices);
     for name in &names {
-        let client = DeviceClient::connect(DeviceOptions::new(
-            "127.0.0.1",
-            env.ferry.south_port,
-            name.clone(),
-        ));
+        let mut opts = DeviceOptions::new("127.0.0.1", env.ferry.south_port, name.clone());
+        opts.password = args.passwords.then(|| password_of(name));
+        let client = DeviceClient::connect(opts);
         devices.push(tokio::spawn(device_task(
             client,
             args.per_device,

@@ -88,8 +88,13 @@ impl Env {
     /// Mosquitto, and ferry as `gateway` on it with [`production_opts`],
     /// then `change`.
     pub fn start(gateway: &str, change: impl FnOnce(&mut RawConfig)) -> Env {
+        Env::start_opts(gateway, |opts| opts.with(change))
+    }
+
+    /// [`Env::start`], changing the whole options (e.g. device passwords).
+    pub fn start_opts(gateway: &str, change: impl FnOnce(FerryOpts) -> FerryOpts) -> Env {
         let mosquitto = Mosquitto::start();
-        let ferry = Ferry::start(production_opts(gateway, mosquitto.port).with(change));
+        let ferry = Ferry::start(change(production_opts(gateway, mosquitto.port)));
         Env {
             ferry_pid: ferry.pid().unwrap_or(0),
             mosquitto_pid: mosquitto.pid().unwrap_or(0),

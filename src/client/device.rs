@@ -35,6 +35,9 @@ pub struct DeviceOptions {
     pub keep_alive: Duration,
     /// Resend an uplink with no final receipt after this long.
     pub resend_after: Duration,
+    /// The device's password where the gateway (or the site broker)
+    /// authenticates devices; the username is the device id.
+    pub password: Option<String>,
 }
 
 impl DeviceOptions {
@@ -48,6 +51,7 @@ impl DeviceOptions {
             persistent_session: false,
             keep_alive: Duration::from_secs(30),
             resend_after: Duration::from_secs(5),
+            password: None,
         }
     }
 }
@@ -122,6 +126,10 @@ impl DeviceClient {
             opts.device.clone(),
         );
         mqtt.keep_alive = opts.keep_alive;
+        mqtt.credentials = opts
+            .password
+            .clone()
+            .map(|password| (opts.device.clone(), password));
         mqtt.clean_session = !opts.persistent_session;
         mqtt.max_outgoing_packet = 4 << 20;
         mqtt.inflight = 200;
