@@ -35,4 +35,5 @@ mod external;
 mod isolation;
 mod lifecycle;
 mod robust;
+mod tls;
 mod uplink;

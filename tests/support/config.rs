@@ -5,6 +5,7 @@
 
 use ferry::config::RawConfig;
 
+use super::mosquitto::TlsListener;
 use super::Mode;
 
 /// ferry's config for one test; [`super::Ferry::start`] writes it and
@@ -17,6 +18,10 @@ pub struct FerryOpts {
     pub config: RawConfig,
     /// Embedded broker, or a site Mosquitto `Ferry::start` starts for it.
     pub mode: Mode,
+    /// External mode: the site broker also listens with TLS, and ferry
+    /// connects to that listener (devices keep the plain one). The test
+    /// sets `south.site_tls` to match.
+    pub site_tls: Option<TlsListener>,
 }
 
 impl FerryOpts {
@@ -42,6 +47,7 @@ impl FerryOpts {
         FerryOpts {
             config: c,
             mode: Mode::Embedded,
+            site_tls: None,
         }
     }
 

@@ -55,9 +55,36 @@ pattern read devices/%c/ack
 pattern read devices/%c/inbox
 ";
 
+/// A TLS listener a broker opens beside its plain one (the harness and
+/// the backend keep using the plain port).
+#[derive(Clone, Debug)]
+pub struct TlsListener {
+    /// CA file for client certificates (Mosquitto's `cafile`).
+    pub ca: PathBuf,
+    /// The broker's certificate and key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Clients must present a certificate the CA issued.
+    pub require_certificate: bool,
+}
+
+impl TlsListener {
+    fn lines(&self, port: u16) -> Vec<String> {
+        vec![
+            format!("listener {port} 127.0.0.1"),
+            format!("cafile {}", self.ca.display()),
+            format!("certfile {}", self.cert.display()),
+            format!("keyfile {}", self.key.display()),
+            format!("require_certificate {}", self.require_certificate),
+        ]
+    }
+}
+
 /// A Mosquitto broker on 127.0.0.1 in its own temp dir; killed on drop.
 pub struct Mosquitto {
     pub port: u16,
+    /// The TLS listener's port, when it has one.
+    pub tls_port: Option<u16>,
     binary: PathBuf,
     dir: tempfile::TempDir,
     child: Option<Child>,
@@ -80,9 +107,14 @@ impl Mosquitto {
     }
 
     fn start_configured(port: u16, extra: &[&str]) -> Mosquitto {
-        Mosquitto::start_in(port, false, |_| {
+        Mosquitto::start_in(port, false, None, |_| {
             extra.iter().map(|l| l.to_string()).collect()
         })
+    }
+
+    /// Starts a broker on a free port with a TLS listener on another.
+    pub fn start_tls(tls: &TlsListener) -> Mosquitto {
+        Mosquitto::start_in(free_port(), false, Some(tls), |_| Vec::new())
     }
 
     /// A site broker for external mode, as docs/EXTERNAL.md sets one up:
@@ -91,7 +123,12 @@ impl Mosquitto {
     /// and inboxes, and devices (anonymous here) held to their own topics
     /// by `pattern` lines on their client id.
     pub fn start_site() -> Mosquitto {
-        Mosquitto::start_in(free_port(), true, |dir| {
+        Mosquitto::start_site_with(None)
+    }
+
+    /// [`Mosquitto::start_site`], with a TLS listener if `tls` is given.
+    pub fn start_site_with(tls: Option<&TlsListener>) -> Mosquitto {
+        Mosquitto::start_in(free_port(), true, tls, |dir| {
             let passwd = dir.join("passwd");
             let made = std::process::Command::new("mosquitto_passwd")
                 .arg("-c")
@@ -118,6 +155,7 @@ impl Mosquitto {
     fn start_in(
         port: u16,
         persistent: bool,
+        tls: Option<&TlsListener>,
         extra: impl FnOnce(&std::path::Path) -> Vec<String>,
     ) -> Mosquitto {
         let binary = mosquitto_binary();
@@ -126,7 +164,13 @@ impl Mosquitto {
             .tempdir()
             .expect("temp dir for mosquitto");
         let log = dir.path().join("mosquitto.log");
-        let extra = extra(dir.path());
+        let mut extra = extra(dir.path());
+        // Listener options follow their `listener` line: the TLS one last.
+        let tls_port = tls.map(|tls| {
+            let tls_port = free_port();
+            extra.extend(tls.lines(tls_port));
+            tls_port
+        });
         let persistence = if persistent {
             format!(
                 "persistence true\npersistence_location {}/\n",
@@ -155,6 +199,7 @@ impl Mosquitto {
         fs::write(dir.path().join("mosquitto.conf"), config).expect("write mosquitto.conf");
         let mut m = Mosquitto {
             port,
+            tls_port,
             binary,
             dir,
             child: None,
@@ -188,9 +233,10 @@ impl Mosquitto {
             .expect("spawn mosquitto");
         self.child = Some(child);
         let port = self.port;
+        let tls_port = self.tls_port;
         let started = Instant::now();
         blocking(|| loop {
-            if port_accepts(port) {
+            if port_accepts(port) && tls_port.is_none_or(port_accepts) {
                 return;
             }
             let child = self.child.as_mut().expect("child");
