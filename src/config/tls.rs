@@ -52,7 +52,7 @@ impl ClientTls {
         identity: Option<(&Path, &Path)>,
     ) -> Result<ClientTls, ConfigError> {
         let ca_key = format!("{section}.ca");
-        let roots = roots(&ca_key, ca)?;
+        let roots = client_roots(&ca_key, ca)?;
         let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
             .build()
             .map_err(|e| ConfigError::new(&ca_key, format!("{}: {e}", ca.display())))?;
@@ -270,13 +270,32 @@ fn private_key(key: &str, path: &Path) -> Result<PrivateKeyDer<'static>, ConfigE
     })
 }
 
-/// Every certificate in the file as a trust anchor.
+/// Every certificate in the file as a trust anchor (as rumqttd takes the
+/// listener's client CA: any unusable one is an error).
 fn roots(key: &str, path: &Path) -> Result<RootCertStore, ConfigError> {
     let mut roots = RootCertStore::empty();
     for cert in certs(key, path)? {
         roots.add(cert).map_err(|e| {
             ConfigError::new(key, format!("{}: not a usable CA: {e}", path.display()))
         })?;
+    }
+    Ok(roots)
+}
+
+/// The usable certificates in the file as trust anchors, at least one: a
+/// system bundle (`/etc/ssl/certs/ca-certificates.crt`) may hold a
+/// certificate rustls cannot use, which must not stop the others.
+fn client_roots(key: &str, path: &Path) -> Result<RootCertStore, ConfigError> {
+    let mut roots = RootCertStore::empty();
+    let (_, unusable) = roots.add_parsable_certificates(certs(key, path)?);
+    if roots.is_empty() {
+        return Err(ConfigError::new(
+            key,
+            format!(
+                "{}: none of its {unusable} certificates is a usable CA",
+                path.display()
+            ),
+        ));
     }
     Ok(roots)
 }
