@@ -144,10 +144,8 @@ fn start_env(args: &Args, names: &[String]) -> Env {
         if !args.passwords {
             return opts;
         }
-        let logins: Vec<(String, String)> = names
-            .iter()
-            .map(|n| (n.clone(), password_of(n)))
-            .collect();
+        let logins: Vec<(String, String)> =
+            names.iter().map(|n| (n.clone(), password_of(n))).collect();
         let logins: Vec<(&str, &str)> = logins
             .iter()
             .map(|(n, p)| (n.as_str(), p.as_str()))

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use ferry::config::{Config, RawConfig};
 
-use crate::support::{self, config::to_toml, FerryOpts};
+use crate::support::{self, check_config, config::to_toml, FerryOpts};
 
 fn shipped() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/ferry.toml"))
@@ -68,24 +68,6 @@ fn a_missing_config_file_is_a_usage_error_not_a_panic() {
         stderr.contains("/nonexistent/ferry.toml") && !stderr.contains("panicked"),
         "{stderr}"
     );
-}
-
-/// Runs `ferry check-config` on `contents` in a temp dir; returns
-/// (exit code, stderr).
-fn check_config(contents: &str) -> (Option<i32>, String) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = support::write_file(dir.path(), "ferry.toml", contents);
-    let out = support::ferry_command()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .current_dir(dir.path())
-        .output()
-        .expect("run ferry check-config");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// `config` written as TOML and read back by ferry's own loader.

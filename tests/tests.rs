@@ -36,4 +36,5 @@ mod external;
 mod isolation;
 mod lifecycle;
 mod robust;
+mod tls;
 mod uplink;

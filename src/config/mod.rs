@@ -14,7 +14,9 @@ use std::time::Duration;
 use crate::ids::{DeviceId, GatewayId};
 
 mod raw;
+mod tls;
 pub use raw::*;
+pub use tls::{ClientTls, ListenerTls};
 
 /// A configuration error, always about one key.
 #[derive(Debug, thiserror::Error)]
@@ -76,8 +78,11 @@ pub struct SouthConfig {
     /// A device asking for a longer keep-alive, or none, gets this one.
     pub max_keep_alive: Duration,
     pub max_subscriptions: usize,
-    /// Embedded mode: how long a connection may take to complete its CONNECT.
+    /// Embedded mode: how long a connection may take to complete its TLS
+    /// handshake and its CONNECT.
     pub connect_timeout: Duration,
+    /// Embedded mode: TLS on the device listener (`None`: plain TCP).
+    pub tls: Option<ListenerTls>,
     /// Embedded mode: how devices prove who they are.
     pub auth: SouthAuth,
 }
@@ -109,6 +114,8 @@ pub struct ExternalSouth {
     /// `(username, password)`; `None` connects anonymously.
     pub credentials: Option<(String, String)>,
     pub keep_alive: Duration,
+    /// TLS to the site broker (`None`: plain TCP).
+    pub tls: Option<ClientTls>,
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +132,9 @@ pub struct NorthConfig {
     pub prefix: String,
     /// Largest MQTT packet ferry sends north or accepts from the upstream.
     pub max_packet_bytes: usize,
+    /// TLS to the upstream broker (`None`: plain TCP); its certificate must
+    /// name `host`.
+    pub tls: Option<ClientTls>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -234,10 +244,38 @@ impl Config {
             raw.north.client_id.clone()
         };
         let north_credentials = credentials("north", &raw.north.username, &raw.north.password)?;
+        let north_tls = tls::client("north.tls", &raw.north.tls)?;
+        let listener_tls = &raw.south.tls;
+        let site_tls = &raw.south.site_tls;
         let south_auth = south_auth(&raw.south, listen)?;
         let south_mode = match raw.south.mode.as_str() {
-            "embedded" => SouthMode::Embedded,
+            "embedded" => {
+                if let Some(key) = tls::first_set(&[
+                    ("south.site_tls.ca", &site_tls.ca),
+                    ("south.site_tls.cert", &site_tls.cert),
+                    ("south.site_tls.key", &site_tls.key),
+                ]) {
+                    return Err(ConfigError::new(
+                        key,
+                        "is TLS to a site broker (south.mode = \"external\"); the embedded \
+                         listener's TLS is south.tls.cert, .key and .client_ca",
+                    ));
+                }
+                SouthMode::Embedded
+            }
             "external" => {
+                if let Some(key) = tls::first_set(&[
+                    ("south.tls.cert", &listener_tls.cert),
+                    ("south.tls.key", &listener_tls.key),
+                    ("south.tls.client_ca", &listener_tls.client_ca),
+                    ("south.tls.crl", &listener_tls.crl),
+                ]) {
+                    return Err(ConfigError::new(
+                        key,
+                        "is TLS on the embedded listener, which external mode does not run; \
+                         TLS to the site broker is south.site_tls.ca, .cert and .key",
+                    ));
+                }
                 if raw.south.host.is_empty() {
                     return Err(ConfigError::new(
                         "south.host",
@@ -262,6 +300,7 @@ impl Config {
                     client_id,
                     credentials: credentials("south", &raw.south.username, &raw.south.password)?,
                     keep_alive: Duration::from_secs(raw.south.keep_alive_s),
+                    tls: tls::client("south.site_tls", site_tls)?,
                 })
             }
             other => {
@@ -323,6 +362,10 @@ impl Config {
         }
 
         in_range("shutdown.grace_s", raw.shutdown.grace_s, 1, 3600)?;
+        let south_tls = match south_mode {
+            SouthMode::Embedded => tls::listener(listener_tls)?,
+            SouthMode::External(_) => None,
+        };
 
         let prefix = format!("{}/{}", raw.north.topic_prefix, gateway);
         Ok(Config {
@@ -337,6 +380,7 @@ impl Config {
                 max_keep_alive: Duration::from_secs(raw.south.max_keep_alive_s),
                 max_subscriptions: raw.south.max_subscriptions,
                 connect_timeout: Duration::from_millis(raw.south.connect_timeout_ms),
+                tls: south_tls,
                 auth: south_auth,
             },
             north: NorthConfig {
@@ -349,6 +393,7 @@ impl Config {
                 max_inflight: raw.north.max_inflight,
                 prefix,
                 max_packet_bytes: raw.north.max_packet_bytes,
+                tls: north_tls,
             },
             retry: RetryConfig {
                 base: Duration::from_millis(raw.retry.base_ms),
@@ -399,13 +444,16 @@ fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigErr
                     "is set but south.auth is \"none\"; set south.auth = \"password\" to use it",
                 ));
             }
-            if !listen.ip().is_loopback() && !raw.allow_anonymous {
+            // Client certificates prove who a device is (its CN is its id).
+            let certificates = !raw.tls.client_ca.as_os_str().is_empty();
+            if !listen.ip().is_loopback() && !raw.allow_anonymous && !certificates {
                 return Err(ConfigError::new(
                     "south.auth",
                     format!(
                         "\"none\" on {listen}, which is not loopback, would let any client on \
                          the network act as any device; set south.auth = \"password\" with \
-                         south.password_file, or south.allow_anonymous = true to accept that"
+                         south.password_file, or require client certificates \
+                         (south.tls.client_ca), or south.allow_anonymous = true to accept that"
                     ),
                 ));
             }

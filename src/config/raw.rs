@@ -106,6 +106,40 @@ pub struct RawSouth {
     pub client_id: String,
     /// External mode: MQTT keep-alive, seconds.
     pub keep_alive_s: u64,
+    /// Embedded mode: TLS on the device listener.
+    pub tls: RawListenerTls,
+    /// External mode: TLS to the site broker.
+    pub site_tls: RawClientTls,
+}
+
+/// TLS on the embedded broker's device listener; every path empty = plain
+/// TCP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawListenerTls {
+    /// The listener's certificate chain, PEM.
+    pub cert: PathBuf,
+    /// Its private key, PEM.
+    pub key: PathBuf,
+    /// CA certificates (PEM) that issue device certificates; set, every
+    /// device must present one, and its CN is the device id.
+    pub client_ca: PathBuf,
+    /// Revocation lists (PEM) from the client CA; needs `client_ca`.
+    pub crl: PathBuf,
+}
+
+/// ferry as a TLS client of a broker; every path empty = plain TCP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawClientTls {
+    /// CA certificates (PEM) the broker's certificate must chain to; set,
+    /// the link is TLS.
+    pub ca: PathBuf,
+    /// ferry's client certificate chain, PEM (with `key`), if the broker
+    /// asks for one.
+    pub cert: PathBuf,
+    /// Its private key, PEM.
+    pub key: PathBuf,
 }
 
 impl Default for RawSouth {
@@ -129,6 +163,8 @@ impl Default for RawSouth {
             password: String::new(),
             client_id: String::new(),
             keep_alive_s: 30,
+            tls: RawListenerTls::default(),
+            site_tls: RawClientTls::default(),
         }
     }
 }
@@ -156,6 +192,8 @@ pub struct RawNorth {
     pub topic_prefix: String,
     /// Largest MQTT packet exchanged with the upstream broker, bytes.
     pub max_packet_bytes: usize,
+    /// TLS to the upstream broker.
+    pub tls: RawClientTls,
 }
 
 impl Default for RawNorth {
@@ -171,6 +209,7 @@ impl Default for RawNorth {
             max_inflight: 32,
             topic_prefix: "ferry".into(),
             max_packet_bytes: 16 << 20,
+            tls: RawClientTls::default(),
         }
     }
 }
@@ -290,18 +329,33 @@ fn check_known_keys(table: &config::Map<String, config::Value>) -> Result<(), Co
                 "unknown section; see conf/ferry.toml for the keys",
             ));
         };
-        let Ok(keys) = value.clone().into_table() else {
-            return Err(ConfigError::new(section, "must be a table of keys"));
+        check_table(section, value, known_section)?;
+    }
+    Ok(())
+}
+
+/// Names the first key in the table `value` (at `path`) that `known`
+/// lacks, looking into nested tables (`south.tls`).
+fn check_table(
+    path: &str,
+    value: &config::Value,
+    known: &serde_json::Value,
+) -> Result<(), ConfigError> {
+    let Ok(keys) = value.clone().into_table() else {
+        return Err(ConfigError::new(path, "must be a table of keys"));
+    };
+    let mut names: Vec<_> = keys.iter().collect();
+    names.sort_by(|a, b| a.0.cmp(b.0));
+    for (key, value) in names {
+        let name = format!("{path}.{key}");
+        let Some(known_key) = known.get(key) else {
+            return Err(ConfigError::new(
+                &name,
+                "unknown key; see conf/ferry.toml for the keys",
+            ));
         };
-        let mut names: Vec<_> = keys.keys().collect();
-        names.sort();
-        for key in names {
-            if known_section.get(key).is_none() {
-                return Err(ConfigError::new(
-                    &format!("{section}.{key}"),
-                    "unknown key; see conf/ferry.toml for the keys",
-                ));
-            }
+        if known_key.is_object() {
+            check_table(&name, value, known_key)?;
         }
     }
     Ok(())

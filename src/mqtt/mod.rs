@@ -83,14 +83,24 @@ pub struct Options {
     /// reconnect. Off for tracked sessions: their owners resend.
     pub replay: bool,
     pub reconnect: Reconnect,
-    /// The transport; TLS joins it with the next issue.
+    /// Plain TCP, or TLS.
     pub transport: Transport,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub enum Transport {
     #[default]
     Tcp,
+    /// TLS with this rustls config; the broker's certificate must name
+    /// [`Options::host`].
+    Tls(Arc<rustls::ClientConfig>),
+}
+
+impl Transport {
+    /// TLS as `tls` says, or plain TCP when there is none.
+    pub fn from_config(tls: Option<&crate::config::ClientTls>) -> Transport {
+        tls.map_or(Transport::Tcp, |t| Transport::Tls(t.rustls()))
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -38,6 +38,12 @@ pub(super) fn client(opts: &super::Options, capacity: usize) -> (AsyncClient, Ev
     if let Some((user, pass)) = &opts.credentials {
         mqtt.set_credentials(user.clone(), pass.clone());
     }
+    if let super::Transport::Tls(config) = &opts.transport {
+        // rumqttc checks the broker's certificate against `host`.
+        mqtt.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Rustls(config.clone()),
+        ));
+    }
     let (client, mut eventloop) = AsyncClient::new(mqtt, capacity);
     // Small messages (uplinks, acks, receipts): don't let Nagle hold them.
     let mut net = rumqttc::NetworkOptions::new();

@@ -146,7 +146,7 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
         auto_ack: false,
         replay: false,
         reconnect: Reconnect::GATEWAY,
-        transport: mqtt::Transport::Tcp,
+        transport: mqtt::Transport::from_config(cfg.tls.as_ref()),
     };
     let (session, events) = Session::start(opts);
     let (tx, rx) = mpsc::channel(4096);

@@ -28,6 +28,11 @@
 //!   filter gets 0x80. Who a device is, is its client id; with
 //!   `south.auth = "password"` a CONNECT is accepted only when the client
 //!   id is the username and the password matches (`auth.rs`).
+//!   With `south.tls.client_ca` that id must be its certificate's CN
+//!   (vendor/README.md, patch 42), so a device speaks only as itself.
+//! - With TLS, the handshake runs in the connection's own task, and with
+//!   the CONNECT must finish within `south.connect_timeout_ms`: a client
+//!   that never finishes it delays no one (patch 40).
 //! - The link's client id is the empty string. rumqttd renames any device
 //!   that connects with an empty id (`rumqtt-{uuid}`), so no device can take
 //!   the link over.
@@ -44,7 +49,7 @@ use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
 use rumqttd::protocol::v4::V4;
 use rumqttd::{
     ConnectionSettings, DirectPublish, Forward, LinkType, Notification, Router, RouterConfig,
-    Server, ServerSettings, OVERSIZE_PROPERTY, PUBLISHER_PROPERTY, QUARANTINE_TOPIC,
+    Server, ServerSettings, TlsConfig, OVERSIZE_PROPERTY, PUBLISHER_PROPERTY, QUARANTINE_TOPIC,
     TOPIC_PROPERTY,
 };
 use tokio::sync::mpsc;
@@ -57,7 +62,7 @@ use super::{
     device_filters, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
     INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
 };
-use crate::config::{SouthAuth, SouthConfig};
+use crate::config::{ListenerTls, SouthAuth, SouthConfig};
 use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
@@ -188,12 +193,12 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
     let settings = ServerSettings {
         name: "south".into(),
         listen: cfg.listen,
-        tls: None,
+        tls: cfg.tls.as_ref().map(listener_tls),
         next_connection_delay_ms: 0,
         connections: ConnectionSettings {
-            // A client that opens TCP and never completes its CONNECT is
-            // closed after this; each waits in its own task, so none delays
-            // another device's connect.
+            // A client that opens TCP and never completes its TLS handshake
+            // and CONNECT within this is closed; each waits in its own task,
+            // so none delays another device's connect.
             connection_timeout_ms: cfg.connect_timeout.as_millis().min(u16::MAX as u128) as u16,
             // A larger publish is skipped on the wire and reaches the
             // gateway as its head, to be answered `rejected`.
@@ -225,6 +230,22 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         stopped,
         presence: Some(presence_rx),
     })
+}
+
+/// rumqttd's TLS settings for the device listener (the files were checked
+/// when the config was loaded). With a client CA, a device is who its
+/// certificate's CN says: rumqttd refuses a CONNECT with any other client
+/// id (CONNACK 5), so isolation, which goes by client id, goes by the
+/// certificate (vendor/README.md, patch 42).
+fn listener_tls(tls: &ListenerTls) -> TlsConfig {
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    TlsConfig::Rustls {
+        capath: tls.client_ca.as_deref().map(path),
+        certpath: path(&tls.cert),
+        keypath: path(&tls.key),
+        crlpath: tls.crl.as_deref().map(path),
+        cn_is_client_id: true,
+    }
 }
 
 /// Moves device publishes from the link into `tx`. While `tx` is low on
@@ -388,6 +409,22 @@ mod tests {
             "other/a/up/t",
         ] {
             assert!(!own_publish_topic("devices", "a", refused), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_cn_is_a_client_id_exactly_when_it_is_a_device_id() {
+        let long = "x".repeat(64);
+        let too_long = "x".repeat(65);
+        for cn in [
+            "press-7", "a", "A.b_c-9", &long, &too_long, "", "a b", "a/b", "+", "#", "é", "a:b",
+            "a\0",
+        ] {
+            assert_eq!(
+                rumqttd::valid_cert_client_id(cn),
+                crate::ids::DeviceId::new(cn).is_ok(),
+                "{cn:?}"
+            );
         }
     }
 

@@ -53,7 +53,7 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
         auto_ack: false,
         replay: false,
         reconnect: Reconnect::GATEWAY,
-        transport: mqtt::Transport::Tcp,
+        transport: mqtt::Transport::from_config(site.tls.as_ref()),
     };
     let (session, events) = Session::<()>::start(opts);
     let (tx, inbound) = Inbound::new();

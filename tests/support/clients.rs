@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::ids::{DeviceId, GatewayId, MsgId};
-use ferry::mqtt::Message;
+use ferry::mqtt::{self, Message};
 use ferry::protocol::ack::{encode_acks, BackendAck};
 use ferry::protocol::envelope::{Payload, WireEnvelope};
 use ferry::protocol::topics::{DeviceTopics, NorthTopics};
@@ -32,9 +32,25 @@ impl Device {
 
     /// Like `connect`, choosing `clean_session`.
     pub async fn connect_with_session(south_port: u16, id: &str, clean_session: bool) -> Device {
+        Device::connect_via(mqtt::Transport::Tcp, south_port, id, clean_session).await
+    }
+
+    /// Like `connect`, over TLS with `tls` (which may present a client
+    /// certificate).
+    pub async fn connect_tls(south_port: u16, id: &str, tls: Arc<rustls::ClientConfig>) -> Device {
+        Device::connect_via(mqtt::Transport::Tls(tls), south_port, id, true).await
+    }
+
+    async fn connect_via(
+        transport: mqtt::Transport,
+        south_port: u16,
+        id: &str,
+        clean_session: bool,
+    ) -> Device {
         let topics = device_topics(id);
+        let filters = vec![topics.ack()];
         let session =
-            Session::connect(id, south_port, vec![topics.ack()], clean_session, None).await;
+            Session::connect_via(transport, id, south_port, filters, clean_session, None).await;
         Device {
             id: id.to_string(),
             topics,

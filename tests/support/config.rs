@@ -5,6 +5,7 @@
 
 use ferry::config::RawConfig;
 
+use super::mosquitto::TlsListener;
 use super::Mode;
 
 /// ferry's config for one test; [`super::Ferry::start`] writes it and
@@ -22,6 +23,10 @@ pub struct FerryOpts {
     /// the site broker takes only these devices, by username. Either way
     /// the harness's clients log in with them.
     pub logins: Vec<(String, String)>,
+    /// External mode: the site broker also listens with TLS, and ferry
+    /// connects to that listener (devices keep the plain one). The test
+    /// sets `south.site_tls` to match.
+    pub site_tls: Option<TlsListener>,
 }
 
 impl FerryOpts {
@@ -48,6 +53,7 @@ impl FerryOpts {
             config: c,
             mode: Mode::Embedded,
             logins: Vec::new(),
+            site_tls: None,
         }
     }
 

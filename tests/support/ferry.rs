@@ -35,6 +35,30 @@ pub fn ferry_command() -> Command {
     cmd
 }
 
+/// Runs `ferry {command} --config FILE` (`check-config` or `run`) on a file
+/// holding `contents`, in a temp dir; returns (exit code, stderr). For
+/// configs that are refused: `run` on a valid one would not return.
+pub fn run_on_config(command: &str, contents: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = super::write_file(dir.path(), "ferry.toml", contents);
+    let out = ferry_command()
+        .arg(command)
+        .arg("--config")
+        .arg(&path)
+        .current_dir(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("run ferry {command}: {e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `ferry check-config` on `contents`: (exit code, stderr).
+pub fn check_config(contents: &str) -> (Option<i32>, String) {
+    run_on_config("check-config", contents)
+}
+
 /// The real gateway binary in its own temp dir; SIGKILLed on drop.
 pub struct Ferry {
     /// Where devices connect: ferry's own broker, or the site broker.
@@ -79,13 +103,13 @@ impl Ferry {
                 (port, None)
             }
             Mode::External => {
-                let site = Mosquitto::start_site_with(&opts.logins);
+                let site = Mosquitto::start_site_with(opts.site_tls.as_ref(), &opts.logins);
                 for (device, password) in &opts.logins {
                     super::session::register_login(site.port, device, password);
                 }
                 config.south.mode = "external".into();
                 config.south.host = "127.0.0.1".into();
-                config.south.port = site.port;
+                config.south.port = site.tls_port.unwrap_or(site.port);
                 config.south.username = SITE_USER.into();
                 config.south.password = SITE_PASSWORD.into();
                 (site.port, Some(site))

@@ -2,6 +2,7 @@
 //! clients playing the field devices and the backend, all on 127.0.0.1.
 //!
 //! - [`mosquitto`]: the upstream broker, one per test, on a free port.
+//! - [`certs`]: a test CA and the certificates it issues (rcgen).
 //! - [`config`]: the config a test starts ferry with, ferry's own raw
 //!   config type serialized to TOML.
 //! - [`ferry`]: the gateway binary.
@@ -17,6 +18,7 @@
 //! deadline or panics with the logs that explain why.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod clients;
 pub mod config;
 pub mod ferry;
@@ -31,10 +33,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use certs::Pki;
 pub use clients::{device_topics, north_topics, Backend, Device, NorthMessage};
 pub use config::FerryOpts;
-pub use ferry::{ferry_command, Ferry};
-pub use mosquitto::Mosquitto;
+pub use ferry::{check_config, ferry_command, run_on_config, Ferry};
+pub use mosquitto::{Mosquitto, TlsListener};
 pub use proc::{raise_fd_limit, rss_kib, Tmpfs};
 pub use raw_mqtt::RawMqtt;
 pub use session::{cut_off, BareClient};

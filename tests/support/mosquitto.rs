@@ -55,9 +55,36 @@ pattern read devices/%c/ack
 pattern read devices/%c/inbox
 ";
 
+/// A TLS listener a broker opens beside its plain one (the harness and
+/// the backend keep using the plain port).
+#[derive(Clone, Debug)]
+pub struct TlsListener {
+    /// CA file for client certificates (Mosquitto's `cafile`).
+    pub ca: PathBuf,
+    /// The broker's certificate and key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Clients must present a certificate the CA issued.
+    pub require_certificate: bool,
+}
+
+impl TlsListener {
+    fn lines(&self, port: u16) -> Vec<String> {
+        vec![
+            format!("listener {port} 127.0.0.1"),
+            format!("cafile {}", self.ca.display()),
+            format!("certfile {}", self.cert.display()),
+            format!("keyfile {}", self.key.display()),
+            format!("require_certificate {}", self.require_certificate),
+        ]
+    }
+}
+
 /// A Mosquitto broker on 127.0.0.1 in its own temp dir; killed on drop.
 pub struct Mosquitto {
     pub port: u16,
+    /// The TLS listener's port, when it has one.
+    pub tls_port: Option<u16>,
     binary: PathBuf,
     dir: tempfile::TempDir,
     child: Option<Child>,
@@ -80,9 +107,14 @@ impl Mosquitto {
     }
 
     fn start_configured(port: u16, extra: &[&str]) -> Mosquitto {
-        Mosquitto::start_in(port, false, |_| {
+        Mosquitto::start_in(port, false, None, |_| {
             extra.iter().map(|l| l.to_string()).collect()
         })
+    }
+
+    /// Starts a broker on a free port with a TLS listener on another.
+    pub fn start_tls(tls: &TlsListener) -> Mosquitto {
+        Mosquitto::start_in(free_port(), false, Some(tls), |_| Vec::new())
     }
 
     /// A site broker for external mode, as docs/EXTERNAL.md sets one up:
@@ -91,15 +123,16 @@ impl Mosquitto {
     /// and inboxes, and devices (anonymous here) held to their own topics
     /// by `pattern` lines on their client id.
     pub fn start_site() -> Mosquitto {
-        Mosquitto::start_site_with(&[])
+        Mosquitto::start_site_with(None, &[])
     }
 
-    /// [`Mosquitto::start_site`], and with `devices` as EXTERNAL.md has
-    /// it in full: every device a user in the password file
-    /// (device id, password), no anonymous clients, and the username as
-    /// the client id, so a device cannot claim another's id.
-    pub fn start_site_with(devices: &[(String, String)]) -> Mosquitto {
-        Mosquitto::start_in(free_port(), true, |dir| {
+    /// [`Mosquitto::start_site`], with a TLS listener if `tls` is given,
+    /// and with `devices` as EXTERNAL.md has it in full: every device a
+    /// user in the password file (device id, password), no anonymous
+    /// clients, and the username as the client id, so a device cannot
+    /// claim another's id.
+    pub fn start_site_with(tls: Option<&TlsListener>, devices: &[(String, String)]) -> Mosquitto {
+        Mosquitto::start_in(free_port(), true, tls, |dir| {
             let passwd = dir.join("passwd");
             let users = std::iter::once((SITE_USER, SITE_PASSWORD))
                 .chain(devices.iter().map(|(d, p)| (d.as_str(), p.as_str())));
@@ -138,6 +171,7 @@ impl Mosquitto {
     fn start_in(
         port: u16,
         persistent: bool,
+        tls: Option<&TlsListener>,
         extra: impl FnOnce(&std::path::Path) -> Vec<String>,
     ) -> Mosquitto {
         let binary = mosquitto_binary();
@@ -146,7 +180,13 @@ impl Mosquitto {
             .tempdir()
             .expect("temp dir for mosquitto");
         let log = dir.path().join("mosquitto.log");
-        let extra = extra(dir.path());
+        let mut extra = extra(dir.path());
+        // Listener options follow their `listener` line: the TLS one last.
+        let tls_port = tls.map(|tls| {
+            let tls_port = free_port();
+            extra.extend(tls.lines(tls_port));
+            tls_port
+        });
         let persistence = if persistent {
             format!(
                 "persistence true\npersistence_location {}/\n",
@@ -180,6 +220,7 @@ impl Mosquitto {
         fs::write(dir.path().join("mosquitto.conf"), config).expect("write mosquitto.conf");
         let mut m = Mosquitto {
             port,
+            tls_port,
             binary,
             dir,
             child: None,
@@ -213,9 +254,10 @@ impl Mosquitto {
             .expect("spawn mosquitto");
         self.child = Some(child);
         let port = self.port;
+        let tls_port = self.tls_port;
         let started = Instant::now();
         blocking(|| loop {
-            if port_accepts(port) {
+            if port_accepts(port) && tls_port.is_none_or(port_accepts) {
                 return;
             }
             let child = self.child.as_mut().expect("child");

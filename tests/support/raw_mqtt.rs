@@ -1,18 +1,43 @@
-//! A bare MQTT 3.1.1 client on one TCP socket: packets written and read by
-//! hand (rumqttc only encodes and decodes them), no event loop.
+//! A bare MQTT 3.1.1 client on one TCP (or TLS) socket: packets written
+//! and read by hand (rumqttc only encodes and decodes them), no event loop.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rumqttc::QoS;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{CONNECT_TIMEOUT, MAX_PACKET};
+
+/// What a raw client talks over: TCP, or TLS over TCP.
+pub trait RawStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> RawStream for T {}
+
+/// A TLS client handshake over TCP to 127.0.0.1:`port` with `tls`; the
+/// stream, or why there is none.
+pub async fn tls_stream(
+    port: u16,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("tcp connect: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("an IP is a name");
+    let handshake = tokio_rustls::TlsConnector::from(tls).connect(name, tcp);
+    match tokio::time::timeout(CONNECT_TIMEOUT, handshake).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
+        Err(_) => Err("TLS handshake: timed out".into()),
+    }
+}
 
 /// A bare MQTT 3.1.1 client: it sends exactly what it is told, reads only
 /// when asked, and acknowledges nothing by itself. For the edges a real
 /// client library would smooth over (keep-alive 0, a device that stops
 /// reading, a packet over the broker's limit, a refused CONNECT).
 pub struct RawMqtt {
-    stream: tokio::net::TcpStream,
+    stream: Box<dyn RawStream>,
     buf: bytes::BytesMut,
     next_pkid: u16,
 }
@@ -41,6 +66,46 @@ impl RawMqtt {
             .await
             .map_err(|e| format!("tcp connect: {e}"))?;
         let _ = stream.set_nodelay(true);
+        RawMqtt::try_connect_over(Box::new(stream), client_id, keep_alive, login).await
+    }
+
+    /// [`RawMqtt::try_connect`] over TLS with `tls`: the CONNACK, or why
+    /// there is none (a refused handshake included).
+    pub async fn try_connect_tls(
+        port: u16,
+        client_id: &str,
+        keep_alive: u16,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
+        let stream = tls_stream(port, tls).await?;
+        RawMqtt::try_connect_over(Box::new(stream), client_id, keep_alive, None).await
+    }
+
+    /// [`RawMqtt::connect`] over TLS with `tls`.
+    pub async fn connect_tls(
+        port: u16,
+        client_id: &str,
+        keep_alive: u16,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> RawMqtt {
+        let (raw, ack) = RawMqtt::try_connect_tls(port, client_id, keep_alive, tls)
+            .await
+            .unwrap_or_else(|e| panic!("{client_id}: {e}"));
+        assert_eq!(
+            ack.code,
+            rumqttc::ConnectReturnCode::Success,
+            "{client_id} refused"
+        );
+        raw
+    }
+
+    /// CONNECT on an open stream; the CONNACK, or why there is none.
+    async fn try_connect_over(
+        stream: Box<dyn RawStream>,
+        client_id: &str,
+        keep_alive: u16,
+        login: Option<(&str, &str)>,
+    ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
         let mut raw = RawMqtt {
             stream,
             buf: bytes::BytesMut::new(),
@@ -52,8 +117,12 @@ impl RawMqtt {
         if let Some((username, password)) = login {
             connect.set_login(username, password);
         }
-        raw.send(rumqttc::Packet::Connect(connect)).await;
-        match raw.recv(CONNECT_TIMEOUT).await {
+        // A broker that refuses the client (a TLS certificate it does not
+        // take) may close the socket before the CONNECT is written.
+        raw.try_send(rumqttc::Packet::Connect(connect))
+            .await
+            .map_err(|e| format!("CONNECT not written: {e}"))?;
+        match raw.try_recv(CONNECT_TIMEOUT).await? {
             Some(rumqttc::Packet::ConnAck(ack)) => Ok((raw, ack)),
             Some(other) => Err(format!("expected CONNACK, got {other:?}")),
             None => Err("no CONNACK: the socket closed or nothing came".into()),
@@ -84,6 +153,15 @@ impl RawMqtt {
             .unwrap_or_else(|e| panic!("encode {packet:?}: {e}"));
     }
 
+    /// Writes one packet; the error if the socket is gone.
+    pub async fn try_send(&mut self, packet: rumqttc::Packet) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let mut out = bytes::BytesMut::new();
+        RawMqtt::encode(&packet, &mut out);
+        self.stream.write_all(&out).await?;
+        self.stream.flush().await
+    }
+
     /// Writes one packet.
     pub async fn send(&mut self, packet: rumqttc::Packet) {
         self.send_many(std::iter::once(packet)).await;
@@ -98,6 +176,8 @@ impl RawMqtt {
             RawMqtt::encode(&p, &mut out);
         }
         self.stream.write_all(&out).await.expect("raw write");
+        // TLS may hold the last record back until flushed.
+        self.stream.flush().await.expect("raw flush");
     }
 
     /// A QoS 1 PUBLISH with a fresh packet id.
@@ -127,16 +207,24 @@ impl RawMqtt {
 
     /// The next packet; `None` on timeout or a closed socket.
     pub async fn recv(&mut self, timeout: Duration) -> Option<rumqttc::Packet> {
+        self.try_recv(timeout)
+            .await
+            .unwrap_or_else(|e| panic!("raw read: {e}"))
+    }
+
+    /// The next packet; `None` on timeout or a closed socket; an error if
+    /// what came is not MQTT (a TLS alert to a plain client, say).
+    pub async fn try_recv(&mut self, timeout: Duration) -> Result<Option<rumqttc::Packet>, String> {
         use tokio::io::AsyncReadExt;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             match rumqttc::Packet::read(&mut self.buf, MAX_PACKET) {
-                Ok(p) => return Some(p),
+                Ok(p) => return Ok(Some(p)),
                 Err(rumqttc::Error::InsufficientBytes(_)) => {}
-                Err(e) => panic!("raw read: {e}"),
+                Err(e) => return Err(format!("not MQTT: {e}")),
             }
             match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
-                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Ok(None),
                 Ok(Ok(_)) => {}
             }
         }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -76,8 +77,26 @@ pub fn login_for(port: u16, client_id: &str) -> Option<(String, String)> {
 
 /// Options for a test client: reconnects quickly (tests restart brokers).
 fn options(client_id: &str, port: u16, filters: Vec<String>, clean_session: bool) -> mqtt::Options {
+    options_via(
+        mqtt::Transport::Tcp,
+        client_id,
+        port,
+        filters,
+        clean_session,
+    )
+}
+
+/// [`options`] over `transport`.
+fn options_via(
+    transport: mqtt::Transport,
+    client_id: &str,
+    port: u16,
+    filters: Vec<String>,
+    clean_session: bool,
+) -> mqtt::Options {
     let mut o = mqtt::Options::new(client_id, "127.0.0.1", port, client_id);
     o.credentials = login_for(port, client_id);
+    o.transport = transport;
     o.max_incoming_packet = MAX_PACKET;
     o.max_outgoing_packet = MAX_PACKET;
     o.clean_session = clean_session;
@@ -110,8 +129,21 @@ impl Session {
         clean_session: bool,
         hook: Option<PublishHook>,
     ) -> Session {
-        let (session, mut events) =
-            mqtt::Session::start(options(client_id, port, filters, clean_session));
+        let tcp = mqtt::Transport::Tcp;
+        Session::connect_via(tcp, client_id, port, filters, clean_session, hook).await
+    }
+
+    /// [`Session::connect`] over `transport` (TLS, for instance).
+    pub async fn connect_via(
+        transport: mqtt::Transport,
+        client_id: &str,
+        port: u16,
+        filters: Vec<String>,
+        clean_session: bool,
+        hook: Option<PublishHook>,
+    ) -> Session {
+        let opts = options_via(transport, client_id, port, filters, clean_session);
+        let (session, mut events) = mqtt::Session::start(opts);
         let (tx, incoming) = mpsc::unbounded_channel();
         let (subacks_tx, subacks) = watch::channel(0u64);
         let task = tokio::spawn(async move {
@@ -198,6 +230,19 @@ impl BareClient {
     pub async fn connect(port: u16, client_id: &str, filters: Vec<String>) -> BareClient {
         BareClient {
             session: Session::connect(client_id, port, filters, true, None).await,
+        }
+    }
+
+    /// [`BareClient::connect`] over TLS with `tls`.
+    pub async fn connect_tls(
+        port: u16,
+        client_id: &str,
+        filters: Vec<String>,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> BareClient {
+        let transport = mqtt::Transport::Tls(tls);
+        BareClient {
+            session: Session::connect_via(transport, client_id, port, filters, true, None).await,
         }
     }
 

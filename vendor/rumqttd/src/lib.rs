@@ -104,9 +104,23 @@ pub struct PrometheusSetting {
 #[serde(untagged)]
 pub enum TlsConfig {
     Rustls {
+        /// ferry: with `verify-client-cert`, `None` serves TLS without
+        /// client certificates (upstream refuses to start); `Some` requires
+        /// and verifies one against every certificate in this file.
         capath: Option<String>,
         certpath: String,
         keypath: String,
+        /// ferry: certificate revocation lists (PEM) a client certificate
+        /// is checked against; needs `capath`.
+        #[serde(default)]
+        crlpath: Option<String>,
+        /// ferry: a client certificate's subject CN is the client's id: the
+        /// CONNECT must carry exactly that id (see [`valid_cert_client_id`])
+        /// or it is refused with CONNACK "not authorized". Its O is not
+        /// used as a tenant (no tenant prefix on client ids or topics).
+        /// `false` keeps upstream's behaviour.
+        #[serde(default)]
+        cn_is_client_id: bool,
     },
     NativeTls {
         pkcs12path: String,
@@ -123,10 +137,13 @@ impl TlsConfig {
                 capath,
                 certpath,
                 keypath,
+                crlpath,
+                ..
             } => {
-                let ca = capath.is_none() || capath.as_ref().is_some_and(|v| Path::new(v).exists());
-
-                ca && [certpath, keypath].iter().all(|v| Path::new(v).exists())
+                let exists = |p: &Option<String>| p.as_ref().map_or(true, |v| Path::new(v).exists());
+                exists(capath)
+                    && exists(crlpath)
+                    && [certpath, keypath].iter().all(|v| Path::new(v).exists())
             }
             TlsConfig::NativeTls { pkcs12path, .. } => Path::new(pkcs12path).exists(),
         }
@@ -227,6 +244,16 @@ pub fn own_publish_topic(prefix: &str, client_id: &str, topic: &str) -> bool {
     rest == "up"
         || rest.starts_with("up/")
         || matches!(rest, "confirm" | "pull" | "read" | "nack" | "status")
+}
+
+/// ferry: whether a client certificate's CN can be a client id (see
+/// [`TlsConfig::Rustls`]'s `cn_is_client_id`): 1 to 64 of `A-Z a-z 0-9 . _ -`,
+/// ferry's device id, so it is one topic level and never a wildcard.
+pub fn valid_cert_client_id(cn: &str) -> bool {
+    (1..=64).contains(&cn.len())
+        && cn
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// ferry: whether client `client_id` may subscribe to `filter` under

@@ -9,6 +9,7 @@ use crate::protocol::v5::V5;
 use crate::protocol::{Packet, Protocol};
 #[cfg(any(feature = "use-rustls", feature = "use-native-tls"))]
 use crate::server::tls::{self, TLSAcceptor};
+use crate::protocol::{ConnAck, ConnectReturnCode};
 use crate::{meters, ConnectionSettings, Meter};
 use flume::{RecvError, SendError, Sender};
 use std::collections::HashMap;
@@ -365,21 +366,11 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
         }
     }
 
-    // Depending on TLS or not create a new Network
-    async fn tls_accept(&self, stream: TcpStream) -> Result<(Box<dyn N>, Option<String>), Error> {
-        #[cfg(any(feature = "use-rustls", feature = "use-native-tls"))]
-        match &self.config.tls {
-            Some(c) => {
-                let (tenant_id, network) = TLSAcceptor::new(c)?.accept(stream).await?;
-                Ok((network, tenant_id))
-            }
-            None => Ok((Box::new(stream), None)),
-        }
-        #[cfg(not(any(feature = "use-rustls", feature = "use-native-tls")))]
-        Ok((Box::new(stream), None))
-    }
-
     pub async fn start(&mut self, link_type: LinkType) -> Result<(), Error> {
+        // ferry: the TLS acceptor is built once, before listening (upstream
+        // read the certificate files again for every connection, on the
+        // accept loop).
+        let acceptor = Arc::new(acceptor(&self.config)?);
         // ferry: listen with a backlog of 4096 instead of 128, so a reconnect
         // storm of thousands of devices is queued, not dropped.
         let socket = if self.config.listen.is_ipv4() {
@@ -412,68 +403,38 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
             // receipt can wait for the device's delayed ACK (~40 ms).
             let _ = stream.set_nodelay(true);
 
-            let (network, tenant_id) = match self.tls_accept(stream).await {
-                Ok(o) => o,
-                Err(e) => {
-                    error!(error=?e, "Tls accept error");
-                    continue;
-                }
+            // ferry: the TLS (and websocket) handshake runs in the
+            // connection's own task, bounded with its CONNECT by
+            // `connection_timeout_ms`: upstream awaited it here, so one
+            // client that never finished it stalled every accept.
+            let accepted = Accepted {
+                peer: addr,
+                connect_by: time::Instant::now()
+                    + Duration::from_millis(config.connection_timeout_ms.into()),
+                identity: CertIdentity::None,
             };
-
-            info!(
-                name=?self.config.name, ?addr, count, tenant=?tenant_id, "accept"
+            let span = tracing::error_span!(
+                "remote_link",
+                peer = %addr,
+                tenant_id = field::Empty,
+                client_id = field::Empty,
+                connection_id = field::Empty,
             );
-
-            let config = config.clone();
-            let router_tx = self.router_tx.clone();
+            task::spawn(
+                connection(
+                    acceptor.clone(),
+                    link_type,
+                    stream,
+                    accepted,
+                    count,
+                    config.clone(),
+                    self.router_tx.clone(),
+                    self.protocol.clone(),
+                    self.awaiting_will_handler.clone(),
+                )
+                .instrument(span),
+            );
             count += 1;
-
-            let protocol = self.protocol.clone();
-            match link_type {
-                #[cfg(feature = "websocket")]
-                LinkType::Websocket => {
-                    let stream = match accept_hdr_async(network, WSCallback).await {
-                        Ok(s) => Box::new(WsStream::new(s)),
-                        Err(e) => {
-                            error!(error=?e, "Websocket failed handshake");
-                            continue;
-                        }
-                    };
-                    task::spawn(
-                        remote(
-                            config,
-                            tenant_id.clone(),
-                            router_tx,
-                            stream,
-                            protocol,
-                            self.awaiting_will_handler.clone(),
-                            addr,
-                        )
-                        .instrument(tracing::info_span!(
-                            "websocket_link",
-                            client_id = field::Empty,
-                            connection_id = field::Empty
-                        )),
-                    )
-                }
-                LinkType::Remote => task::spawn(
-                    remote(
-                        config,
-                        tenant_id.clone(),
-                        router_tx,
-                        network,
-                        protocol,
-                        self.awaiting_will_handler.clone(),
-                        addr,
-                    )
-                    .instrument(tracing::error_span!(
-                        "remote_link",
-                        ?tenant_id,
-                        client_id = field::Empty,
-                        connection_id = field::Empty,
-                    )),
-                ),
-            };
 
             // ferry: no timer round trip per accept when there is no delay (a
             // zero sleep still waits a timer tick, capping accepts at ~200/s).
@@ -482,6 +443,140 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
             }
         }
     }
+}
+
+/// ferry: a listener's TLS acceptor, if it serves TLS.
+#[cfg(any(feature = "use-rustls", feature = "use-native-tls"))]
+type Acceptor = TLSAcceptor;
+/// ferry: without the TLS features there is never an acceptor.
+#[cfg(not(any(feature = "use-rustls", feature = "use-native-tls")))]
+type Acceptor = std::convert::Infallible;
+
+#[cfg(any(feature = "use-rustls", feature = "use-native-tls"))]
+fn acceptor(config: &ServerSettings) -> Result<Option<Acceptor>, Error> {
+    match &config.tls {
+        Some(c) => Ok(Some(TLSAcceptor::new(c)?)),
+        None => Ok(None),
+    }
+}
+
+#[cfg(not(any(feature = "use-rustls", feature = "use-native-tls")))]
+fn acceptor(_config: &ServerSettings) -> Result<Option<Acceptor>, Error> {
+    Ok(None)
+}
+
+/// ferry: who a client certificate says the client is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CertIdentity {
+    /// Nothing: no client certificate, or its CN is not taken as the
+    /// client id (`cn_is_client_id` off).
+    None,
+    /// Its CN: the only client id this connection may CONNECT with.
+    ClientId(String),
+    /// Its CN is missing or cannot be a client id (the reason): every
+    /// CONNECT on this connection is refused.
+    Invalid(String),
+}
+
+/// ferry: what a connection's task knows before its CONNECT.
+pub(crate) struct Accepted {
+    /// Where it came from, for the log lines about it.
+    pub(crate) peer: SocketAddr,
+    /// The handshake and the CONNECT must be done by then.
+    pub(crate) connect_by: time::Instant,
+    /// Who its client certificate says it is.
+    pub(crate) identity: CertIdentity,
+}
+
+/// ferry: the TLS handshake, if the listener serves TLS: the tenant id, who
+/// the client certificate says the client is, and the stream. A failure
+/// is logged here, with the peer: never as an error (a port scan, a client
+/// speaking plain MQTT to a TLS port, a refused certificate are the
+/// client's business; only a refused certificate is worth a warning).
+async fn handshake(
+    acceptor: &Option<Acceptor>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<(Option<String>, CertIdentity, Box<dyn N>)> {
+    let Some(acceptor) = acceptor else {
+        return Some((None, CertIdentity::None, Box::new(stream)));
+    };
+    #[cfg(any(feature = "use-rustls", feature = "use-native-tls"))]
+    match acceptor.accept(stream).await {
+        Ok(accepted) => Some(accepted),
+        Err(e) if e.is_certificate() => {
+            warn!(%peer, error = %e, "TLS handshake failed: client certificate refused");
+            None
+        }
+        Err(e) => {
+            info!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+    }
+    #[cfg(not(any(feature = "use-rustls", feature = "use-native-tls")))]
+    match *acceptor {}
+}
+
+/// ferry: one accepted socket, in its own task: the TLS (and websocket)
+/// handshake, bounded by `accepted.connect_by`, then the connection.
+#[allow(clippy::too_many_arguments)]
+async fn connection<P: Protocol>(
+    acceptor: Arc<Option<Acceptor>>,
+    link_type: LinkType,
+    stream: TcpStream,
+    mut accepted: Accepted,
+    count: usize,
+    config: Arc<ConnectionSettings>,
+    router_tx: Sender<(ConnectionId, Event)>,
+    protocol: P,
+    will_handlers: Arc<Mutex<HashMap<String, Sender<AwaitingWill>>>>,
+) {
+    let peer = accepted.peer;
+    let shaken = time::timeout_at(accepted.connect_by, handshake(&acceptor, stream, peer));
+    let (tenant_id, network) = match shaken.await {
+        Ok(Some((tenant_id, identity, network))) => {
+            accepted.identity = identity;
+            (tenant_id, network)
+        }
+        Ok(None) => return,
+        Err(_) => {
+            info!(%peer, "TLS handshake not done within the connection timeout");
+            return;
+        }
+    };
+    if let Some(tenant_id) = &tenant_id {
+        tracing::Span::current().record("tenant_id", tenant_id.as_str());
+    }
+    info!(%peer, count, tenant = ?tenant_id, "accept");
+
+    let network: Box<dyn N> = match link_type {
+        #[cfg(feature = "websocket")]
+        LinkType::Websocket => {
+            let ws = time::timeout_at(accepted.connect_by, accept_hdr_async(network, WSCallback));
+            match ws.await {
+                Ok(Ok(s)) => Box::new(WsStream::new(s)),
+                Ok(Err(e)) => {
+                    info!(%peer, error=?e, "Websocket failed handshake");
+                    return;
+                }
+                Err(_) => {
+                    info!(%peer, "Websocket handshake not done within the connection timeout");
+                    return;
+                }
+            }
+        }
+        LinkType::Remote => network,
+    };
+    remote(
+        config,
+        tenant_id,
+        router_tx,
+        network,
+        protocol,
+        will_handlers,
+        accepted,
+    )
+    .await
 }
 
 /// Configures the Websocket connection to indicate the correct protocol
@@ -514,8 +609,8 @@ async fn remote<P: Protocol>(
     stream: Box<dyn N>,
     protocol: P,
     will_handlers: Arc<Mutex<HashMap<String, Sender<AwaitingWill>>>>,
-    // ferry: where the connection came from, for the connect hook.
-    peer: SocketAddr,
+    // ferry: the peer, the CONNECT's deadline, the certificate's identity.
+    accepted: Accepted,
 ) {
     let mut network = Network::new(
         stream,
@@ -529,7 +624,13 @@ async fn remote<P: Protocol>(
     let isolation = config.isolation.clone();
 
     let max_keep_alive = config.max_keep_alive;
-    let mut connect_packet = match mqtt_connect(config, &mut network, peer).await {
+    // ferry: the CONNECT (and the connect hook's verdict) is due by the
+    // deadline the handshake ran under.
+    let connect = time::timeout_at(
+        accepted.connect_by,
+        mqtt_connect(config, &mut network, accepted.peer),
+    );
+    let mut connect_packet = match connect.await.unwrap_or_else(|e| Err(e.into())) {
         Ok(p) => p,
         // ferry: a client that goes away or times out before its CONNECT
         // (a port probe, a device losing power) is an ordinary event; a bad
@@ -537,7 +638,7 @@ async fn remote<P: Protocol>(
         Err(
             e @ (remote::Error::Network(network::Error::Io(_)) | remote::Error::Timeout(_)),
         ) => {
-            info!(error=?e, "no CONNECT");
+            info!(peer = %accepted.peer, error=?e, "no CONNECT");
             return;
         }
         // ferry: the connect hook logged why it refused.
@@ -565,6 +666,17 @@ async fn remote<P: Protocol>(
         }
         _ => unreachable!(),
     };
+
+    // ferry: a client certificate names the one client id it may use.
+    if let Err(why) = cert_allows(&accepted.identity, &client_id) {
+        warn!(peer = %accepted.peer, client_id, why, "CONNECT refused: not the client its certificate names");
+        let ack = ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::NotAuthorized,
+        };
+        let _ = network.write(Packet::ConnAck(ack, None)).await;
+        return;
+    }
 
     let mut assigned_client_id = None;
     if client_id.is_empty() {
@@ -678,5 +790,16 @@ async fn remote<P: Protocol>(
         // It won't matter in this case as we don't use it
         // but might affect logs?
         router_tx.send((connection_id, message)).ok();
+    }
+}
+
+/// ferry: whether a CONNECT as `client_id` is allowed on a connection whose
+/// client certificate says `identity`; if not, why.
+fn cert_allows(identity: &CertIdentity, client_id: &str) -> Result<(), String> {
+    match identity {
+        CertIdentity::None => Ok(()),
+        CertIdentity::ClientId(cn) if cn == client_id => Ok(()),
+        CertIdentity::ClientId(cn) => Err(format!("the certificate's CN is {cn:?}")),
+        CertIdentity::Invalid(why) => Err(why.clone()),
     }
 }

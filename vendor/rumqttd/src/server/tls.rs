@@ -18,6 +18,7 @@ use {
     tracing::error,
 };
 
+use super::broker::CertIdentity;
 use crate::link::network::N;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,25 @@ pub enum Error {
     MissingTenantId,
     #[error("Tenant id missing in certificate")]
     CertificateParse,
+    /// ferry: a CRL file that cannot be read.
+    #[error("Invalid CRL file {0}")]
+    InvalidCrl(String),
+}
+
+impl Error {
+    /// ferry: whether the client's certificate was refused or missing (as
+    /// opposed to a handshake that never really started).
+    pub fn is_certificate(&self) -> bool {
+        #[cfg(feature = "use-rustls")]
+        if let Error::Io(e) = self {
+            use tokio_rustls::rustls::Error as E;
+            return matches!(
+                e.get_ref().and_then(|inner| inner.downcast_ref::<E>()),
+                Some(E::InvalidCertificate(_) | E::NoCertificatesPresented)
+            );
+        }
+        matches!(self, Error::NoPeerCertificate)
+    }
 }
 
 #[cfg(feature = "verify-client-cert")]
@@ -84,10 +104,37 @@ fn extract_tenant_id(der: &[u8]) -> Result<Option<String>, Error> {
     Ok(Some(tenant_id))
 }
 
+/// ferry: the client id a certificate's subject CN names.
+#[cfg(feature = "verify-client-cert")]
+fn cert_client_id(der: &[u8]) -> CertIdentity {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return CertIdentity::Invalid("the certificate cannot be parsed".to_owned());
+    };
+    let mut names = cert.subject().iter_common_name();
+    let cn = match (names.next(), names.next()) {
+        (Some(cn), None) => cn,
+        (None, _) => return CertIdentity::Invalid("the certificate has no CN".to_owned()),
+        (Some(_), Some(_)) => {
+            return CertIdentity::Invalid("the certificate has more than one CN".to_owned())
+        }
+    };
+    match cn.as_str() {
+        Ok(cn) if crate::valid_cert_client_id(cn) => CertIdentity::ClientId(cn.to_owned()),
+        Ok(cn) => CertIdentity::Invalid(format!("CN {cn:?} is not a valid client id")),
+        Err(_) => CertIdentity::Invalid("the CN is not a string".to_owned()),
+    }
+}
+
 #[allow(dead_code)]
 pub enum TLSAcceptor {
     #[cfg(feature = "use-rustls")]
-    Rustls { acceptor: tokio_rustls::TlsAcceptor },
+    Rustls {
+        acceptor: tokio_rustls::TlsAcceptor,
+        /// ferry: see [`crate::TlsConfig::Rustls`].
+        cn_is_client_id: bool,
+        /// ferry: whether client certificates are required.
+        client_certs: bool,
+    },
     #[cfg(feature = "use-native-tls")]
     NativeTLS {
         acceptor: tokio_native_tls::TlsAcceptor,
@@ -102,7 +149,9 @@ impl TLSAcceptor {
                 capath,
                 certpath,
                 keypath,
-            } => Self::rustls(capath, certpath, keypath),
+                crlpath,
+                cn_is_client_id,
+            } => Self::rustls(capath, certpath, keypath, crlpath, *cn_is_client_id),
             #[cfg(feature = "use-native-tls")]
             TlsConfig::NativeTls {
                 pkcs12path,
@@ -115,25 +164,42 @@ impl TLSAcceptor {
         }
     }
 
-    pub async fn accept(&self, stream: TcpStream) -> Result<(Option<String>, Box<dyn N>), Error> {
+    /// The handshake: the tenant id, who the client certificate says the
+    /// client is (ferry), and the stream.
+    pub async fn accept(
+        &self,
+        stream: TcpStream,
+    ) -> Result<(Option<String>, CertIdentity, Box<dyn N>), Error> {
         match self {
             #[cfg(feature = "use-rustls")]
-            TLSAcceptor::Rustls { acceptor } => {
+            TLSAcceptor::Rustls {
+                acceptor,
+                cn_is_client_id,
+                client_certs,
+            } => {
                 let stream = acceptor.accept(stream).await?;
 
                 #[cfg(feature = "verify-client-cert")]
-                let tenant_id = {
+                let (tenant_id, identity) = {
                     let (_, session) = stream.get_ref();
-                    let peer_certificates = session
-                        .peer_certificates()
-                        .ok_or(Error::NoPeerCertificate)?;
-                    extract_tenant_id(&peer_certificates[0])?
+                    // ferry: the verifier requires a certificate exactly
+                    // when there is a CA; without one there is none to read.
+                    let first = session.peer_certificates().and_then(|c| c.first());
+                    match (first, *client_certs, *cn_is_client_id) {
+                        (None, false, _) => (None, CertIdentity::None),
+                        (None, true, _) => return Err(Error::NoPeerCertificate),
+                        (Some(cert), _, true) => (None, cert_client_id(cert)),
+                        (Some(cert), _, false) => (extract_tenant_id(cert)?, CertIdentity::None),
+                    }
                 };
                 #[cfg(not(feature = "verify-client-cert"))]
-                let tenant_id: Option<String> = None;
+                let (tenant_id, identity) = {
+                    let _ = (cn_is_client_id, client_certs);
+                    (None, CertIdentity::None)
+                };
 
                 let network = Box::new(stream);
-                Ok((tenant_id, network))
+                Ok((tenant_id, identity, network))
             }
             #[cfg(feature = "use-native-tls")]
             TLSAcceptor::NativeTLS { acceptor } => {
@@ -146,7 +212,7 @@ impl TLSAcceptor {
                 //     .to_der()?;
                 // let tenant_id = extract_tenant_id(&peer_certificate)?;
                 let network = Box::new(stream);
-                Ok((None, network))
+                Ok((None, CertIdentity::None, network))
             }
         }
     }
@@ -181,16 +247,11 @@ impl TLSAcceptor {
         ca_path: &Option<String>,
         cert_path: &String,
         key_path: &String,
+        crl_path: &Option<String>,
+        cn_is_client_id: bool,
     ) -> Result<TLSAcceptor, Error> {
-        #[cfg(feature = "verify-client-cert")]
-        let Some(ca_path) = ca_path
-        else {
-            return Err(Error::CaFileNotFound(
-                "capath must be specified in config when verify-client-cert is enabled."
-                    .to_string(),
-            ));
-        };
-
+        // ferry: without a CA, TLS without client certificates, also with
+        // `verify-client-cert` (upstream refused to start).
         #[cfg(not(feature = "verify-client-cert"))]
         if ca_path.is_some() {
             tracing::warn!("verify-client-cert feature is disabled, CA cert will be ignored and no client authentication is done.");
@@ -214,35 +275,58 @@ impl TLSAcceptor {
 
         // client authentication with a CA. CA isn't required otherwise
         #[cfg(feature = "verify-client-cert")]
-        let builder = {
-            let ca_file = File::open(ca_path);
-            let ca_file = ca_file.map_err(|_| Error::CaFileNotFound(ca_path.clone()))?;
-            let ca_file = &mut BufReader::new(ca_file);
-            let ca_cert = rustls_pemfile::certs(ca_file)
-                .next()
-                .ok_or_else(|| Error::InvalidCACert(ca_path.to_string()))??;
-
-            let mut store = RootCertStore::empty();
-            store
-                .add(ca_cert)
-                .map_err(|_| Error::InvalidCACert(ca_path.to_string()))?;
-
-            // This will only return an error if no trust anchors are provided or invalid CRLs are
-            // provided. We always provide a trust anchor, and don't provide any CRLs, so it is safe
-            // to unwrap.
-            let verifier = WebPkiClientVerifier::builder(Arc::new(store))
-                .build()
-                .unwrap();
-            builder.with_client_cert_verifier(verifier)
+        let (builder, client_certs) = match ca_path {
+            Some(ca_path) => {
+                let ca_file = File::open(ca_path);
+                let ca_file = ca_file.map_err(|_| Error::CaFileNotFound(ca_path.clone()))?;
+                let ca_file = &mut BufReader::new(ca_file);
+                // ferry: every certificate in the file is a trust anchor
+                // (upstream took the first only).
+                let ca_certs = rustls_pemfile::certs(ca_file)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| Error::InvalidCACert(ca_path.to_string()))?;
+                let mut store = RootCertStore::empty();
+                for ca_cert in ca_certs {
+                    store
+                        .add(ca_cert)
+                        .map_err(|_| Error::InvalidCACert(ca_path.to_string()))?;
+                }
+                // ferry: revoked client certificates are refused.
+                let crls = match crl_path {
+                    Some(crl_path) => {
+                        let crl_file = File::open(crl_path)
+                            .map_err(|_| Error::InvalidCrl(crl_path.clone()))?;
+                        rustls_pemfile::crls(&mut BufReader::new(crl_file))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|_| Error::InvalidCrl(crl_path.clone()))?
+                    }
+                    None => Vec::new(),
+                };
+                // ferry: an empty CA file or a bad CRL is an error, not a
+                // panic.
+                let verifier = WebPkiClientVerifier::builder(Arc::new(store))
+                    .with_crls(crls)
+                    .build()
+                    .map_err(|_| Error::InvalidCACert(ca_path.to_string()))?;
+                (builder.with_client_cert_verifier(verifier), true)
+            }
+            None => (builder.with_no_client_auth(), false),
         };
 
         #[cfg(not(feature = "verify-client-cert"))]
-        let builder = builder.with_no_client_auth();
+        let (builder, client_certs) = {
+            let _ = crl_path;
+            (builder.with_no_client_auth(), false)
+        };
 
         let server_config = builder.with_single_cert(certs, key)?;
 
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
-        Ok(TLSAcceptor::Rustls { acceptor })
+        Ok(TLSAcceptor::Rustls {
+            acceptor,
+            cn_is_client_id,
+            client_certs,
+        })
     }
 }
 
