@@ -78,6 +78,17 @@ pub struct SouthConfig {
     pub max_subscriptions: usize,
     /// Embedded mode: how long a connection may take to complete its CONNECT.
     pub connect_timeout: Duration,
+    /// Each device's token bucket, in both modes.
+    pub rate: RateLimit,
+    /// Uplinks from one device sent to the store and not yet answered, at most.
+    pub max_inflight_per_device: usize,
+}
+
+/// A token bucket: `per_s` publishes a second on average, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub per_s: f64,
+    pub burst: u32,
 }
 
 /// Which broker devices talk to.
@@ -182,6 +193,26 @@ impl Config {
             raw.south.connect_timeout_ms,
             100,
             u16::MAX as u64,
+        )?;
+        // No off switch: a device that may send without bound can fill the
+        // store for everyone. A site that wants no practical limit sets a
+        // high one.
+        let rate = raw.south.rate_per_s;
+        if !(rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&rate)) {
+            return Err(ConfigError::new(
+                "south.rate_per_s",
+                format!(
+                    "must be between {MIN_RATE} and {MAX_RATE} publishes per second (got {rate}); \
+                     there is no off switch, set a high rate instead"
+                ),
+            ));
+        }
+        in_range("south.burst", raw.south.burst, 1, 1_000_000)?;
+        in_range(
+            "south.max_inflight_per_device",
+            raw.south.max_inflight_per_device,
+            1,
+            crate::uplink::intake::MAX_UNANSWERED,
         )?;
 
         if raw.north.host.trim().is_empty() {
@@ -324,6 +355,11 @@ impl Config {
                 max_keep_alive: Duration::from_secs(raw.south.max_keep_alive_s),
                 max_subscriptions: raw.south.max_subscriptions,
                 connect_timeout: Duration::from_millis(raw.south.connect_timeout_ms),
+                rate: RateLimit {
+                    per_s: raw.south.rate_per_s,
+                    burst: raw.south.burst,
+                },
+                max_inflight_per_device: raw.south.max_inflight_per_device,
             },
             north: NorthConfig {
                 host: raw.north.host,
@@ -357,6 +393,10 @@ impl Config {
         })
     }
 }
+
+/// `south.rate_per_s` bounds, publishes per second.
+const MIN_RATE: f64 = 0.1;
+const MAX_RATE: f64 = 1_000_000.0;
 
 /// Username and password of one link: both empty is anonymous.
 fn credentials(

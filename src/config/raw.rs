@@ -85,6 +85,14 @@ pub struct RawSouth {
     /// A connection that has not completed its CONNECT within this long is
     /// closed, milliseconds.
     pub connect_timeout_ms: u64,
+    /// Publishes (uplinks and controls) one device may send per second on
+    /// average: the refill rate of its token bucket.
+    pub rate_per_s: f64,
+    /// Publishes one device may send at once before `rate_per_s` holds it
+    /// back: the size of its token bucket.
+    pub burst: u32,
+    /// Uplinks from one device sent to the store and not yet answered, at most.
+    pub max_inflight_per_device: usize,
     /// External mode: the site broker's host.
     pub host: String,
     /// External mode: the site broker's port.
@@ -109,6 +117,9 @@ impl Default for RawSouth {
             max_keep_alive_s: 600,
             max_subscriptions: 8,
             connect_timeout_ms: 5000,
+            rate_per_s: 200.0,
+            burst: 400,
+            max_inflight_per_device: 256,
             mode: "embedded".into(),
             host: "127.0.0.1".into(),
             port: 1883,

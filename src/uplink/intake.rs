@@ -37,7 +37,7 @@ use crate::store::{Store, StoreError};
 /// Messages sent to the store and not yet answered, at most, and their
 /// payload bytes: past either, intake waits (and the broker, soon after,
 /// holds the devices back).
-const MAX_UNANSWERED: usize = 16_384;
+pub const MAX_UNANSWERED: usize = 16_384;
 const MAX_UNANSWERED_BYTES: usize = 32 << 20;
 
 /// Device publishes over the broker's limit, counted.
