@@ -19,7 +19,9 @@
 //! delivered stays stored for the next run.
 
 pub mod intake;
+pub mod limits;
 pub mod record;
+mod route;
 pub mod scheduler;
 
 use std::future::Future;
