@@ -34,5 +34,6 @@ mod edges;
 mod external;
 mod isolation;
 mod lifecycle;
+mod limits;
 mod robust;
 mod uplink;
