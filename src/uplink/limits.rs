@@ -280,7 +280,7 @@ impl Limits {
             Take::Pass { recovered, status } => {
                 if let Some(limited) = recovered {
                     info!(
-                        device = name(sender),
+                        device = %name(sender),
                         limited, "device back within south.rate_per_s"
                     );
                 }
@@ -290,7 +290,7 @@ impl Limits {
                 let total = RATE_LIMITED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
                 if first {
                     warn!(
-                        device = name(sender),
+                        device = %name(sender),
                         rate_per_s = self.limit.per_s,
                         burst = self.limit.burst,
                         total,
@@ -324,7 +324,7 @@ impl Limits {
                 let total = INFLIGHT_LIMITED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
                 if first {
                     warn!(
-                        device = name(sender),
+                        device = %name(sender),
                         max_inflight_per_device = self.max_in_flight,
                         total,
                         "device past south.max_inflight_per_device: its uplinks are refused (rate) until the store answers"
@@ -344,7 +344,7 @@ impl Limits {
     pub fn answered(&mut self, sender: &Sender) {
         if let Some(limited) = self.in_flight.answered(sender) {
             info!(
-                device = name(sender),
+                device = %name(sender),
                 limited, "device back under south.max_inflight_per_device"
             );
         }
@@ -357,7 +357,7 @@ impl Limits {
         for swept in self.rate.sweep(now) {
             if swept.limited > 0 {
                 info!(
-                    device = name(&swept.sender),
+                    device = %name(&swept.sender),
                     limited = swept.limited,
                     "device back within south.rate_per_s"
                 );
