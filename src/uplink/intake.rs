@@ -202,8 +202,8 @@ async fn accept(
 ) -> Verdict {
     let route = Route::of(topics, &msg);
     let sender = route.sender();
-    // The rate comes first: a publish over it costs no parsing, no store
-    // and no log line of its own. A nack is not held to it: it is neither
+    // The rate comes first: a publish over it costs no store and no log
+    // line of its own, and no parsing but a status's one flag. A nack is not held to it: it is neither
     // cumulative nor repeated, and a confirm past a dropped nack would
     // report that message `delivered` instead of dead-lettered.
     if !matches!(
