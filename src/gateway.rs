@@ -92,6 +92,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         max_payload_bytes: cfg.south.max_payload_bytes,
         max_north_packet: cfg.north.max_packet_bytes,
         controls: controls_tx,
+        rate: cfg.south.rate,
+        max_inflight_per_device: cfg.south.max_inflight_per_device,
     };
     let mut engine_task = tokio::spawn(run_engine(
         engine,

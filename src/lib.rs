@@ -25,7 +25,8 @@
 //!   PUBACK so a message a broker refuses is found ([`mqtt::flow`]).
 //! - [`north`]: the session to the upstream broker, the retained status,
 //!   and what arrives routed to the two pipelines.
-//! - [`uplink`]: the pipeline. Device message → validate → store (dedup,
+//! - [`uplink`]: the pipeline. Device message → per-device limits (rate,
+//!   uplinks in flight) → validate → store (dedup,
 //!   seq) → `stored` receipt → north → backend ack → `delivered` receipt,
 //!   with retries, expiry and dead letters.
 //! - [`downlink`]: the other direction. Backend envelope → store (one

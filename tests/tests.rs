@@ -35,6 +35,7 @@ mod edges;
 mod external;
 mod isolation;
 mod lifecycle;
+mod limits;
 mod robust;
 mod tls;
 mod uplink;

@@ -105,7 +105,9 @@ impl Env {
 }
 
 /// ferry as `gateway` on the upstream at `north_port`, with the production
-/// timings of conf/ferry.toml (not the tests' short ones).
+/// timings of conf/ferry.toml (not the tests' short ones). The per-device
+/// input limits stay out of the way, as in [`FerryOpts::new`]: a bench
+/// device sends far faster than `south.rate_per_s` lets a field device.
 pub fn production_opts(gateway: &str, north_port: u16) -> FerryOpts {
     let production = RawConfig::default();
     FerryOpts::new(gateway, north_port).with(|c| {

@@ -329,10 +329,7 @@ impl Task {
                 return true;
             }
         };
-        if let Some(id) = &receipt.msg_id {
-            // Any receipt but a lost one is an answer: stop resending.
-            self.unanswered.remove(id.as_str());
-        }
+        settle(&mut self.unanswered, &receipt);
         self.events.send(DeviceEvent::Receipt(receipt)).is_ok()
     }
 
@@ -345,6 +342,18 @@ impl Task {
             self.confirm(upto);
         }
         self.events.send(event).is_ok()
+    }
+}
+
+/// Stops resending the message a receipt answers. Every receipt is an
+/// answer except a `rejected` with reason `rate`: the gateway kept nothing,
+/// so the message stays and goes again after its receipt timeout.
+fn settle(unanswered: &mut Outbox<()>, receipt: &Receipt) {
+    if receipt.is_retryable() {
+        return;
+    }
+    if let Some(id) = &receipt.msg_id {
+        unanswered.remove(id.as_str());
     }
 }
 
@@ -427,6 +436,42 @@ mod tests {
             } => (messages.iter().map(|m| m.seq).collect(), *duplicates),
             other => panic!("not an inbox event: {other:?}"),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_rejection_keeps_the_message_for_a_resend_and_any_other_answer_ends_it() {
+        let mut outbox: Outbox<()> = Outbox::new(Duration::from_secs(5));
+        let id = MsgId::new("m-1").unwrap();
+        outbox.insert(
+            id.to_string(),
+            "devices/d/up/t".into(),
+            Bytes::from_static(b"{}"),
+            (),
+        );
+        settle(
+            &mut outbox,
+            &Receipt::refused(Some(&id), "rate: over 1 publishes per second, burst 1"),
+        );
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert!(
+            outbox.due(false).is_empty(),
+            "not before the receipt timeout"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            outbox.due(false),
+            vec![("devices/d/up/t".to_string(), Bytes::from_static(b"{}"))],
+            "sent again after it"
+        );
+        settle(
+            &mut outbox,
+            &Receipt::rejected(Some(&id), "malformed: nested deeper than 32", 7),
+        );
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(outbox.due(true).is_empty(), "any other rejection is final");
+        outbox.insert(id.to_string(), "t".into(), Bytes::new(), ());
+        settle(&mut outbox, &Receipt::stored(&id, Seq(1)));
+        assert!(outbox.due(true).is_empty());
     }
 
     #[test]

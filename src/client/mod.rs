@@ -7,7 +7,9 @@
 //!   last will), pulls its backlog on every connect, drops inbox entries at
 //!   or below its own cursor, confirms only when the application says it
 //!   committed, and resends each uplink until it has a final answer
-//!   (`stored` or better, `rejected`, `failed`);
+//!   (`stored` or better, `rejected`, `failed`; a `rejected` with reason
+//!   `rate` is not final: nothing was kept, so it goes again after the
+//!   receipt timeout);
 //! - a backend acks uplinks, resends each downlink until every recipient
 //!   has a `stored` receipt, and receives receipts.
 //!

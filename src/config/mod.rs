@@ -85,6 +85,10 @@ pub struct SouthConfig {
     pub tls: Option<ListenerTls>,
     /// Embedded mode: how devices prove who they are.
     pub auth: SouthAuth,
+    /// Each device's token bucket, in both modes.
+    pub rate: RateLimit,
+    /// Uplinks from one device sent to the store and not yet answered, at most.
+    pub max_inflight_per_device: usize,
 }
 
 /// How the embedded broker authenticates devices.
@@ -95,6 +99,13 @@ pub enum SouthAuth {
     None,
     /// Client id = username, password checked against this file.
     Password { file: PathBuf },
+}
+
+/// A token bucket: `per_s` publishes a second on average, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub per_s: f64,
+    pub burst: u32,
 }
 
 /// Which broker devices talk to.
@@ -204,6 +215,26 @@ impl Config {
             raw.south.connect_timeout_ms,
             100,
             u16::MAX as u64,
+        )?;
+        // No off switch: a device that may send without bound can fill the
+        // store for everyone. A site that wants no practical limit sets a
+        // high one.
+        let rate = raw.south.rate_per_s;
+        if !(rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&rate)) {
+            return Err(ConfigError::new(
+                "south.rate_per_s",
+                format!(
+                    "must be between {MIN_RATE} and {MAX_RATE} publishes per second (got {rate}); \
+                     there is no off switch, set a high rate instead"
+                ),
+            ));
+        }
+        in_range("south.burst", raw.south.burst, 1, 1_000_000)?;
+        in_range(
+            "south.max_inflight_per_device",
+            raw.south.max_inflight_per_device,
+            1,
+            crate::uplink::intake::MAX_UNANSWERED,
         )?;
 
         if raw.north.host.trim().is_empty() {
@@ -382,6 +413,11 @@ impl Config {
                 connect_timeout: Duration::from_millis(raw.south.connect_timeout_ms),
                 tls: south_tls,
                 auth: south_auth,
+                rate: RateLimit {
+                    per_s: raw.south.rate_per_s,
+                    burst: raw.south.burst,
+                },
+                max_inflight_per_device: raw.south.max_inflight_per_device,
             },
             north: NorthConfig {
                 host: raw.north.host,
@@ -479,6 +515,10 @@ fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigErr
         )),
     }
 }
+
+/// `south.rate_per_s` bounds, publishes per second.
+const MIN_RATE: f64 = 0.1;
+const MAX_RATE: f64 = 1_000_000.0;
 
 /// Username and password of one link: both empty is anonymous.
 fn credentials(

@@ -94,6 +94,14 @@ pub struct RawSouth {
     /// Embedded mode: allow `auth = "none"` on a listener that is not on
     /// loopback (any client could then act as any device).
     pub allow_anonymous: bool,
+    /// Publishes (uplinks and controls) one device may send per second on
+    /// average: the refill rate of its token bucket.
+    pub rate_per_s: f64,
+    /// Publishes one device may send at once before `rate_per_s` holds it
+    /// back: the size of its token bucket.
+    pub burst: u32,
+    /// Uplinks from one device sent to the store and not yet answered, at most.
+    pub max_inflight_per_device: usize,
     /// External mode: the site broker's host.
     pub host: String,
     /// External mode: the site broker's port.
@@ -156,6 +164,9 @@ impl Default for RawSouth {
             max_keep_alive_s: 600,
             max_subscriptions: 8,
             connect_timeout_ms: 5000,
+            rate_per_s: 200.0,
+            burst: 400,
+            max_inflight_per_device: 256,
             mode: "embedded".into(),
             host: "127.0.0.1".into(),
             port: 1883,

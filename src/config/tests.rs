@@ -366,3 +366,55 @@ fn nested_tls_keys_are_checked_by_name() {
         load_str("[gateway]\nid = \"g\"\n[north.tls]\nca = \"/nonexistent/ca.pem\"\n").unwrap_err();
     assert_eq!(err.key, "north.tls.ca", "{err}");
 }
+
+#[test]
+fn input_limits_default_to_200_per_second_a_burst_of_400_and_256_in_flight() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(
+        cfg.south.rate,
+        RateLimit {
+            per_s: 200.0,
+            burst: 400
+        }
+    );
+    assert_eq!(cfg.south.max_inflight_per_device, 256);
+    let cfg = load_str(
+        "[gateway]\nid = \"g\"\n[south]\nrate_per_s = 50\nburst = 10\nmax_inflight_per_device = 4\n",
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.south.rate,
+        RateLimit {
+            per_s: 50.0,
+            burst: 10
+        }
+    );
+    assert_eq!(cfg.south.max_inflight_per_device, 4);
+    let cfg = load_str("[gateway]\nid = \"g\"\n[south]\nrate_per_s = 0.5\n").unwrap();
+    assert_eq!(cfg.south.rate.per_s, 0.5);
+}
+
+#[test]
+fn input_limits_out_of_range_name_their_key_and_zero_is_no_off_switch() {
+    for (line, key) in [
+        ("rate_per_s = 0", "south.rate_per_s"),
+        ("rate_per_s = -5.0", "south.rate_per_s"),
+        ("rate_per_s = nan", "south.rate_per_s"),
+        ("rate_per_s = inf", "south.rate_per_s"),
+        ("rate_per_s = 2000000", "south.rate_per_s"),
+        ("burst = 0", "south.burst"),
+        (
+            "max_inflight_per_device = 0",
+            "south.max_inflight_per_device",
+        ),
+        (
+            "max_inflight_per_device = 100000",
+            "south.max_inflight_per_device",
+        ),
+    ] {
+        let err = load_str(&format!("[gateway]\nid = \"g\"\n[south]\n{line}\n")).unwrap_err();
+        assert_eq!(err.key, key, "{line}: {err}");
+    }
+    let err = load_str("[gateway]\nid = \"g\"\n[south]\nrate_per_s = 0\n").unwrap_err();
+    assert!(err.reason.contains("no off switch"), "{err}");
+}

@@ -4,6 +4,8 @@
 //! commit. A downlink that can never be delivered is dead-lettered and
 //! answered `rejected`, its receipt committed with its dead letter.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::Bytes;
 use tracing::warn;
 
@@ -12,10 +14,14 @@ use super::{Done, Downlink};
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId};
 use crate::north::AckToken;
+use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::NorthReceipt;
 use crate::store::StoreError;
+
+/// Backend downlinks nested past [`MAX_DEPTH`], counted.
+pub static NESTED_TOO_DEEP_FROM_BACKEND: AtomicU64 = AtomicU64::new(0);
 
 impl Downlink {
     pub(super) async fn on_downlink(
@@ -69,6 +75,15 @@ impl Downlink {
             }
             Err(rejection) => {
                 let reason = rejection.reason();
+                if rejection.code == RejectCode::NestedTooDeep {
+                    let total = NESTED_TOO_DEEP_FROM_BACKEND.fetch_add(1, Ordering::Relaxed) + 1;
+                    warn!(
+                        topic,
+                        limit = MAX_DEPTH,
+                        total,
+                        "backend downlink nested too deep"
+                    );
+                }
                 warn!(topic, reason = %reason, "downlink rejected");
                 let dl = DeadLetter {
                     direction: "down",

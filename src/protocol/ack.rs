@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::ids::{DeviceId, MsgId};
 
 /// The backend's verdict on one uplink message: its `status` and what
@@ -85,6 +86,9 @@ fn retry<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
 /// Parses one ack message. Each element stands alone: a bad element is an
 /// `Err` naming what is wrong and does not spoil its neighbours.
 pub fn parse_acks(bytes: &[u8]) -> Vec<Result<BackendAck, String>> {
+    if nested_deeper_than(bytes, MAX_DEPTH) {
+        return vec![Err(format!("nested deeper than {MAX_DEPTH}"))];
+    }
     let value: serde_json::Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => return vec![Err(format!("invalid JSON: {e}"))],
@@ -167,6 +171,15 @@ mod tests {
             .unwrap_err()
             .contains("unknown variant `maybe`"));
         assert!(parse_acks(b"nope")[0].is_err());
+    }
+
+    #[test]
+    fn an_ack_message_nested_past_the_limit_is_one_error() {
+        let deep = format!("[{}", "[".repeat(100_000));
+        assert_eq!(
+            parse_acks(deep.as_bytes()),
+            vec![Err("nested deeper than 32".to_string())]
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::ids::Seq;
 
 pub use super::inbox::inbox_batch;
@@ -95,6 +96,9 @@ pub enum ControlKind {
 }
 
 pub fn parse_control(kind: ControlKind, bytes: &[u8]) -> Result<Control, String> {
+    if nested_deeper_than(bytes, MAX_DEPTH) {
+        return Err(format!("bad {kind:?} body: nested deeper than {MAX_DEPTH}"));
+    }
     let err = |e: serde_json::Error| format!("bad {kind:?} body: {e}");
     Ok(match kind {
         ControlKind::Confirm => Control::Confirm {
@@ -132,6 +136,15 @@ pub fn parse_control(kind: ControlKind, bytes: &[u8]) -> Result<Control, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_nested_past_the_limit_is_refused_unparsed() {
+        let deep = format!(r#"{{"upto":1,"x":{}}}"#, "[".repeat(100_000));
+        for kind in [ControlKind::Confirm, ControlKind::Pull, ControlKind::Status] {
+            let e = parse_control(kind, deep.as_bytes()).unwrap_err();
+            assert!(e.ends_with("nested deeper than 32"), "{e}");
+        }
+    }
 
     #[test]
     fn control_bodies_parse() {

@@ -14,6 +14,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::ids::MsgId;
 
 pub use super::north::{north_body, with_seq, Stamp};
@@ -135,19 +136,27 @@ pub struct Rejection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectCode {
     Malformed,
+    /// JSON nested past [`MAX_DEPTH`]: `malformed` on the wire, a variant
+    /// of its own so that intake can count it.
+    NestedTooDeep,
     TooLarge,
     BadTopic,
     /// Published on a topic that is not the sender's own.
     Unauthorized,
+    /// The sender is over its rate or has too many uplinks in flight. The
+    /// one retryable rejection: nothing was stored, and the device keeps
+    /// the message and resends it later.
+    Rate,
 }
 
 impl RejectCode {
     pub fn as_str(self) -> &'static str {
         match self {
-            RejectCode::Malformed => "malformed",
+            RejectCode::Malformed | RejectCode::NestedTooDeep => "malformed",
             RejectCode::TooLarge => "too_large",
             RejectCode::BadTopic => "bad_topic",
             RejectCode::Unauthorized => "unauthorized",
+            RejectCode::Rate => "rate",
         }
     }
 }
@@ -177,6 +186,14 @@ pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejectio
                 bytes.len(),
                 max_bytes
             ),
+        );
+        r.msg_id = sniff_msg_id(bytes);
+        return Err(r);
+    }
+    if nested_deeper_than(bytes, MAX_DEPTH) {
+        let mut r = Rejection::new(
+            RejectCode::NestedTooDeep,
+            format!("nested deeper than {MAX_DEPTH}"),
         );
         r.msg_id = sniff_msg_id(bytes);
         return Err(r);
@@ -369,6 +386,29 @@ mod tests {
             .unwrap_err()
             .msg_id
             .is_none());
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_malformed_and_keeps_a_readable_id() {
+        let nest = |n: usize| {
+            format!(
+                r#"{{"msg_id":"deep-1","payload":{}1{}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        // The envelope is level 1.
+        assert!(parse(&nest(MAX_DEPTH - 1)).is_ok());
+        let r = parse(&nest(MAX_DEPTH)).unwrap_err();
+        assert_eq!(r.code, RejectCode::NestedTooDeep);
+        assert_eq!(r.reason(), "malformed: nested deeper than 32");
+        assert_eq!(r.msg_id.unwrap().as_str(), "deep-1");
+        let unclosed = format!(r#"{{"msg_id":"deep-2","payload":{}"#, "[".repeat(100_000));
+        let r = parse_uplink(unclosed.as_bytes(), usize::MAX).unwrap_err();
+        assert_eq!(r.reason(), "malformed: nested deeper than 32");
+        let r = parse_downlink(unclosed.as_bytes(), usize::MAX, 0).unwrap_err();
+        assert_eq!(r.code, RejectCode::NestedTooDeep);
+        assert_eq!(r.msg_id.unwrap().as_str(), "deep-2");
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //!   and the status both devices and the gateway publish.
 //! - [`inbox`]: downlink batches to devices.
 //! - [`north`]: the uplink message the backend receives.
+//! - [`depth`]: how deep a JSON text nests, checked before any of the
+//!   above parses what a peer sent.
 //!
 //! Each wire type derives `Serialize` and `Deserialize`, so what one side
 //! writes the other reads with the same type; the unit tests parse the
@@ -19,6 +21,7 @@
 
 pub mod ack;
 pub mod control;
+pub mod depth;
 pub mod envelope;
 pub mod inbox;
 pub mod north;

@@ -14,7 +14,10 @@ use serde_json::{json, Map, Value};
 
 use super::ack::{encode_acks, parse_acks, BackendAck};
 use super::control::{parse_control, Confirm, ControlKind, Nack, Pull, Read, Status};
-use super::envelope::{parse_downlink, parse_uplink, Payload, WireDownlink, WireEnvelope};
+use super::depth::{nested_deeper_than, MAX_DEPTH};
+use super::envelope::{
+    parse_downlink, parse_uplink, Payload, RejectCode, WireDownlink, WireEnvelope,
+};
 use super::inbox::{InboxBatch, InboxEntry, InboxEnvelope, Tombstone, TombstoneStatus};
 use super::north::NorthMessage;
 use super::receipt::{NorthReceipt, NorthStatus, Receipt, ReceiptStatus};
@@ -99,6 +102,30 @@ fn input() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+/// A JSON value wrapped in `levels` arrays or single-key objects, to reach
+/// either side of [`MAX_DEPTH`].
+fn nested_json() -> impl Strategy<Value = Value> {
+    (json_value(), prop::collection::vec(any::<bool>(), 0..40)).prop_map(|(mut v, levels)| {
+        for as_array in levels {
+            v = if as_array {
+                Value::Array(vec![v])
+            } else {
+                json!({ "payload": v })
+            };
+        }
+        v
+    })
+}
+
+/// Levels of arrays and objects in `v`; a scalar is 0.
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Object(fields) => 1 + fields.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 fn envelope() -> impl Strategy<Value = WireEnvelope> {
     let payload = prop_oneof![
         json_value().prop_map(Payload::Json),
@@ -135,6 +162,52 @@ proptest! {
         let _ = serde_json::from_slice::<InboxBatch>(&bytes);
         let _ = serde_json::from_slice::<Receipt>(&bytes);
         let _ = serde_json::from_slice::<NorthMessage>(&bytes);
+    }
+
+    #[test]
+    fn the_depth_scan_agrees_with_what_serde_parses(bytes in input(), limit in 0usize..8) {
+        if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+            prop_assert_eq!(nested_deeper_than(&bytes, limit), depth(&v) > limit);
+        }
+    }
+
+    #[test]
+    fn the_depth_scan_is_exact_on_either_side_of_the_limit(v in nested_json(), pretty in any::<bool>()) {
+        let bytes = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) }.expect("json");
+        prop_assert_eq!(nested_deeper_than(&bytes, MAX_DEPTH), depth(&v) > MAX_DEPTH);
+        // An envelope is one level more than its payload.
+        let env = serde_json::to_vec(&json!({"msg_id": "d-1", "payload": v})).expect("json");
+        match parse_uplink(&env, usize::MAX) {
+            Ok(_) => prop_assert!(depth(&v) < MAX_DEPTH),
+            Err(r) => {
+                prop_assert_eq!(r.code, RejectCode::NestedTooDeep, "{}", r.reason());
+                prop_assert!(depth(&v) >= MAX_DEPTH);
+                prop_assert_eq!(r.msg_id.map(|m| m.to_string()), Some("d-1".to_string()));
+            }
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_by_every_parser_without_recursing(
+        n in (MAX_DEPTH + 1)..4_000,
+        open in prop_oneof![Just("["), Just("{\"a\":")],
+        closed in any::<bool>(),
+    ) {
+        let mut text = format!(r#"{{"msg_id":"deep","payload":{}"#, open.repeat(n));
+        if closed {
+            text.push('1');
+            text.push_str(&(if open == "[" { "]" } else { "}" }).repeat(n));
+            text.push('}');
+        }
+        let bytes = text.as_bytes();
+        let up = parse_uplink(bytes, usize::MAX).unwrap_err();
+        prop_assert_eq!(up.reason(), "malformed: nested deeper than 32");
+        prop_assert_eq!(parse_downlink(bytes, usize::MAX, 0).unwrap_err().code, RejectCode::NestedTooDeep);
+        for kind in KINDS {
+            let e = parse_control(kind, bytes).unwrap_err();
+            prop_assert!(e.ends_with("nested deeper than 32"), "{}", e);
+        }
+        prop_assert!(parse_acks(bytes)[0].is_err());
     }
 
     #[test]
@@ -338,5 +411,22 @@ fn payload_numbers_go_through_the_gateway_unchanged() {
         let down = parse_downlink(&bytes, MAX_BYTES, 1).expect("valid downlink");
         let entry: Value = serde_json::from_slice(&down.entry).unwrap();
         assert_eq!(entry["payload"]["v"].as_f64(), Some(x), "inbox entry");
+    }
+}
+
+/// The deep end of `deep_nesting_is_refused_by_every_parser_without_recursing`,
+/// once each (the property keeps its inputs small for the million-case run).
+#[test]
+fn a_hundred_thousand_open_brackets_are_refused_without_recursing() {
+    for open in ["[", "{\"a\":"] {
+        let text = format!(r#"{{"msg_id":"deep","payload":{}"#, open.repeat(100_000));
+        let up = parse_uplink(text.as_bytes(), usize::MAX).unwrap_err();
+        assert_eq!(up.reason(), "malformed: nested deeper than 32");
+        assert_eq!(up.msg_id.map(|m| m.to_string()).as_deref(), Some("deep"));
+        assert!(parse_downlink(text.as_bytes(), usize::MAX, 0).is_err());
+        for kind in KINDS {
+            assert!(parse_control(kind, text.as_bytes()).is_err());
+        }
+        assert!(parse_acks(text.as_bytes())[0].is_err());
     }
 }

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::envelope::RejectCode;
 use crate::ids::{MsgId, Seq};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +62,30 @@ impl Receipt {
             reason: Some(reason.into()),
             dead_letter: Some(dead_letter),
         }
+    }
+
+    /// `rejected` before the store: nothing was kept (no dead letter), and
+    /// the device keeps the message and resends it (reason `rate`).
+    pub fn refused(msg_id: Option<&MsgId>, reason: impl Into<String>) -> Receipt {
+        Receipt {
+            msg_id: msg_id.cloned(),
+            status: ReceiptStatus::Rejected,
+            seq: None,
+            reason: Some(reason.into()),
+            dead_letter: None,
+        }
+    }
+
+    /// Whether the device should keep the message and resend it after its
+    /// receipt timeout: a `rejected` with reason code `rate`, the one
+    /// retryable rejection (docs/PROTOCOL.md).
+    pub fn is_retryable(&self) -> bool {
+        self.status == ReceiptStatus::Rejected
+            && self
+                .reason
+                .as_deref()
+                .and_then(|r| r.split(':').next())
+                .is_some_and(|code| code == RejectCode::Rate.as_str())
     }
 
     fn of(msg_id: &MsgId, status: ReceiptStatus, seq: Seq) -> Receipt {
@@ -159,6 +184,13 @@ mod tests {
                 r#"{"msg_id": null, "status": "rejected", "reason": "malformed: expected JSON object", "dead_letter": 12}"#,
                 Receipt::rejected(None, "malformed: expected JSON object", 12),
             ),
+            (
+                r#"{"msg_id": "a-000018", "status": "rejected", "reason": "rate: over 200 publishes per second, burst 400"}"#,
+                Receipt::refused(
+                    Some(&MsgId::new("a-000018").unwrap()),
+                    "rate: over 200 publishes per second, burst 400",
+                ),
+            ),
         ];
         for (text, receipt) in examples {
             assert_eq!(serde_json::from_str::<Receipt>(text).unwrap(), receipt);
@@ -172,6 +204,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!((failed.status, failed.seq), (ReceiptStatus::Failed, None));
+    }
+
+    #[test]
+    fn only_a_rate_rejection_is_retryable() {
+        let id = MsgId::new("a-1").unwrap();
+        assert!(
+            Receipt::refused(Some(&id), "rate: more than 256 uplinks in flight").is_retryable()
+        );
+        assert!(
+            Receipt::refused(None, "rate: over 1 publishes per second, burst 1").is_retryable()
+        );
+        for not in [
+            Receipt::rejected(Some(&id), "malformed: nested deeper than 32", 3),
+            Receipt::rejected(Some(&id), "unauthorized: rate: x", 3),
+            Receipt::refused(Some(&id), "rated: x"),
+            Receipt::failed(&id, Seq(1), "rate: x"),
+            Receipt::stored(&id, Seq(1)),
+        ] {
+            assert!(!not.is_retryable(), "{not:?}");
+        }
     }
 
     #[test]

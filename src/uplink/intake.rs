@@ -1,6 +1,11 @@
 //! Intake: device publishes in, receipts out, new messages on to the engine.
 //!
-//! Every accepted or rejected message is sent to the store at once (so the
+//! A publish over one of its sender's limits ([`super::limits`]: its rate,
+//! its uplinks in flight) is refused at once, before anything else is
+//! looked at: an uplink is answered `rejected` with reason `rate` and not
+//! stored (the device resends it), a control is held or dropped.
+//!
+//! Every other message is sent to the store at once (so the
 //! writer can group many into one commit) and answered in the order the
 //! commits complete, which is the order they arrived. Nothing is answered
 //! before its commit; a store error answers nothing, and the device resends.
@@ -14,20 +19,26 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::limits::{Limits, Rate, Sender};
 use super::record::{Intake, IntakeOutcome, ToEngine};
+use super::route::Route;
+use crate::config::RateLimit;
 use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
-use crate::protocol::control::ControlKind;
+use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
+use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::receipt::Receipt;
-use crate::protocol::topics::{DeviceTopic, TopicError, Topics};
+use crate::protocol::topics::Topics;
 use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
 use crate::south::{Ack, Inbound, SouthMessage, SouthSender};
@@ -37,13 +48,15 @@ use crate::store::{Store, StoreError};
 /// Messages sent to the store and not yet answered, at most, and their
 /// payload bytes: past either, intake waits (and the broker, soon after,
 /// holds the devices back).
-const MAX_UNANSWERED: usize = 16_384;
+pub const MAX_UNANSWERED: usize = 16_384;
 const MAX_UNANSWERED_BYTES: usize = 32 << 20;
 
 /// Device publishes over the broker's limit, counted.
 pub static OVERSIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
 /// Device publishes outside the sender's own topics, counted.
 pub static UNAUTHORIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
+/// Device envelopes and controls nested past [`MAX_DEPTH`], counted.
+pub static NESTED_TOO_DEEP_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
 
 pub struct IntakeConfig {
     pub gateway: Arc<str>,
@@ -53,6 +66,10 @@ pub struct IntakeConfig {
     pub max_north_packet: usize,
     /// Where device control messages (confirm, pull, ...) go.
     pub controls: mpsc::Sender<DeviceControl>,
+    /// `south.rate_per_s` and `south.burst`, per device.
+    pub rate: RateLimit,
+    /// `south.max_inflight_per_device`.
+    pub max_inflight_per_device: usize,
 }
 
 /// A store answer and who it is for.
@@ -66,9 +83,18 @@ enum Answer {
         rejection: Rejection,
         result: Result<i64, StoreError>,
     },
+    /// Refused over a limit, before the store: nothing was kept.
+    Refused {
+        device: DeviceId,
+        rejection: Rejection,
+    },
 }
 
 type AnswerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+/// How often buckets that are full again are freed (and the statuses held
+/// for them passed on).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs until shutdown begins, the south side closes or the store stops.
 pub async fn run(
@@ -81,18 +107,24 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) -> Result<(), StoreError> {
     let mut unanswered: FuturesOrdered<AnswerFuture> = FuturesOrdered::new();
-    // Payload bytes and south ack of each unanswered message, in the same
-    // order.
-    let mut sizes: VecDeque<(usize, Ack)> = VecDeque::new();
+    // Payload bytes, south ack and in-flight sender of each unanswered
+    // message, in the same order.
+    let mut sizes: VecDeque<(usize, Ack, Option<Sender>)> = VecDeque::new();
     let mut bytes = 0usize;
+    let mut limits = Limits::new(cfg.rate, cfg.max_inflight_per_device);
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let room = unanswered.len() < MAX_UNANSWERED && bytes < MAX_UNANSWERED_BYTES;
         tokio::select! {
             // Answers first: they free room and carry receipts.
             biased;
             Some(answer) = unanswered.next(), if !unanswered.is_empty() => {
-                let (size, ack) = sizes.pop_front().unwrap_or_default();
+                let (size, ack, in_flight) = sizes.pop_front().unwrap_or_default();
                 bytes -= size;
+                if let Some(sender) = in_flight {
+                    limits.answered(&sender);
+                }
                 if !finish(answer, ack, &topics, &south, &engine).await? {
                     return Ok(());
                 }
@@ -101,17 +133,21 @@ pub async fn run(
                 info!(unanswered = unanswered.len(), "device intake stopped; answering what was taken");
                 break;
             }
+            _ = sweep.tick() => {
+                for (device, online) in limits.sweep(Instant::now()) {
+                    forward(&cfg, device, ControlKind::Status, status_body(online)).await;
+                }
+            }
             msg = inbound.recv(), if room => match msg {
                 Some(msg) => {
                     let (size, ack) = (msg.payload.len(), msg.ack);
-                    match accept(&cfg, &topics, &store, msg).await {
-                        Some(fut) => {
-                            unanswered.push_back(fut);
-                            sizes.push_back((size, ack));
+                    match accept(&cfg, &topics, &store, &mut limits, msg).await {
+                        Verdict::Answer { answer, in_flight } => {
+                            unanswered.push_back(answer);
+                            sizes.push_back((size, ack, in_flight));
                             bytes += size;
                         }
-                        // Handed on (a control message) or ignored.
-                        None => south.ack(ack),
+                        Verdict::Done => south.ack(ack),
                     }
                 }
                 None => break,
@@ -120,7 +156,7 @@ pub async fn run(
     }
     // Answer what was already sent to the store before stopping.
     while let Some(answer) = unanswered.next().await {
-        let (_, ack) = sizes.pop_front().unwrap_or_default();
+        let (_, ack, _) = sizes.pop_front().unwrap_or_default();
         finish(answer, ack, &topics, &south, &engine).await?;
     }
     Ok(())
@@ -143,73 +179,176 @@ async fn finish(
     Ok(going)
 }
 
-/// Judges one device publish and sends it to the store.
+/// What intake does with one device publish.
+enum Verdict {
+    /// Answer it once `answer` resolves, in arrival order. `in_flight`:
+    /// whom it counts against in flight until then.
+    Answer {
+        answer: AnswerFuture,
+        in_flight: Option<Sender>,
+    },
+    /// Handed on (a control), held, dropped or ignored: nothing to answer.
+    Done,
+}
+
+/// Judges one device publish: over a limit it is refused at once,
+/// otherwise it goes to the store (or, a control, to the downlink).
 async fn accept(
     cfg: &IntakeConfig,
     topics: &Topics,
     store: &Store,
+    limits: &mut Limits,
     msg: SouthMessage,
-) -> Option<AnswerFuture> {
+) -> Verdict {
+    let route = Route::of(topics, &msg);
+    let sender = route.sender();
+    // The rate comes first: a publish over it costs no store and no log
+    // line of its own, and no parsing but a status's one flag. A nack is not held to it: it is neither
+    // cumulative nor repeated, and a confirm past a dropped nack would
+    // report that message `delivered` instead of dead-lettered.
+    if !matches!(
+        route,
+        Route::Control {
+            kind: ControlKind::Nack,
+            ..
+        }
+    ) {
+        match limits.rate(&sender, Instant::now()) {
+            Rate::Within { held: None } => {}
+            Rate::Within { held: Some(online) } => {
+                if let Some(device) = &sender {
+                    forward(
+                        cfg,
+                        device.clone(),
+                        ControlKind::Status,
+                        status_body(online),
+                    )
+                    .await;
+                }
+            }
+            Rate::Over => return over_rate(limits, route, sender, &msg),
+        }
+    }
     if let Some(size) = msg.oversize {
         let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
         warn!(topic = %msg.topic, bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
     }
-    if let Some(publisher) = &msg.publisher {
-        // Not the sender's own topic: routed nowhere, answered to the
-        // sender, kept as a dead letter.
-        let total = UNAUTHORIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-        warn!(publisher = %publisher, topic = %msg.topic, total, "device publish outside its own topics rejected");
-        let mut rejection = Rejection::new(
-            RejectCode::Unauthorized,
-            format!("{publisher} may not publish on {}", msg.topic),
-        );
-        rejection.msg_id = sniff_msg_id(&msg.payload);
-        let sender = DeviceId::new(publisher.as_str()).ok();
-        return Some(reject(store, sender, rejection, &msg));
-    }
-    let (device, stream) = match topics.parse_device(&msg.topic) {
-        Ok((device, DeviceTopic::Up { stream })) => (device, stream),
-        Ok((device, _)) if msg.oversize.is_some() => {
+    if let Route::Control { device, kind } = route {
+        if msg.oversize.is_some() {
             warn!(device = %device, topic = %msg.topic, "oversized control message ignored");
-            return None;
+        } else if nested_deeper_than(&msg.payload, MAX_DEPTH) {
+            // Ignored like any malformed control (controls get no receipts).
+            let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+            warn!(device = %device, topic = %msg.topic, limit = MAX_DEPTH, total, "device control nested too deep; ignored");
+        } else {
+            forward(cfg, device, kind, msg.payload).await;
         }
-        Ok((device, kind)) => {
-            let kind = match kind {
-                DeviceTopic::Confirm => ControlKind::Confirm,
-                DeviceTopic::Pull => ControlKind::Pull,
-                DeviceTopic::Read => ControlKind::Read,
-                DeviceTopic::Nack => ControlKind::Nack,
-                DeviceTopic::Status => ControlKind::Status,
-                DeviceTopic::Up { .. } => unreachable!("matched above"),
-            };
-            if cfg
-                .controls
-                .send(DeviceControl {
-                    device,
-                    kind,
-                    payload: msg.payload,
-                })
-                .await
-                .is_err()
+        return Verdict::Done;
+    }
+    // Everything else goes to the store and is answered.
+    if !limits.admit(&sender) {
+        return refuse(sender, limits.in_flight_detail(), &msg);
+    }
+    Verdict::Answer {
+        answer: judge(cfg, topics, store, route, &msg),
+        in_flight: Some(sender),
+    }
+}
+
+/// A publish over its sender's rate.
+fn over_rate(limits: &mut Limits, route: Route, sender: Sender, msg: &SouthMessage) -> Verdict {
+    match route {
+        // The device's presence (in external mode the only word of it):
+        // the latest is held and passed on once the device is within its
+        // rate again, so the gateway never keeps a stale one.
+        Route::Control {
+            kind: ControlKind::Status,
+            ..
+        } => {
+            if let Ok(Control::Status { online }) = parse_control(ControlKind::Status, &msg.payload)
             {
-                debug!("downlink stopped; control message dropped");
+                limits.hold_status(&sender, online);
             }
-            return None;
+            Verdict::Done
         }
-        Err(e @ (TopicError::NoStream(_) | TopicError::BadStream(..))) => {
-            let device = match &e {
-                TopicError::NoStream(d) | TopicError::BadStream(d, _) => d.clone(),
-                _ => unreachable!("matched above"),
-            };
-            let mut rejection = Rejection::new(RejectCode::BadTopic, e.to_string());
+        // A confirm, read or pull is dropped, which is safe: an unconfirmed
+        // batch is sent again after downlink.confirm_timeout_ms and the
+        // device confirms it again (the client library re-confirms a batch
+        // that brings nothing new); a read is cumulative, so the next one
+        // covers it; a device pulls again on every connect, and embedded
+        // presence comes from the broker, external presence from the held
+        // status.
+        Route::Control { .. } => Verdict::Done,
+        _ => refuse(sender, limits.rate_detail(), msg),
+    }
+}
+
+/// Answers `rejected`, reason `rate`, without going to the store: the
+/// device keeps the message and resends it after its receipt timeout. A
+/// publish with no device to answer is let go (it was counted).
+fn refuse(sender: Sender, detail: String, msg: &SouthMessage) -> Verdict {
+    let Some(device) = sender else {
+        return Verdict::Done;
+    };
+    let rejection = Rejection {
+        code: RejectCode::Rate,
+        detail,
+        msg_id: sniff_msg_id(&msg.payload),
+    };
+    Verdict::Answer {
+        answer: Box::pin(std::future::ready(Answer::Refused { device, rejection })),
+        in_flight: None,
+    }
+}
+
+/// Hands a control message to the downlink.
+async fn forward(cfg: &IntakeConfig, device: DeviceId, kind: ControlKind, payload: Bytes) {
+    let control = DeviceControl {
+        device,
+        kind,
+        payload,
+    };
+    if cfg.controls.send(control).await.is_err() {
+        debug!("downlink stopped; control message dropped");
+    }
+}
+
+fn status_body(online: bool) -> Bytes {
+    Bytes::from(control::to_bytes(&Status { online, ts: None }))
+}
+
+/// Judges a publish that is not a control and sends it to the store: an
+/// uplink to be stored, or a dead letter to be answered `rejected`.
+fn judge(
+    cfg: &IntakeConfig,
+    topics: &Topics,
+    store: &Store,
+    route: Route,
+    msg: &SouthMessage,
+) -> AnswerFuture {
+    let (device, stream) = match route {
+        Route::Up { device, stream } => (device, stream),
+        Route::Unauthorized { publisher, sender } => {
+            let total = UNAUTHORIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+            warn!(publisher = %publisher, topic = %msg.topic, total, "device publish outside its own topics rejected");
+            let mut rejection = Rejection::new(
+                RejectCode::Unauthorized,
+                format!("{publisher} may not publish on {}", msg.topic),
+            );
             rejection.msg_id = sniff_msg_id(&msg.payload);
-            return Some(reject(store, Some(device), rejection, &msg));
+            return reject(store, sender, rejection, msg);
         }
-        Err(e) => {
-            let rejection = Rejection::new(RejectCode::BadTopic, e.to_string());
+        Route::BadStream { device, error } => {
+            let mut rejection = Rejection::new(RejectCode::BadTopic, error.to_string());
+            rejection.msg_id = sniff_msg_id(&msg.payload);
+            return reject(store, Some(device), rejection, msg);
+        }
+        Route::BadTopic { error } => {
+            let rejection = Rejection::new(RejectCode::BadTopic, error.to_string());
             warn!(topic = %msg.topic, reason = %rejection.reason(), "device publish on a bad topic dead-lettered");
-            return Some(reject(store, None, rejection, &msg));
+            return reject(store, None, rejection, msg);
         }
+        Route::Control { .. } => unreachable!("controls are handed on before"),
     };
     if let Some(size) = msg.oversize {
         let rejection = Rejection {
@@ -220,7 +359,7 @@ async fn accept(
             ),
             msg_id: sniff_msg_id(&msg.payload),
         };
-        return Some(reject(store, Some(device), rejection, &msg));
+        return reject(store, Some(device), rejection, msg);
     }
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
@@ -235,17 +374,23 @@ async fn accept(
                     ),
                     msg_id: Some(intake.msg_id),
                 };
-                return Some(reject(store, Some(device), rejection, &msg));
+                return reject(store, Some(device), rejection, msg);
             }
             let stored = store.intake(intake);
-            Some(Box::pin(async move {
+            Box::pin(async move {
                 Answer::Stored {
                     device,
                     result: stored.await,
                 }
-            }))
+            })
         }
-        Err(rejection) => Some(reject(store, Some(device), rejection, &msg)),
+        Err(rejection) => {
+            if rejection.code == RejectCode::NestedTooDeep {
+                let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+                warn!(device = %device, limit = MAX_DEPTH, total, "device envelope nested too deep");
+            }
+            reject(store, Some(device), rejection, msg)
+        }
     }
 }
 
@@ -348,6 +493,11 @@ async fn answer_device(
                 None,
             )
         }
+        Answer::Refused { device, rejection } => (
+            device,
+            Receipt::refused(rejection.msg_id.as_ref(), rejection.reason()),
+            None,
+        ),
         Answer::Rejected { result: Err(e), .. } => {
             if e.is_fatal() {
                 return Err(e);

@@ -1,7 +1,8 @@
 //! The uplink pipeline: device → store → backend, with receipts both ways.
 //!
 //! Two tasks, joined by one channel:
-//! - [`intake`] reads device publishes, judges them, sends them to the store
+//! - [`intake`] reads device publishes, holds each device to its
+//!   [`limits`], judges them, sends them to the store
 //!   and, in commit order, answers each device (`stored`, its current
 //!   receipt for a duplicate, or `rejected`) before handing new messages to
 //! - the engine ([`run_engine`]), which owns the [`scheduler::Scheduler`],
@@ -19,7 +20,9 @@
 //! delivered stays stored for the next run.
 
 pub mod intake;
+pub mod limits;
 pub mod record;
+mod route;
 pub mod scheduler;
 
 use std::future::Future;

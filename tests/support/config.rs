@@ -33,7 +33,12 @@ impl FerryOpts {
     /// ferry's defaults, except for test timings: gateway `gateway`, the
     /// upstream Mosquitto on 127.0.0.1:`north_port`, a 5 s keep-alive,
     /// 2 s ack timeout, resends after 200 ms..2 s, 5 attempts, 1000
-    /// devices, the store in `./data` and the log at `info`.
+    /// devices, the store in `./data` and the log at `info`. The per-device
+    /// input limits (`south.rate_per_s`, `south.burst`,
+    /// `south.max_inflight_per_device`) are out of the way: test devices
+    /// send thousands of messages at once, which a field device may not.
+    /// tests/limits.rs sets them, or keeps ferry's defaults
+    /// ([`FerryOpts::with_default_limits`]).
     pub fn new(gateway: &str, north_port: u16) -> FerryOpts {
         let mut c = RawConfig::default();
         c.gateway.id = gateway.to_string();
@@ -49,6 +54,9 @@ impl FerryOpts {
         c.retry.max_attempts = 5;
         c.retry.jitter = 0.2;
         c.log.level = "info".to_string();
+        c.south.rate_per_s = 1_000_000.0;
+        c.south.burst = 1_000_000;
+        c.south.max_inflight_per_device = ferry::uplink::intake::MAX_UNANSWERED;
         FerryOpts {
             config: c,
             mode: Mode::Embedded,
@@ -73,6 +81,16 @@ impl FerryOpts {
             .map(|(d, p)| (d.to_string(), p.to_string()))
             .collect();
         self
+    }
+
+    /// These options with ferry's own per-device input limits.
+    pub fn with_default_limits(self) -> FerryOpts {
+        let production = RawConfig::default();
+        self.with(|c| {
+            c.south.rate_per_s = production.south.rate_per_s;
+            c.south.burst = production.south.burst;
+            c.south.max_inflight_per_device = production.south.max_inflight_per_device;
+        })
     }
 
     /// These options in south mode `mode`.

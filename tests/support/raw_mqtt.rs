@@ -180,6 +180,13 @@ impl RawMqtt {
         self.stream.flush().await.expect("raw flush");
     }
 
+    /// Writes bytes as they are (a packet written by hand, or garbage); an
+    /// error once the broker has closed the connection.
+    pub async fn write_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await
+    }
+
     /// A QoS 1 PUBLISH with a fresh packet id.
     pub fn publish(&mut self, topic: &str, payload: impl Into<Vec<u8>>) -> rumqttc::Packet {
         let mut p = rumqttc::Publish::new(topic, QoS::AtLeastOnce, payload);
