@@ -567,3 +567,71 @@ fn a_bad_certificate_key_or_ca_file_is_one_line_naming_the_key_and_exit_64() {
     // `run` refuses it the same way, before starting anything.
     assert_refused(run_on_config("run", &cases[0].1), "south.tls.cert");
 }
+
+/// The client library (`ferry::client::device`) as a device proves itself
+/// twice: its certificate (CN = its id) and its password. Either alone is
+/// not enough when the gateway asks for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_client_library_connects_with_its_certificate_and_password() {
+    use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
+    use ferry::mqtt::Transport;
+    use ferry::protocol::receipt::ReceiptStatus;
+
+    let pki = Pki::new("tls-lib");
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(
+        tls_opts("gw-tls-lib", mq.port, &pki, true).with_passwords(&[("lib-dev", "pw-lib")]),
+    );
+    let _backend = Backend::connect_auto_ack(mq.port, "gw-tls-lib").await;
+    let cert = pki.client("lib-dev");
+    let device = |password: &str| {
+        let mut opts = DeviceOptions::new("127.0.0.1", ferry.south_port, "lib-dev");
+        opts.transport = Transport::Tls(pki.client_config(Some(&cert)));
+        opts.password = Some(password.to_string());
+        DeviceClient::connect(opts)
+    };
+
+    // The right certificate with a wrong password never gets connected.
+    let mut wrong = device("not-it");
+    let connected = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match wrong.events.recv().await {
+                Some(DeviceEvent::Connected) => return true,
+                Some(_) => {}
+                None => return false,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    assert!(!connected, "connected with a wrong password");
+    drop(wrong);
+    assert!(
+        ferry.log().contains("wrong password"),
+        "{}",
+        ferry.log_tail()
+    );
+
+    let mut dev = device("pw-lib");
+    let id = format!("{}-lib", boot_id());
+    dev.send("t", &id, json!({"t": 1})).expect("a msg_id");
+    let delivered = tokio::time::timeout(SECS_30, async {
+        while let Some(event) = dev.events.recv().await {
+            if let DeviceEvent::Receipt(r) = event {
+                if r.status == ReceiptStatus::Delivered {
+                    return r.msg_id.map(|m| m.to_string());
+                }
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten();
+    assert_eq!(
+        delivered.as_deref(),
+        Some(id.as_str()),
+        "{}",
+        ferry.log_tail()
+    );
+}

@@ -35,6 +35,10 @@ pub struct BackendOptions {
     pub resend_after: Duration,
     /// Keep the MQTT session (and receipts queued for it) across reconnects.
     pub persistent_session: bool,
+    /// `(username, password)` on the upstream broker; `None`: anonymous.
+    pub credentials: Option<(String, String)>,
+    /// Plain TCP, or TLS to the upstream broker.
+    pub transport: mqtt::Transport,
 }
 
 impl BackendOptions {
@@ -48,6 +52,8 @@ impl BackendOptions {
             prefix: "ferry".into(),
             resend_after: Duration::from_secs(5),
             persistent_session: true,
+            credentials: None,
+            transport: mqtt::Transport::Tcp,
         }
     }
 }
@@ -105,6 +111,8 @@ impl BackendClient {
             opts.client_id.clone(),
         );
         mqtt.clean_session = !opts.persistent_session;
+        mqtt.credentials = opts.credentials.clone();
+        mqtt.transport = opts.transport.clone();
         mqtt.inflight = 1000;
         mqtt.subscriptions = vec![topics.up_filter(), topics.receipts(), topics.status()];
         let (session, session_events) = Session::start(mqtt);

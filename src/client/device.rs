@@ -38,6 +38,9 @@ pub struct DeviceOptions {
     /// The device's password where the gateway (or the site broker)
     /// authenticates devices; the username is the device id.
     pub password: Option<String>,
+    /// Plain TCP, or TLS (with the device's certificate, whose CN is its
+    /// id, where the gateway requires one).
+    pub transport: mqtt::Transport,
 }
 
 impl DeviceOptions {
@@ -52,6 +55,7 @@ impl DeviceOptions {
             keep_alive: Duration::from_secs(30),
             resend_after: Duration::from_secs(5),
             password: None,
+            transport: mqtt::Transport::Tcp,
         }
     }
 }
@@ -130,6 +134,7 @@ impl DeviceClient {
             .password
             .clone()
             .map(|password| (opts.device.clone(), password));
+        mqtt.transport = opts.transport.clone();
         mqtt.clean_session = !opts.persistent_session;
         mqtt.max_outgoing_packet = 4 << 20;
         mqtt.inflight = 200;
