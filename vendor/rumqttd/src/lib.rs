@@ -55,6 +55,22 @@ pub type AuthHandler = Arc<
         + Sync,
 >;
 
+/// ferry: what clients did wrong, counted, for the gateway's metrics.
+pub mod counters {
+    use std::sync::atomic::AtomicU64;
+
+    /// SUBSCRIBE filters refused: past `max_subscriptions`, or not the
+    /// client's own topic under isolation.
+    pub static SUBSCRIPTIONS_REFUSED: AtomicU64 = AtomicU64::new(0);
+    /// Connections closed for a protocol violation: a malformed packet,
+    /// before or after the CONNECT.
+    pub static PROTOCOL_VIOLATIONS: AtomicU64 = AtomicU64::new(0);
+    /// TLS handshakes that failed, a refused client certificate included.
+    pub static TLS_HANDSHAKES_FAILED: AtomicU64 = AtomicU64::new(0);
+    /// CONNECTs refused because the client id is not the certificate's CN.
+    pub static CERTIFICATE_ID_REFUSED: AtomicU64 = AtomicU64::new(0);
+}
+
 /// ferry: what a connect hook is told about a CONNECT (see
 /// [`ConnectionSettings::connect_hook`]).
 #[derive(Debug, Clone)]

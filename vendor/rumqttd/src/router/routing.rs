@@ -869,6 +869,8 @@ impl Router {
                             && !connection.subscriptions.contains(&f.path)
                         {
                             warn!(max, "Subscription refused: the connection holds its limit");
+                            crate::counters::SUBSCRIPTIONS_REFUSED
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             return_codes.push(SubscribeReasonCode::Failure);
                             continue;
                         }
@@ -888,6 +890,8 @@ impl Router {
                                 )
                             {
                                 warn!(filter = f.path, "Subscription refused: not the client's own topic");
+                                crate::counters::SUBSCRIPTIONS_REFUSED
+                                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                 return_codes.push(SubscribeReasonCode::Failure);
                                 continue;
                             }

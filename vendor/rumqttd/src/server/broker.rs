@@ -14,6 +14,7 @@ use crate::{meters, ConnectionSettings, Meter};
 use flume::{RecvError, SendError, Sender};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tracing::{debug, error, field, info, warn, Instrument};
 use uuid::Uuid;
@@ -505,10 +506,12 @@ async fn handshake(
     match acceptor.accept(stream).await {
         Ok(accepted) => Some(accepted),
         Err(e) if e.is_certificate() => {
+            crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
             warn!(%peer, error = %e, "TLS handshake failed: client certificate refused");
             None
         }
         Err(e) => {
+            crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
             info!(%peer, error = %e, "TLS handshake failed");
             None
         }
@@ -647,6 +650,7 @@ async fn remote<P: Protocol>(
             return;
         }
         Err(e) => {
+            crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
             warn!(error=?e, "Error while handling MQTT connect packet");
             return;
         }
@@ -669,6 +673,7 @@ async fn remote<P: Protocol>(
 
     // ferry: a client certificate names the one client id it may use.
     if let Err(why) = cert_allows(&accepted.identity, &client_id) {
+        crate::counters::CERTIFICATE_ID_REFUSED.fetch_add(1, Ordering::Relaxed);
         warn!(peer = %accepted.peer, client_id, why, "CONNECT refused: not the client its certificate names");
         let ack = ConnAck {
             session_present: false,
@@ -754,6 +759,7 @@ async fn remote<P: Protocol>(
         }
         // Any other error
         Err(e) => {
+            crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
             warn!(error=?e, "disconnected");
         }
     };
