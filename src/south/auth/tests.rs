@@ -126,10 +126,26 @@ async fn a_reload_applies_new_and_changed_lines_and_a_broken_file_keeps_the_old_
 }
 
 #[tokio::test]
-async fn a_connect_that_waits_too_long_for_a_verification_slot_is_refused_busy() {
+async fn a_connect_that_finds_the_verifier_full_or_too_slow_is_refused_busy() {
     let f = file(&[("d1", "one")]);
-    let auth = Authenticator::load(f.path(), Duration::from_millis(1)).unwrap();
-    let _held = auth.slots.acquire().await.unwrap();
+    // No time at all to wait for an answer.
+    let auth = Authenticator::load(f.path(), Duration::ZERO).unwrap();
+    assert_eq!(
+        auth.check("d1", Some("d1"), Some("one")).await,
+        Err(Refusal::Busy)
+    );
+    // A full queue refuses at once, whatever the wait.
+    let auth = Authenticator::load(f.path(), Duration::from_secs(30)).unwrap();
+    let mut waiting = Vec::new();
+    while let Ok(()) = auth.verifier.queue.try_send({
+        let (answer, answered) = oneshot::channel();
+        waiting.push(answered);
+        Check {
+            hash: auth.decoy.clone(),
+            password: "x".into(),
+            answer,
+        }
+    }) {}
     assert_eq!(
         auth.check("d1", Some("d1"), Some("one")).await,
         Err(Refusal::Busy)
@@ -140,4 +156,45 @@ async fn a_connect_that_waits_too_long_for_a_verification_slot_is_refused_busy()
         Refusal::WrongPassword.code(),
         ConnectReturnCode::BadUserNamePassword
     );
+}
+
+#[test]
+fn verifying_in_reused_memory_agrees_with_argon2s_own_verifier() {
+    use argon2::password_hash::PasswordVerifier;
+    use argon2::{Algorithm, Params, Version};
+
+    let light = Argon2::new(
+        Algorithm::Argon2id,
+        Version::V0x13,
+        Params::new(64, 1, 1, Some(16)).unwrap(),
+    );
+    let hashes = [
+        hash_password("s3cret").unwrap(),
+        light
+            .hash_password(b"s3cret", &SaltString::generate(&mut OsRng))
+            .unwrap()
+            .to_string(),
+    ];
+    // One buffer across checks of different sizes, as a verifier thread has.
+    let mut blocks = Vec::new();
+    for phc in hashes.iter().chain(hashes.iter().rev()) {
+        let parsed = PasswordHash::new(phc).unwrap();
+        for password in ["s3cret", "s3cret ", "", "S3CRET"] {
+            let theirs = Argon2::default()
+                .verify_password(password.as_bytes(), &parsed)
+                .is_ok();
+            assert_eq!(
+                verify_in(&mut blocks, password.as_bytes(), phc),
+                theirs,
+                "{phc} {password:?}"
+            );
+            assert_eq!(theirs, password == "s3cret");
+        }
+    }
+    assert!(!verify_in(&mut blocks, b"s3cret", "not a hash"));
+    assert!(!verify_in(
+        &mut blocks,
+        b"s3cret",
+        "$argon2id$v=19$m=64,t=1,p=1$c2FsdHNhbHQ"
+    ));
 }
