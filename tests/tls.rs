@@ -224,11 +224,29 @@ async fn a_device_is_held_by_its_certificate_to_its_own_topics() {
     // A, with its certificate, publishes on B's topics: rejected.
     let mut a = Device::connect_tls(port, "iso-a", pki.client_config(Some(&cert_a))).await;
     let forged = format!("{boot}-forged");
-    a.publish_raw(&bt.up("t"), envelope(&forged)).await;
-    a.publish_raw(&bt.confirm(), json!({"upto": 1000}).to_string())
+    let attempts = [
+        (bt.up("t"), envelope(&forged)),
+        (
+            bt.ack(),
+            json!({"msg_id": format!("{boot}-x"), "status": "stored", "seq": 1}).to_string(),
+        ),
+        (
+            bt.inbox(),
+            json!({"messages": [], "more": false}).to_string(),
+        ),
+        (bt.confirm(), json!({"upto": 1000}).to_string()),
+        (bt.pull(), json!({"after": 0}).to_string()),
+        (bt.read(), json!({"upto": 1000}).to_string()),
+        (bt.nack(), json!({"seq": 1, "reason": "forged"}).to_string()),
+        (bt.status(), json!({"online": false}).to_string()),
+    ];
+    for (topic, body) in &attempts {
+        a.publish_raw(topic, body.clone()).await;
+    }
+    let got = a
+        .receipts_until(SECS_10, |r| r.len() >= attempts.len())
         .await;
-    let got = a.receipts_until(SECS_10, |r| r.len() >= 2).await;
-    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got.len(), attempts.len(), "one answer per attempt: {got:?}");
     for r in &got {
         assert_eq!(status(r), "rejected", "{r}");
         assert!(
@@ -261,6 +279,19 @@ async fn a_device_is_held_by_its_certificate_to_its_own_topics() {
         ),
         0,
         "nothing stored as B"
+    );
+    assert!(
+        seen.iter()
+            .all(|v| v["msg_id"] != json!(format!("{boot}-x"))),
+        "B got A's forged receipt: {seen:?}"
+    );
+    assert_eq!(
+        ferry.query_i64(
+            "SELECT COALESCE(MAX(delivered_upto), 0) FROM devices WHERE device = 'iso-b'",
+            []
+        ),
+        0,
+        "A's confirm did not move B's cursor"
     );
 }
 
