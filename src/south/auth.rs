@@ -67,10 +67,10 @@ struct Verifier {
 }
 
 impl Verifier {
-    fn start() -> Verifier {
+    /// `threads` verifier threads (one per core in the gateway).
+    fn start(threads: usize) -> Verifier {
         let (queue, checks) = mpsc::channel::<Check>(VERIFY_QUEUE);
         let checks = Arc::new(Mutex::new(checks));
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         for i in 0..threads {
             let checks = checks.clone();
             let spawned = std::thread::Builder::new()
@@ -310,6 +310,16 @@ pub struct Authenticator {
 impl Authenticator {
     /// Loads `path`; a connect waits at most `wait` for a verification slot.
     pub fn load(path: &Path, wait: Duration) -> Result<Arc<Authenticator>, FileError> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Authenticator::load_with(path, wait, threads)
+    }
+
+    /// [`Authenticator::load`] with `threads` verifier threads.
+    fn load_with(
+        path: &Path,
+        wait: Duration,
+        threads: usize,
+    ) -> Result<Arc<Authenticator>, FileError> {
         let table = load(path)?;
         let mut key = [0u8; 32];
         OsRng.fill_bytes(&mut key);
@@ -325,7 +335,7 @@ impl Authenticator {
             table: RwLock::new(Arc::new(table)),
             verified: Mutex::new(HashMap::new()),
             key,
-            verifier: Verifier::start(),
+            verifier: Verifier::start(threads),
             decoy,
             wait,
         }))

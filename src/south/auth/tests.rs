@@ -134,8 +134,9 @@ async fn a_connect_that_finds_the_verifier_full_or_too_slow_is_refused_busy() {
         auth.check("d1", Some("d1"), Some("one")).await,
         Err(Refusal::Busy)
     );
-    // A full queue refuses at once, whatever the wait.
-    let auth = Authenticator::load(f.path(), Duration::from_secs(30)).unwrap();
+    // A full queue refuses at once, whatever the wait (no verifier thread
+    // here, so nothing drains it meanwhile).
+    let auth = Authenticator::load_with(f.path(), Duration::from_secs(30), 0).unwrap();
     let mut waiting = Vec::new();
     while let Ok(()) = auth.verifier.queue.try_send({
         let (answer, answered) = oneshot::channel();
