@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ferry::config::Config;
+use ferry::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 const EXIT_CONFIG: u8 = 64;
@@ -83,7 +83,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            init_logging(&cfg.log_level);
+            init_logging(&cfg.log_level, cfg.log_format);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -176,7 +176,7 @@ fn passwd(file: &std::path::Path, device: &str) -> Result<(), (u8, String)> {
 }
 
 /// Logs to stderr through `log.level` (or RUST_LOG).
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: LogFormat) {
     use tracing_subscriber::filter::{FilterExt, FilterFn};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -190,12 +190,18 @@ fn init_logging(level: &str) {
     // per publish, and creating them costs more than the rest of routing.
     let no_broker_spans =
         FilterFn::new(|meta| !(meta.is_span() && meta.target().starts_with("rumqttd")));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal, not in the journal or a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(filter.and(no_broker_spans));
-    let _ = tracing_subscriber::registry().with(fmt).try_init();
+    let filter = filter.and(no_broker_spans);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let layer = match format {
+        LogFormat::Text => fmt
+            // Colour only on a terminal, not in the journal or a log file.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_filter(filter)
+            .boxed(),
+        // Fields at the top level, next to `message`, for log shippers.
+        LogFormat::Json => fmt.json().flatten_event(true).with_filter(filter).boxed(),
+    };
+    let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
 async fn shutdown_signal() {

@@ -248,3 +248,46 @@ async fn sigterm_with_the_upstream_gone_still_exits_zero_with_what_was_stored() 
     );
     assert_eq!(stored, ids.len() as i64);
 }
+
+/// `log.format = "json"`: every line ferry writes is one JSON object with
+/// its timestamp, level and message, and an event's fields by name next to
+/// them (a rejected uplink names its device and reason).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_log_format_json_every_line_is_an_event_with_its_fields() {
+    let mq = support::Mosquitto::start();
+    let mut ferry = support::Ferry::start(
+        support::FerryOpts::new("gw-json-log", mq.port).with(|c| c.log.format = "json".into()),
+    );
+    let mut device = support::Device::connect(ferry.south_port, "json-dev").await;
+    device
+        .publish_raw(&device.up_topic("t"), b"{\"no\": \"msg_id\"}".to_vec())
+        .await;
+    let receipt = device.next_receipt(Duration::from_secs(10)).await;
+    assert_eq!(receipt.expect("a receipt")["status"], "rejected");
+    assert!(ferry.terminate(Duration::from_secs(10)), "ferry stopped");
+
+    let log = ferry.log();
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.starts_with("=== harness"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(events.len() > 3, "{log}");
+    for e in &events {
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(e.get(key).is_some(), "no {key}: {e}");
+        }
+    }
+    let rejected = events
+        .iter()
+        .find(|e| e["message"] == "uplink rejected")
+        .unwrap_or_else(|| panic!("no `uplink rejected` event in {log}"));
+    assert_eq!(rejected["level"], "WARN");
+    assert_eq!(rejected["device"], "json-dev", "{rejected}");
+    assert!(
+        rejected["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("malformed")),
+        "{rejected}"
+    );
+}

@@ -35,6 +35,16 @@ impl ConfigError {
     }
 }
 
+/// How log events are written to stderr (the journal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One readable line per event.
+    Text,
+    /// One JSON object per line: timestamp, level, target, message and
+    /// every field by name.
+    Json,
+}
+
 /// How hard the store pushes each commit to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncMode {
@@ -56,6 +66,7 @@ pub struct Config {
     /// Group name (without `@`) → members.
     pub groups: BTreeMap<String, Vec<DeviceId>>,
     pub log_level: String,
+    pub log_format: LogFormat,
     /// `shutdown.grace_s`: from the signal to exit, at most.
     pub shutdown_grace: Duration,
 }
@@ -393,6 +404,16 @@ impl Config {
         }
 
         in_range("shutdown.grace_s", raw.shutdown.grace_s, 1, 3600)?;
+        let log_format = match raw.log.format.as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(ConfigError::new(
+                    "log.format",
+                    format!("must be \"text\" or \"json\" (got {other:?})"),
+                ))
+            }
+        };
         let south_tls = match south_mode {
             SouthMode::Embedded => tls::listener(listener_tls)?,
             SouthMode::External(_) => None,
@@ -448,6 +469,7 @@ impl Config {
             },
             groups,
             log_level: raw.log.level,
+            log_format,
             shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
         })
     }

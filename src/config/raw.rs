@@ -272,12 +272,16 @@ impl Default for RawStore {
 pub struct RawLog {
     /// tracing filter directive.
     pub level: String,
+    /// "text" (one readable line per event) or "json" (one JSON object per
+    /// line, for a log shipper).
+    pub format: String,
 }
 
 impl Default for RawLog {
     fn default() -> Self {
         RawLog {
             level: "info,rumqttd=warn".into(),
+            format: "text".into(),
         }
     }
 }

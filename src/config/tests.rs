@@ -418,3 +418,13 @@ fn input_limits_out_of_range_name_their_key_and_zero_is_no_off_switch() {
     let err = load_str("[gateway]\nid = \"g\"\n[south]\nrate_per_s = 0\n").unwrap_err();
     assert!(err.reason.contains("no off switch"), "{err}");
 }
+
+#[test]
+fn log_format_is_text_or_json() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.log_format, LogFormat::Text);
+    let cfg = load_str("[gateway]\nid = \"g\"\n[log]\nformat = \"json\"\n").unwrap();
+    assert_eq!(cfg.log_format, LogFormat::Json);
+    let err = load_str("[gateway]\nid = \"g\"\n[log]\nformat = \"xml\"\n").unwrap_err();
+    assert_eq!(err.key, "log.format");
+}

@@ -483,7 +483,9 @@ async fn answer_device(
             rejection,
             result: Ok(dead_letter),
         } => {
-            warn!(device = ?device.as_ref().map(DeviceId::as_str), reason = %rejection.reason(), dead_letter, "uplink rejected");
+            // "-": published on a topic that names no valid device.
+            let named = device.as_ref().map_or("-", DeviceId::as_str);
+            warn!(device = named, reason = %rejection.reason(), dead_letter, "uplink rejected");
             let Some(device) = device else {
                 return Ok(true);
             };
