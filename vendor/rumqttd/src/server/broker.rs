@@ -543,6 +543,7 @@ async fn connection<P: Protocol>(
         }
         Ok(None) => return,
         Err(_) => {
+            crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
             info!(%peer, "TLS handshake not done within the connection timeout");
             return;
         }
