@@ -108,6 +108,18 @@ const MIGRATIONS: &[&str] = &[
         body    BLOB NOT NULL               -- one receipt as JSON, as sent north
     );
     "#,
+    // 5: replays asked for by `ferry dlq replay` while the gateway runs.
+    r#"
+    -- Written by the CLI in the transaction that sets the uplink back to
+    -- `stored`; taken (read and deleted) by the running gateway's engine,
+    -- which then loads the message whatever its seq. A gateway that is not
+    -- running finds the message at start like any stored one; a row left
+    -- for a message it already holds is simply dropped.
+    CREATE TABLE replay_request (
+        uplink_id   INTEGER PRIMARY KEY,
+        at_ms       INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.
