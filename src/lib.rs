@@ -57,6 +57,7 @@ pub mod ids;
 pub mod memory;
 pub mod mqtt;
 pub mod north;
+pub mod ops;
 pub mod protocol;
 pub mod shutdown;
 pub mod south;
