@@ -364,3 +364,59 @@ fn without_a_store_or_with_a_bad_config_the_cli_says_so_in_one_line() {
     let (code, _, err) = cli(&config, &["dlq", "replay"]);
     assert_eq!(code, Some(64), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_shows_a_downlink_stored_delivered_and_read() {
+    use ferry::client::backend::{BackendClient, BackendOptions};
+    use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
+
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-ops-down", mq.port));
+    let north_up = wait_for(SECS_10, || {
+        (cli_json(&ferry, &["status"])["north"]["up"] == true).then_some(())
+    })
+    .await;
+    assert!(north_up.is_some(), "north never up");
+    let mut device =
+        DeviceClient::connect(DeviceOptions::new("127.0.0.1", ferry.south_port, "panel-1"));
+    let backend = BackendClient::connect(BackendOptions::new("127.0.0.1", mq.port, "gw-ops-down"));
+    let id = format!("{}-d", boot_id());
+    backend.send_down(&["panel-1"], json!({"msg_id": id, "payload": "shift B"}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let seq = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, device.events.recv()).await {
+            Ok(Some(DeviceEvent::Inbox { messages, .. })) => {
+                if let Some(m) = messages.iter().find(|m| m.msg_id == id) {
+                    break m.seq;
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => panic!("no inbox with {id}"),
+        }
+    };
+    device.read(seq);
+    let trace = wait_for(SECS_10, || {
+        let t = cli_json(&ferry, &["trace", "panel-1", &id]);
+        (t.as_array()?.iter().any(|e| e["event"] == "read")).then_some(t)
+    })
+    .await
+    .expect("`read` in the trace");
+    let events: Vec<(&str, &str)> = trace
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["direction"].as_str().unwrap_or(""),
+                e["event"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [("down", "stored"), ("down", "delivered"), ("down", "read")],
+        "{trace}"
+    );
+    assert!(trace[0]["seq"].as_u64() == Some(seq), "{trace}");
+}

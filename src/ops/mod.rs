@@ -27,8 +27,6 @@ use crate::store::DB_FILE;
 
 /// How long a CLI command waits for the gateway's writer to let go.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The oldest schema the CLI reads (the one with `replay_request`).
-const MIN_SCHEMA: i64 = 5;
 
 /// Why a command could not do its job; the CLI prints it as one line.
 #[derive(Debug, thiserror::Error)]
@@ -80,9 +78,17 @@ fn open(data_dir: &Path, mode: OpenFlags) -> Result<Connection, OpsError> {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(sqlite(&what))?;
-    if version < MIN_SCHEMA {
+    // The CLI reads the tables of its own build's schema: an older store
+    // lacks some, a newer one may mean other things by them.
+    let ours = crate::store::schema_version() as i64;
+    if version != ours {
+        let fix = if version < ours {
+            "start this version of the gateway once to migrate it"
+        } else {
+            "use the ferry that wrote it"
+        };
         return Err(OpsError::Runtime(format!(
-            "{} has schema version {version}; start this version of the gateway once to migrate it",
+            "{} has schema version {version}, this ferry reads {ours}: {fix}",
             path.display()
         )));
     }

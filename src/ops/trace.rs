@@ -1,9 +1,9 @@
 //! A message's whole history, both directions, for `ferry trace`.
 //!
 //! Uplink: every `uplink_history` line (stored, each failed attempt with
-//! why, replays, delivered or dead with the reason). Downlink: the
-//! message's storing, then its delivery row to the device: the store keeps
-//! only a delivery's current state, so its earlier states are not shown.
+//! why, replays, delivered or dead with the reason). Downlink: every
+//! `down_history` line of the message's delivery to the device (stored,
+//! delivered, read, expired or dead with why).
 
 use rusqlite::{params, Connection};
 use serde::Serialize;
@@ -16,9 +16,9 @@ pub struct TraceEvent {
     pub at_ms: i64,
     /// `up` or `down`.
     pub direction: &'static str,
-    /// What happened: `stored`, `attempt failed`, `replayed`, `delivered`,
-    /// `dead`, or a downlink delivery state (`stored`, `delivered`,
-    /// `read`, `expired`, `dead`).
+    /// What happened: `stored`, `attempt failed`, `replayed`, `delivered
+    /// (backend ack)`, `dead`, or a downlink delivery's state (`stored`,
+    /// `delivered`, `read`, `expired`, `dead`).
     pub event: String,
     pub seq: Option<i64>,
     pub detail: Option<String>,
@@ -65,30 +65,40 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
     }
     let mut stmt = conn
         .prepare(
-            "SELECT m.stored_ms, d.at_ms, d.state, d.seq FROM down_message m JOIN down_delivery d ON d.message_id = m.id
+            "SELECT d.seq, d.state, d.at_ms FROM down_message m JOIN down_delivery d ON d.message_id = m.id
              WHERE d.device = ?1 AND m.msg_id = ?2",
         )
         .map_err(&read)?;
-    let down = stmt
+    let deliveries: Vec<(i64, String, i64)> = stmt
         .query_map(params![device, msg_id], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
+        .map_err(&read)?
+        .collect::<rusqlite::Result<_>>()
         .map_err(&read)?;
-    for d in down {
-        let (stored_ms, at_ms, state, seq) = d.map_err(&read)?;
-        out.push(TraceEvent {
-            at_ms: stored_ms,
-            direction: "down",
-            event: "stored".into(),
-            seq: Some(seq),
-            detail: None,
-        });
-        if state != "stored" {
+    let mut stmt = conn
+        .prepare(
+            "SELECT at_ms, state, detail FROM down_history WHERE device = ?1 AND seq = ?2 ORDER BY at_ms, rowid",
+        )
+        .map_err(&read)?;
+    for (seq, state, at_ms) in deliveries {
+        let before = out.len();
+        let lines = stmt
+            .query_map(params![device, seq], |r| {
+                Ok(TraceEvent {
+                    at_ms: r.get(0)?,
+                    direction: "down",
+                    event: r.get(1)?,
+                    seq: Some(seq),
+                    detail: r.get(2)?,
+                })
+            })
+            .map_err(&read)?;
+        for e in lines {
+            out.push(e.map_err(&read)?);
+        }
+        if out.len() == before {
+            // Stored before deliveries had a history: its state now.
             out.push(TraceEvent {
                 at_ms,
                 direction: "down",

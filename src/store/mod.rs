@@ -36,6 +36,11 @@ mod schema;
 mod uplink;
 mod writer;
 
+/// The schema version this build writes (`PRAGMA user_version`).
+pub fn schema_version() -> usize {
+    schema::latest()
+}
+
 /// For tests that build a store without the writer thread.
 #[cfg(test)]
 pub(crate) use schema::migrate;

@@ -120,6 +120,19 @@ const MIGRATIONS: &[&str] = &[
         at_ms       INTEGER NOT NULL
     );
     "#,
+    // 6: a downlink delivery's history, for `ferry trace` (down_delivery
+    // holds only its current state).
+    r#"
+    -- Written in the transaction that changes the delivery's state.
+    CREATE TABLE down_history (
+        device      TEXT NOT NULL,
+        seq         INTEGER NOT NULL,
+        at_ms       INTEGER NOT NULL,
+        state       TEXT NOT NULL,      -- stored | delivered | read | expired | dead
+        detail      TEXT                -- why, for expired and dead
+    );
+    CREATE INDEX down_history_by_delivery ON down_history (device, seq);
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.
@@ -146,7 +159,6 @@ pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
 /// The schema version this build writes.
 pub fn latest() -> usize {
     MIGRATIONS.len()
