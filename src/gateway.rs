@@ -59,6 +59,18 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let live =
         crate::ops::live::start(&cfg.data_dir, matches!(cfg.south.mode, SouthMode::Embedded));
     let (up_events, down_events) = fan_out(north_events, live.clone());
+    if let Some(mut link) = south.link {
+        let live = live.clone();
+        tokio::spawn(async move {
+            while let Some(up) = link.recv().await {
+                let _ = live.send(if up {
+                    LiveEvent::SouthUp
+                } else {
+                    LiveEvent::SouthDown
+                });
+            }
+        });
+    }
     let presence = south.presence.map(|p| report_presence(p, live));
     let downlink = Downlink::new(
         DownlinkSettings {

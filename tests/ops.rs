@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{boot_id, ferry_command, Backend, Device, Ferry, FerryOpts, Mosquitto};
+use crate::support::{boot_id, ferry_command, Backend, Device, Ferry, FerryOpts, Mode, Mosquitto};
 
 const SECS_10: Duration = Duration::from_secs(10);
 
@@ -419,4 +419,34 @@ async fn trace_shows_a_downlink_stored_delivered_and_read() {
         "{trace}"
     );
     assert!(trace[0]["seq"].as_u64() == Some(seq), "{trace}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_follows_the_external_south_link() {
+    let mq = Mosquitto::start();
+    let mut ferry = Ferry::start_in(Mode::External, FerryOpts::new("gw-ops-ext", mq.port));
+    let up = wait_for(SECS_10, || {
+        let s = cli_json(&ferry, &["status"]);
+        (s["south"]["up"] == true).then_some(s)
+    })
+    .await
+    .expect("south up in the status");
+    assert_eq!(up["south_mode"], "external", "{up}");
+    assert_eq!(
+        up["devices_online"],
+        Value::Null,
+        "not known in external mode: {up}"
+    );
+    let since = up["south"]["since_ms"].as_i64().expect("since_ms");
+
+    ferry.site.as_mut().expect("the site broker").stop();
+    let down = wait_for(SECS_10, || {
+        let s = cli_json(&ferry, &["status"]);
+        (s["south"]["up"] == false).then_some(s)
+    })
+    .await
+    .expect("south down in the status once the site broker stopped");
+    assert!(down["south"]["since_ms"].as_i64() >= Some(since), "{down}");
+    let (_, text, _) = cli(&ferry.config_path, &["status"]);
+    assert!(text.contains("south: down since"), "{text}");
 }

@@ -34,8 +34,7 @@ pub struct LiveStatus {
     pub south_mode: String,
     pub north: Link,
     /// Embedded: the listener, up since start. External: ferry's session
-    /// to the site broker, taken as up since start (its drops are not
-    /// tracked here yet).
+    /// to the site broker (up once subscribed).
     pub south: Link,
     /// Devices connected (embedded mode; `None` in external mode, where
     /// the gateway learns presence only from the devices' own messages).
@@ -48,6 +47,8 @@ pub struct LiveStatus {
 pub enum LiveEvent {
     NorthUp,
     NorthDown,
+    SouthUp,
+    SouthDown,
     DeviceOnline(DeviceId),
     DeviceOffline(DeviceId),
 }
@@ -68,8 +69,10 @@ pub fn start(data_dir: &Path, embedded: bool) -> LiveSender {
             up: false,
             since_ms: now,
         },
+        // The embedded listener is up once the gateway runs; an external
+        // session once it has subscribed.
         south: Link {
-            up: true,
+            up: embedded,
             since_ms: now,
         },
         devices_online: embedded.then_some(0),
@@ -99,7 +102,22 @@ pub fn start(data_dir: &Path, embedded: bool) -> LiveSender {
                                 since_ms: now,
                             }
                         }
-                        LiveEvent::NorthUp | LiveEvent::NorthDown => {}
+                        LiveEvent::SouthUp if !status.south.up => {
+                            status.south = Link {
+                                up: true,
+                                since_ms: now,
+                            }
+                        }
+                        LiveEvent::SouthDown if status.south.up => {
+                            status.south = Link {
+                                up: false,
+                                since_ms: now,
+                            }
+                        }
+                        LiveEvent::NorthUp
+                        | LiveEvent::NorthDown
+                        | LiveEvent::SouthUp
+                        | LiveEvent::SouthDown => {}
                         LiveEvent::DeviceOnline(d) => {
                             online.insert(d);
                         }
