@@ -419,6 +419,24 @@ async fn trace_shows_a_downlink_stored_delivered_and_read() {
         "{trace}"
     );
     assert!(trace[0]["seq"].as_u64() == Some(seq), "{trace}");
+
+    // Two for a device that never connects: its backlog, on top.
+    for n in 0..2 {
+        let id = format!("{}-off{n}", boot_id());
+        backend.send_down(&["panel-off"], json!({"msg_id": id, "payload": n}));
+    }
+    let s = wait_for(SECS_10, || {
+        let s = cli_json(&ferry, &["status", "--top", "1"]);
+        (s["downlink_backlog"] == 2).then_some(s)
+    })
+    .await
+    .expect("a downlink backlog of 2");
+    assert_eq!(
+        s["downlink_top"],
+        json!([{"device": "panel-off", "messages": 2}]),
+        "{s}"
+    );
+    assert!(s["downlink_oldest_age_s"].as_f64().is_some(), "{s}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
