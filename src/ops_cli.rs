@@ -37,7 +37,18 @@ pub enum OpsCommand {
 }
 
 pub fn run(command: OpsCommand) -> Outcome {
-    match command {
+    let config = match &command {
+        OpsCommand::Dlq { command } => match command {
+            DlqCommand::List { common, .. }
+            | DlqCommand::Show { common, .. }
+            | DlqCommand::Replay { common, .. }
+            | DlqCommand::Purge { common, .. } => common.config.clone(),
+        },
+        OpsCommand::Trace { common, .. } | OpsCommand::Status { common, .. } => {
+            common.config.clone()
+        }
+    };
+    let result = match command {
         OpsCommand::Dlq { command } => dlq(command),
         OpsCommand::Trace {
             common,
@@ -45,7 +56,13 @@ pub fn run(command: OpsCommand) -> Outcome {
             msg_id,
         } => trace(common, &device, &msg_id),
         OpsCommand::Status { common, top } => status(common, top),
-    }
+    };
+    // The connection is closed by now (each command owns its own).
+    let owned = match data_dir(&config) {
+        Ok(dir) => ops::restore_ownership(&dir).map_err(fail),
+        Err(_) => Ok(()),
+    };
+    result.and(owned)
 }
 
 #[derive(Args)]

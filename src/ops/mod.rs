@@ -95,6 +95,41 @@ fn open(data_dir: &Path, mode: OpenFlags) -> Result<Connection, OpsError> {
     Ok(conn)
 }
 
+/// Gives `ferry.db-wal` and `ferry.db-shm` the owner of `ferry.db` back.
+/// Run as root against a stopped gateway, SQLite creates them owned by
+/// root (a read-only connection also leaves them behind), and the gateway,
+/// running as its own user, could then not open its store. Call it once
+/// the command's connection is closed.
+pub fn restore_ownership(data_dir: &Path) -> Result<(), OpsError> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let db = data_dir.join(DB_FILE);
+    let Ok(owner) = std::fs::metadata(&db) else {
+        return Ok(());
+    };
+    for suffix in ["-wal", "-shm"] {
+        let path = data_dir.join(format!("{DB_FILE}{suffix}"));
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if (meta.uid(), meta.gid()) != (owner.uid(), owner.gid()) {
+            std::os::unix::fs::chown(&path, Some(owner.uid()), Some(owner.gid())).map_err(
+                |e| {
+                    OpsError::Runtime(format!(
+                        "cannot give {} back to the store's owner (uid {}): {e}; the gateway may not open its store",
+                        path.display(),
+                        owner.uid()
+                    ))
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Milliseconds since the epoch, now.
 pub fn now_ms() -> i64 {
     crate::protocol::now_ms()
@@ -133,6 +168,25 @@ mod tests {
         assert_eq!(fmt_ms(0), "1970-01-01 00:00:00.000Z");
         assert_eq!(fmt_ms(951_782_400_123), "2000-02-29 00:00:00.123Z");
         assert_eq!(fmt_ms(1_796_083_200_000), "2026-12-01 00:00:00.000Z");
+    }
+
+    #[test]
+    fn files_sqlite_made_as_root_go_back_to_the_stores_owner() {
+        use std::os::unix::fs::MetadataExt;
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("not root: nothing to give back, nothing to check");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join(DB_FILE);
+        std::fs::write(&db, b"").unwrap();
+        std::os::unix::fs::chown(&db, Some(4321), Some(4322)).unwrap();
+        let shm = dir.path().join("ferry.db-shm");
+        std::fs::write(&shm, b"").unwrap();
+        restore_ownership(dir.path()).unwrap();
+        let meta = std::fs::metadata(&shm).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (4321, 4322));
+        assert!(!dir.path().join("ferry.db-wal").exists());
     }
 
     #[test]
