@@ -14,8 +14,10 @@ use tracing::{error, info};
 use crate::config::{Config, SouthMode};
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
 use crate::north::{NorthEvent, Tag};
+use crate::ops::live::{LiveEvent, LiveSender};
 use crate::protocol::topics::Topics;
 use crate::shutdown::{self, wait_all, Outcome, Part, Plan};
+use crate::south::presence::Presence;
 use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
 use crate::uplink::scheduler::{Scheduler, SchedulerConfig};
@@ -54,7 +56,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     let (stored_tx, stored_rx) = mpsc::channel(8192);
     let (controls_tx, controls_rx) = mpsc::channel(8192);
-    let (up_events, down_events) = fan_out(north_events);
+    let live =
+        crate::ops::live::start(&cfg.data_dir, matches!(cfg.south.mode, SouthMode::Embedded));
+    let (up_events, down_events) = fan_out(north_events, live.clone());
+    if let Some(mut link) = south.link {
+        let live = live.clone();
+        tokio::spawn(async move {
+            while let Some(up) = link.recv().await {
+                let _ = live.send(if up {
+                    LiveEvent::SouthUp
+                } else {
+                    LiveEvent::SouthDown
+                });
+            }
+        });
+    }
+    let presence = south.presence.map(|p| report_presence(p, live));
     let downlink = Downlink::new(
         DownlinkSettings {
             cfg: cfg.downlink.clone(),
@@ -70,7 +87,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let mut downlink_task = tokio::spawn(downlink.run(DownlinkInputs {
         north: down_events,
         controls: controls_rx,
-        presence: south.presence,
+        presence,
         shutdown: shutdown_rx.clone(),
     }));
     let engine = Engine {
@@ -206,6 +223,7 @@ fn joined(name: &'static str, task: tokio::task::JoinHandle<Result<(), StoreErro
 /// side listens: in a shutdown one may finish flushing before the other.
 fn fan_out(
     mut events: mpsc::Receiver<NorthEvent>,
+    live: LiveSender,
 ) -> (mpsc::Receiver<NorthEvent>, mpsc::Receiver<NorthEvent>) {
     let (up_tx, up_rx) = mpsc::channel(4096);
     let (down_tx, down_rx) = mpsc::channel(4096);
@@ -219,6 +237,10 @@ fn fan_out(
                     let _ = down_tx.send(ev).await;
                 }
                 NorthEvent::Up(_) | NorthEvent::Down => {
+                    let _ = live.send(match ev {
+                        NorthEvent::Up(_) => LiveEvent::NorthUp,
+                        _ => LiveEvent::NorthDown,
+                    });
                     let _ = up_tx.send(ev.clone()).await;
                     let _ = down_tx.send(ev).await;
                 }
@@ -229,6 +251,27 @@ fn fan_out(
         }
     });
     (up_rx, down_rx)
+}
+
+/// Passes the south broker's presence on to the downlink, telling the
+/// status file who is online on the way.
+fn report_presence(
+    mut presence: mpsc::UnboundedReceiver<Presence>,
+    live: LiveSender,
+) -> mpsc::UnboundedReceiver<Presence> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(p) = presence.recv().await {
+            let _ = live.send(match &p {
+                Presence::Online(d) | Presence::Ready(d) => LiveEvent::DeviceOnline(d.clone()),
+                Presence::Offline(d) => LiveEvent::DeviceOffline(d.clone()),
+            });
+            if tx.send(p).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> RunError {

@@ -42,6 +42,10 @@
 //! - [`shutdown`]: the signal `run()` gives once, seen by every part, and
 //!   the grace it spends in pipeline order: intake stops, what it took is
 //!   committed and answered, north is flushed and left, the store closes.
+//! - [`ops`]: the operator tools behind `ferry dlq`, `ferry trace` and
+//!   `ferry status`: views read on their own read-only connection while the
+//!   gateway runs; replays reach the running engine through the store's
+//!   `replay_request` table; the gateway keeps a status file for them.
 //! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
@@ -57,6 +61,7 @@ pub mod ids;
 pub mod memory;
 pub mod mqtt;
 pub mod north;
+pub mod ops;
 pub mod protocol;
 pub mod shutdown;
 pub mod south;

@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 use ferry::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+mod ops_cli;
+
 const EXIT_CONFIG: u8 = 64;
 
 #[derive(Parser)]
@@ -43,6 +45,9 @@ enum Command {
         #[arg(value_name = "DEVICE")]
         device: String,
     },
+    /// Operator tools: dead letters, trace, status.
+    #[command(flatten)]
+    Ops(ops_cli::OpsCommand),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +60,13 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Ops(command) => match ops_cli::run(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err((code, e)) => {
+                eprintln!("ferry: {e}");
+                ExitCode::from(code)
+            }
+        },
         Command::Passwd { file, device } => match passwd(&file, &device) {
             Ok(()) => {
                 eprintln!("ferry: {}: password for {device} set", file.display());

@@ -229,6 +229,7 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         outbound: SouthSender(Outbound::Embedded(out_tx)),
         stopped,
         presence: Some(presence_rx),
+        link: None,
     })
 }
 

@@ -57,18 +57,24 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
     };
     let (session, events) = Session::<()>::start(opts);
     let (tx, inbound) = Inbound::new();
-    let stopped = tokio::spawn(receive(events, tx));
+    let (link_tx, link) = tokio::sync::mpsc::unbounded_channel();
+    let stopped = tokio::spawn(receive(events, tx, link_tx));
     South {
         inbound,
         outbound: SouthSender(Outbound::External(session)),
         stopped,
         presence: None,
+        link: Some(link),
     }
 }
 
 /// Moves device messages from the session into the pipeline's channel,
 /// waiting for room (the session, and then the site broker, wait too).
-async fn receive(mut events: tokio::sync::mpsc::Receiver<Event<()>>, tx: InboundTx) -> String {
+async fn receive(
+    mut events: tokio::sync::mpsc::Receiver<Event<()>>,
+    tx: InboundTx,
+    link: tokio::sync::mpsc::UnboundedSender<bool>,
+) -> String {
     while let Some(event) = events.recv().await {
         let m = match event {
             Event::Message(m) => m,
@@ -85,6 +91,11 @@ async fn receive(mut events: tokio::sync::mpsc::Receiver<Event<()>>, tx: Inbound
                 } else {
                     error!(epoch, filters = ?refused, "south link up, but the site broker refused ferry's subscriptions: give ferry's user read access to them (docs/EXTERNAL.md)");
                 }
+                let _ = link.send(true);
+                continue;
+            }
+            Event::Down => {
+                let _ = link.send(false);
                 continue;
             }
             _ => continue,

@@ -158,6 +158,10 @@ pub struct South {
     pub stopped: tokio::task::JoinHandle<String>,
     /// Device presence the broker reported (embedded mode only).
     pub presence: Option<mpsc::UnboundedReceiver<presence::Presence>>,
+    /// External mode: `true` when the session to the site broker is up
+    /// and subscribed, `false` when it broke (for `ferry status`). The
+    /// embedded listener has no such state: `None`.
+    pub link: Option<mpsc::UnboundedReceiver<bool>>,
 }
 
 /// Starts the south side `cfg.mode` names, on the current tokio runtime.

@@ -137,9 +137,33 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcom
             }
         }
     }
+    let new = out.queued.iter().filter(|(_, new)| *new).map(|(e, _)| e);
+    history(tx, new.chain(&out.expired), msg.stored_ms)?;
     let queued = out.queued.iter().map(|(e, _)| e);
     out.receipts = outbox::report(tx, queued.chain(&out.expired), msg.stored_ms)?;
     Ok(out)
+}
+
+/// Appends each delivery's change to its history (`down_history`), in the
+/// transaction that makes it.
+fn history<'a>(
+    tx: &Transaction<'_>,
+    events: impl IntoIterator<Item = &'a DeliveryEvent>,
+    at_ms: i64,
+) -> Result<()> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT INTO down_history (device, seq, at_ms, state, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for e in events {
+        stmt.execute(params![
+            e.device.as_str(),
+            e.seq.0 as i64,
+            at_ms,
+            e.state.as_str(),
+            e.reason
+        ])?;
+    }
+    Ok(())
 }
 
 fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> Result<MsgId> {
@@ -201,6 +225,7 @@ pub fn read_batch(
             body,
         });
     }
+    history(tx, &out.expired, now_ms)?;
     out.receipts = outbox::report(tx, &out.expired, now_ms)?;
     Ok(out)
 }
@@ -236,6 +261,7 @@ pub fn advance(
         c.read_upto = upto;
     }
     events.sort_by_key(|e| (e.seq, e.state == DeliveryState::Read));
+    history(tx, &events, now_ms)?;
     let receipts = outbox::report(tx, &events, now_ms)?;
     Ok(CursorMove {
         cursors: c,
@@ -340,6 +366,7 @@ pub fn nack(
         state: DeliveryState::Dead,
         reason: Some(reason.to_string()),
     };
+    history(tx, [&event], now_ms)?;
     let receipts = outbox::report(tx, [&event], now_ms)?;
     Ok(CursorMove {
         cursors: c,
@@ -380,6 +407,7 @@ pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> Result<Swept> {
         tx.prepare_cached("UPDATE down_message SET swept = 1 WHERE id = ?1")?
             .execute([mid])?;
     }
+    history(tx, &events, now_ms)?;
     let receipts = outbox::report(tx, &events, now_ms)?;
     Ok(Swept { events, receipts })
 }

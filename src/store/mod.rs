@@ -36,6 +36,15 @@ mod schema;
 mod uplink;
 mod writer;
 
+/// The schema version this build writes (`PRAGMA user_version`).
+pub fn schema_version() -> usize {
+    schema::latest()
+}
+
+/// For tests that build a store without the writer thread.
+#[cfg(test)]
+pub(crate) use schema::migrate;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -119,6 +128,8 @@ enum Op {
         now_ms: i64,
         reply: Reply<Vec<(DeviceId, MsgId, Moved)>>,
     },
+    /// Replays the CLI asked for, to load whatever their seq.
+    TakeReplays(Reply<Vec<PendingMessage>>),
     Down(DownOp),
 }
 
@@ -341,6 +352,14 @@ impl Store {
     ) -> impl Future<Output = Result<Vec<(DeviceId, MsgId, Moved)>, StoreError>> + Send + 'static
     {
         self.call(move |reply| Op::ExpireDue { now_ms, reply })
+    }
+
+    /// Takes the replays `ferry dlq replay` asked for (at most 1,000 per
+    /// call); resolves to the messages still `stored`.
+    pub fn take_replays(
+        &self,
+    ) -> impl Future<Output = Result<Vec<PendingMessage>, StoreError>> + Send + 'static {
+        self.call(Op::TakeReplays)
     }
 
     /// Stores a downlink once and queues it for each addressed device.

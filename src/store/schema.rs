@@ -108,6 +108,31 @@ const MIGRATIONS: &[&str] = &[
         body    BLOB NOT NULL               -- one receipt as JSON, as sent north
     );
     "#,
+    // 5: replays asked for by `ferry dlq replay` while the gateway runs.
+    r#"
+    -- Written by the CLI in the transaction that sets the uplink back to
+    -- `stored`; taken (read and deleted) by the running gateway's engine,
+    -- which then loads the message whatever its seq. A gateway that is not
+    -- running finds the message at start like any stored one; a row left
+    -- for a message it already holds is simply dropped.
+    CREATE TABLE replay_request (
+        uplink_id   INTEGER PRIMARY KEY,
+        at_ms       INTEGER NOT NULL
+    );
+    "#,
+    // 6: a downlink delivery's history, for `ferry trace` (down_delivery
+    // holds only its current state).
+    r#"
+    -- Written in the transaction that changes the delivery's state.
+    CREATE TABLE down_history (
+        device      TEXT NOT NULL,
+        seq         INTEGER NOT NULL,
+        at_ms       INTEGER NOT NULL,
+        state       TEXT NOT NULL,      -- stored | delivered | read | expired | dead
+        detail      TEXT                -- why, for expired and dead
+    );
+    CREATE INDEX down_history_by_delivery ON down_history (device, seq);
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.
@@ -134,7 +159,6 @@ pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
 /// The schema version this build writes.
 pub fn latest() -> usize {
     MIGRATIONS.len()

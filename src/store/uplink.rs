@@ -226,6 +226,57 @@ pub fn record_attempt(tx: &Transaction<'_>, rec: &AttemptRecord) -> Result<()> {
     )?)
 }
 
+/// Takes up to `limit` replay requests (see `replay_request`): deletes
+/// them and returns the replayed messages that are still `stored`.
+pub fn take_replays(tx: &Transaction<'_>, limit: usize) -> Result<Vec<PendingMessage>> {
+    let ids: Vec<i64> = tx
+        .prepare_cached("SELECT uplink_id FROM replay_request ORDER BY uplink_id LIMIT ?1")?
+        .query_map([limit as i64], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        tx.prepare_cached("DELETE FROM replay_request WHERE uplink_id = ?1")?
+            .execute([id])?;
+        let row = tx
+            .prepare_cached(
+                "SELECT device, msg_id, seq, stream, body, expires_ms, no_retry, attempts FROM uplink
+                 WHERE id = ?1 AND state = 'stored'",
+            )?
+            .query_row([id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Vec<u8>>(4)?,
+                    r.get::<_, Option<i64>>(5)?,
+                    r.get::<_, bool>(6)?,
+                    r.get::<_, u32>(7)?,
+                ))
+            })
+            .optional()?;
+        let Some((device, msg_id, seq, stream, body, expires_ms, no_retry, attempts)) = row else {
+            continue;
+        };
+        // Only valid ids are ever stored; a bad one would be a hand edit.
+        let (Ok(device), Ok(msg_id)) = (DeviceId::new(device), MsgId::new(msg_id)) else {
+            continue;
+        };
+        out.push(PendingMessage {
+            id,
+            device,
+            msg_id,
+            seq: Seq(seq as u64),
+            stream,
+            body: Bytes::from(body),
+            expires_ms,
+            no_retry,
+            attempts,
+        });
+    }
+    Ok(out)
+}
+
 pub fn pending(
     tx: &Transaction<'_>,
     device: &DeviceId,

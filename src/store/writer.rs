@@ -237,6 +237,10 @@ fn apply_one(
                 _ => None,
             },
         ),
+        Op::TakeReplays(_) => answer(uplink::take_replays(tx, 1000), |op| match op {
+            Op::TakeReplays(reply) => Some(reply),
+            _ => None,
+        }),
         Op::Down(down) => apply_down(tx, down),
     }
 }
@@ -351,6 +355,7 @@ fn fail(op: Op, e: &StoreError) {
         Op::PendingDevices(r) => err(r, e),
         Op::Lookup { reply, .. } => err(reply, e),
         Op::ExpireDue { reply, .. } => err(reply, e),
+        Op::TakeReplays(r) => err(r, e),
         Op::Down(down) => match down {
             DownOp::Intake(_, r) => err(r, e),
             DownOp::Batch { reply, .. } => err(reply, e),

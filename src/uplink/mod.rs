@@ -65,6 +65,8 @@ enum Done {
         result: Result<Vec<PendingMessage>, StoreError>,
     },
     Expired(Result<Vec<(DeviceId, MsgId, Moved)>, StoreError>),
+    /// Messages `ferry dlq replay` set back to `stored`.
+    Replayed(Result<Vec<PendingMessage>, StoreError>),
     /// A duplicate's current state, read after every earlier commit.
     LookedUp {
         device: DeviceId,
@@ -75,6 +77,9 @@ enum Done {
 /// How often stored messages whose ttl passed are swept, wherever they are
 /// in a backlog (the ones in memory expire on their own timers).
 const EXPIRY_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often the engine takes the replays `ferry dlq replay` asked for:
+/// the longest a replay waits before it is sent (with the link up).
+pub const REPLAY_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Backend acks applied per turn of the loop: a huge ack array is worked
 /// off in pieces, with everything else getting its turn in between.
 const ACK_CHUNK: usize = 1024;
@@ -111,6 +116,8 @@ pub async fn run_engine(
     let mut pending: FuturesUnordered<DoneFuture> = FuturesUnordered::new();
     let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut replays = tokio::time::interval(REPLAY_POLL);
+    replays.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Set once intake is gone in a shutdown: flush until then.
     let mut flush_by: Option<Instant> = None;
     loop {
@@ -170,6 +177,11 @@ pub async fn run_engine(
             _ = sweep.tick(), if flush_by.is_none() => {
                 let expired = engine.store.expire_due(now_ms());
                 pending.push(Box::pin(async move { Done::Expired(expired.await) }));
+                Vec::new()
+            }
+            _ = replays.tick(), if flush_by.is_none() => {
+                let taken = engine.store.take_replays();
+                pending.push(Box::pin(async move { Done::Replayed(taken.await) }));
                 Vec::new()
             }
             _ = flush_over => {
@@ -275,6 +287,7 @@ impl Engine {
             Done::Moved { result: Err(e), .. }
             | Done::Loaded { result: Err(e), .. }
             | Done::Expired(Err(e))
+            | Done::Replayed(Err(e))
             | Done::LookedUp { result: Err(e), .. }
                 if e.is_fatal() =>
             {
@@ -329,6 +342,13 @@ impl Engine {
                 }
             }
             Done::Expired(Err(e)) => warn!(error = %e, "uplink expiry sweep failed"),
+            Done::Replayed(Ok(msgs)) => {
+                for msg in msgs {
+                    info!(device = %msg.device, msg_id = %msg.msg_id, seq = msg.seq.0, "uplink replayed from the dead letters");
+                    self.scheduler.on_replayed(msg, Instant::now(), now_ms());
+                }
+            }
+            Done::Replayed(Err(e)) => warn!(error = %e, "could not take the replays asked for"),
             Done::Loaded {
                 device,
                 limit,

@@ -175,6 +175,28 @@ impl Scheduler {
         self.dirty.insert(device.clone());
     }
 
+    /// A message `ferry dlq replay` set back to `stored`. Its seq is
+    /// usually behind what the device's queue has loaded, so no refill
+    /// would ever read it: it is put in memory here, unless held already.
+    pub fn on_replayed(&mut self, msg: PendingMessage, now: Instant, now_ms: i64) {
+        let device = msg.device.clone();
+        let q = self.devices.entry(device.clone()).or_default();
+        if q.entries.contains_key(&msg.seq) {
+            return;
+        }
+        if msg.seq > q.loaded_upto {
+            if q.refill != Refill::InMemory {
+                // Past what is loaded, with more in the store: the refill
+                // reads it in order.
+                self.on_backlog(device);
+                return;
+            }
+            q.loaded_upto = msg.seq;
+        }
+        Self::insert(&mut self.timers, q, msg, now, now_ms);
+        self.dirty.insert(device);
+    }
+
     /// A refill or a transition failed in the store: read the device again.
     pub fn on_store_failed(&mut self, device: &DeviceId) {
         if let Some(q) = self.devices.get_mut(device) {

@@ -414,3 +414,46 @@ fn a_device_with_nothing_left_is_forgotten() {
     assert_eq!(s.in_memory(), 0);
     assert!(s.devices.is_empty());
 }
+
+#[test]
+fn a_replayed_message_behind_the_loaded_seqs_is_sent_again_and_only_once() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(cfg());
+    s.on_link_up(1);
+    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(2), t0, 0);
+    assert_eq!(published(&s.poll(t0)), vec![1, 2]);
+    let acts = s.on_ack(
+        &dev(),
+        &id(1),
+        Verdict::Nack {
+            reason: "no".into(),
+            retry: false,
+        },
+        t0,
+    );
+    assert!(matches!(&acts[..], [Action::Kill { .. }]), "{acts:?}");
+    s.on_ack(&dev(), &id(2), Verdict::Ok, t0);
+    s.poll(t0);
+    // The operator replays seq 1: no refill reads seqs already loaded.
+    s.on_replayed(msg(1), t0, 0);
+    s.on_replayed(msg(1), t0, 0);
+    assert_eq!(published(&s.poll(t0)), vec![1]);
+    assert!(published(&s.poll(t0)).is_empty());
+}
+
+#[test]
+fn a_replayed_message_past_a_backlog_in_the_store_is_left_to_the_refill() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(cfg());
+    s.on_backlog(dev());
+    s.on_replayed(msg(9), t0, 0);
+    assert_eq!(s.in_memory(), 0);
+    s.on_link_up(1);
+    let acts = s.poll(t0);
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::Refill { after: Seq(0), .. })),
+        "{acts:?}"
+    );
+}

@@ -1,0 +1,200 @@
+//! The gateway's side of `ferry status`: `status.json` in the data
+//! directory, rewritten whole (written to a temporary file, then renamed
+//! over) on every change of the north link or of a device's presence, so a
+//! reader sees the old file or the new one, never half of one. It is kept
+//! by a thread of its own, fed over a channel: the pipelines never wait on
+//! the disk for it. It is not durable state (no fsync): the pid in it tells
+//! a reader whether the gateway that wrote it is still running.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::ids::DeviceId;
+
+/// The status file inside `gateway.data_dir`.
+pub const STATUS_FILE: &str = "status.json";
+
+/// One link's state and since when.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Link {
+    pub up: bool,
+    pub since_ms: i64,
+}
+
+/// What the running gateway last wrote.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LiveStatus {
+    pub pid: u32,
+    pub started_ms: i64,
+    /// `embedded` or `external`.
+    pub south_mode: String,
+    pub north: Link,
+    /// Embedded: the listener, up since start. External: ferry's session
+    /// to the site broker (up once subscribed).
+    pub south: Link,
+    /// Devices connected (embedded mode; `None` in external mode, where
+    /// the gateway learns presence only from the devices' own messages).
+    pub devices_online: Option<usize>,
+    pub updated_ms: i64,
+}
+
+/// What changed.
+#[derive(Debug)]
+pub enum LiveEvent {
+    NorthUp,
+    NorthDown,
+    SouthUp,
+    SouthDown,
+    DeviceOnline(DeviceId),
+    DeviceOffline(DeviceId),
+}
+
+/// Where the pipelines report changes; cheap to clone.
+pub type LiveSender = mpsc::UnboundedSender<LiveEvent>;
+
+/// Starts the thread keeping `data_dir/status.json`; it ends once every
+/// sender is dropped.
+pub fn start(data_dir: &Path, embedded: bool) -> LiveSender {
+    let (tx, mut rx) = mpsc::unbounded_channel::<LiveEvent>();
+    let now = crate::protocol::now_ms();
+    let mut status = LiveStatus {
+        pid: std::process::id(),
+        started_ms: now,
+        south_mode: if embedded { "embedded" } else { "external" }.into(),
+        north: Link {
+            up: false,
+            since_ms: now,
+        },
+        // The embedded listener is up once the gateway runs; an external
+        // session once it has subscribed.
+        south: Link {
+            up: embedded,
+            since_ms: now,
+        },
+        devices_online: embedded.then_some(0),
+        updated_ms: now,
+    };
+    let path = data_dir.join(STATUS_FILE);
+    let spawned = std::thread::Builder::new()
+        .name("ferry-status".into())
+        .spawn(move || {
+            let mut online: HashSet<DeviceId> = HashSet::new();
+            write(&path, &status);
+            while let Some(first) = rx.blocking_recv() {
+                let now = crate::protocol::now_ms();
+                let mut next = Some(first);
+                // Everything queued, then one write.
+                while let Some(ev) = next.take().or_else(|| rx.try_recv().ok()) {
+                    match ev {
+                        LiveEvent::NorthUp if !status.north.up => {
+                            status.north = Link {
+                                up: true,
+                                since_ms: now,
+                            }
+                        }
+                        LiveEvent::NorthDown if status.north.up => {
+                            status.north = Link {
+                                up: false,
+                                since_ms: now,
+                            }
+                        }
+                        LiveEvent::SouthUp if !status.south.up => {
+                            status.south = Link {
+                                up: true,
+                                since_ms: now,
+                            }
+                        }
+                        LiveEvent::SouthDown if status.south.up => {
+                            status.south = Link {
+                                up: false,
+                                since_ms: now,
+                            }
+                        }
+                        LiveEvent::NorthUp
+                        | LiveEvent::NorthDown
+                        | LiveEvent::SouthUp
+                        | LiveEvent::SouthDown => {}
+                        LiveEvent::DeviceOnline(d) => {
+                            online.insert(d);
+                        }
+                        LiveEvent::DeviceOffline(d) => {
+                            online.remove(&d);
+                        }
+                    }
+                }
+                if status.devices_online.is_some() {
+                    status.devices_online = Some(online.len());
+                }
+                status.updated_ms = now;
+                write(&path, &status);
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the status file thread; `ferry status` will say the gateway is not running");
+    }
+    tx
+}
+
+fn write(path: &Path, status: &LiveStatus) {
+    let tmp: PathBuf = path.with_extension("json.tmp");
+    let result = serde_json::to_vec_pretty(status)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| std::fs::write(&tmp, bytes))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = result {
+        warn!(path = %path.display(), error = %e, "cannot write the status file");
+    }
+}
+
+/// The status file in `data_dir`, if one is there and its writer still runs.
+pub fn read(data_dir: &Path) -> Option<LiveStatus> {
+    let text = std::fs::read(data_dir.join(STATUS_FILE)).ok()?;
+    let status: LiveStatus = serde_json::from_slice(&text).ok()?;
+    running(status.pid).then_some(status)
+}
+
+/// Whether process `pid` is a running ferry (not a pid reused by another
+/// program after the gateway died).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+        Ok(comm) => comm.trim() == "ferry",
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_file_whose_writer_is_gone_is_not_read_as_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut status = LiveStatus {
+            pid: u32::MAX - 1,
+            started_ms: 0,
+            south_mode: "embedded".into(),
+            north: Link {
+                up: true,
+                since_ms: 0,
+            },
+            south: Link {
+                up: true,
+                since_ms: 0,
+            },
+            devices_online: Some(1),
+            updated_ms: 0,
+        };
+        write(&dir.path().join(STATUS_FILE), &status);
+        assert_eq!(read(dir.path()), None);
+        // This test process is not named ferry either.
+        status.pid = std::process::id();
+        write(&dir.path().join(STATUS_FILE), &status);
+        assert_eq!(read(dir.path()), None);
+        assert!(dir.path().join(STATUS_FILE).exists());
+        assert!(!dir.path().join("status.json.tmp").exists());
+    }
+}

@@ -1,0 +1,119 @@
+//! `ferry status`: the links (from the running gateway's status file, see
+//! [`super::live`]) and the store's figures (read from the database).
+
+use std::path::Path;
+
+use rusqlite::Connection;
+use serde::Serialize;
+
+use super::live::{self, Link};
+use super::{sqlite, OpsError};
+use crate::store::DB_FILE;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeviceBacklog {
+    pub device: String,
+    pub messages: i64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StoreSize {
+    pub db_bytes: u64,
+    pub wal_bytes: u64,
+    pub total_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StatusView {
+    /// Whether a gateway is running on this data directory.
+    pub running: bool,
+    pub pid: Option<u32>,
+    pub started_ms: Option<i64>,
+    pub south_mode: Option<String>,
+    pub north: Option<Link>,
+    pub south: Option<Link>,
+    pub devices_online: Option<usize>,
+    /// Uplinks stored and not yet acked by the backend.
+    pub uplink_backlog: i64,
+    /// Age of the oldest of them, in seconds.
+    pub uplink_oldest_age_s: Option<f64>,
+    /// Downlink deliveries stored and not yet confirmed by their device.
+    pub downlink_backlog: i64,
+    /// The devices with the most of them, most first.
+    pub downlink_top: Vec<DeviceBacklog>,
+    pub downlink_oldest_age_s: Option<f64>,
+    pub dead_letters: i64,
+    pub store: StoreSize,
+}
+
+fn age_s(now_ms: i64, oldest: Option<i64>) -> Option<f64> {
+    oldest.map(|ms| (now_ms - ms).max(0) as f64 / 1000.0)
+}
+
+/// The status of the gateway on `data_dir`, `top` devices by downlink backlog.
+pub fn status(
+    conn: &Connection,
+    data_dir: &Path,
+    top: usize,
+    now_ms: i64,
+) -> Result<StatusView, OpsError> {
+    let read = sqlite("cannot read the store's figures");
+    let (uplink_backlog, up_oldest): (i64, Option<i64>) = conn
+        .query_row(
+            "SELECT count(*), min(stored_ms) FROM uplink WHERE state = 'stored'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map_err(&read)?;
+    let (downlink_backlog, down_oldest): (i64, Option<i64>) = conn
+        .query_row(
+            "SELECT count(*), min(m.stored_ms) FROM down_delivery d JOIN down_message m ON m.id = d.message_id
+             WHERE d.state = 'stored'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map_err(&read)?;
+    let mut stmt = conn
+        .prepare(
+            "SELECT device, count(*) AS n FROM down_delivery WHERE state = 'stored'
+             GROUP BY device ORDER BY n DESC, device LIMIT ?1",
+        )
+        .map_err(&read)?;
+    let downlink_top = stmt
+        .query_map([top as i64], |r| {
+            Ok(DeviceBacklog {
+                device: r.get(0)?,
+                messages: r.get(1)?,
+            })
+        })
+        .map_err(&read)?
+        .collect::<rusqlite::Result<_>>()
+        .map_err(&read)?;
+    let dead_letters: i64 = conn
+        .query_row("SELECT count(*) FROM dead_letter", [], |r| r.get(0))
+        .map_err(read)?;
+    let size = |name: String| std::fs::metadata(data_dir.join(name)).map_or(0, |m| m.len());
+    let db_bytes = size(DB_FILE.to_string());
+    let wal_bytes = size(format!("{DB_FILE}-wal"));
+    let live = live::read(data_dir);
+    Ok(StatusView {
+        running: live.is_some(),
+        pid: live.as_ref().map(|l| l.pid),
+        started_ms: live.as_ref().map(|l| l.started_ms),
+        south_mode: live.as_ref().map(|l| l.south_mode.clone()),
+        north: live.as_ref().map(|l| l.north),
+        south: live.as_ref().map(|l| l.south),
+        devices_online: live.as_ref().and_then(|l| l.devices_online),
+        uplink_backlog,
+        uplink_oldest_age_s: age_s(now_ms, up_oldest),
+        downlink_backlog,
+        downlink_top,
+        downlink_oldest_age_s: age_s(now_ms, down_oldest),
+        dead_letters,
+        store: StoreSize {
+            db_bytes,
+            wal_bytes,
+            total_bytes: db_bytes + wal_bytes,
+        },
+    })
+}

@@ -1,0 +1,406 @@
+//! The `ferry dlq`, `ferry trace` and `ferry status` commands: arguments
+//! in, one [`ferry::ops`] call, a table (or `--json`) out. An error is
+//! (exit code, one line).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use ferry::config::Config;
+use ferry::ops::{self, dlq, fmt_ms, status, table, trace, OpsError};
+use serde::Serialize;
+
+type Outcome = Result<(), (u8, String)>;
+
+#[derive(Subcommand)]
+pub enum OpsCommand {
+    /// Dead letters: list, show, replay, purge. Works while the gateway runs.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// A message's whole history, both directions, with timestamps.
+    Trace {
+        #[command(flatten)]
+        common: Common,
+        device: String,
+        msg_id: String,
+    },
+    /// Links, devices online, backlogs, dead letters and store size.
+    Status {
+        #[command(flatten)]
+        common: Common,
+        /// Devices listed by downlink backlog.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+}
+
+pub fn run(command: OpsCommand) -> Outcome {
+    let config = match &command {
+        OpsCommand::Dlq { command } => match command {
+            DlqCommand::List { common, .. }
+            | DlqCommand::Show { common, .. }
+            | DlqCommand::Replay { common, .. }
+            | DlqCommand::Purge { common, .. } => common.config.clone(),
+        },
+        OpsCommand::Trace { common, .. } | OpsCommand::Status { common, .. } => {
+            common.config.clone()
+        }
+    };
+    let result = match command {
+        OpsCommand::Dlq { command } => dlq(command),
+        OpsCommand::Trace {
+            common,
+            device,
+            msg_id,
+        } => trace(common, &device, &msg_id),
+        OpsCommand::Status { common, top } => status(common, top),
+    };
+    // The connection is closed by now (each command owns its own).
+    let owned = match data_dir(&config) {
+        Ok(dir) => ops::restore_ownership(&dir).map_err(fail),
+        Err(_) => Ok(()),
+    };
+    result.and(owned)
+}
+
+#[derive(Args)]
+pub struct Common {
+    #[arg(long, short, value_name = "FILE")]
+    config: PathBuf,
+    /// Print JSON for scripts instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// List dead letters: id, device, msg_id, direction, reason, attempts,
+    /// first and last failure.
+    List {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, value_name = "D")]
+        device: Option<String>,
+        /// Only reasons starting with R (e.g. `nacked`, `expired`).
+        #[arg(long, value_name = "R")]
+        reason: Option<String>,
+        #[arg(long, value_enum)]
+        direction: Option<dlq::Direction>,
+    },
+    /// Everything about one dead letter, its payload included.
+    Show {
+        #[command(flatten)]
+        common: Common,
+        id: i64,
+    },
+    /// Send dead uplinks back to the backend with fresh attempts, same
+    /// msg_id and seq. A running gateway sends them within a second or so.
+    Replay {
+        #[command(flatten)]
+        common: Common,
+        #[arg(value_name = "ID")]
+        ids: Vec<i64>,
+        /// Every replayable dead letter (of --device, if given).
+        #[arg(long)]
+        all: bool,
+        #[arg(long, value_name = "D", requires = "all")]
+        device: Option<String>,
+    },
+    /// Delete dead letters older than a duration (30d, 12h, 15m, 90s).
+    Purge {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+    },
+}
+
+fn fail(e: OpsError) -> (u8, String) {
+    (e.exit_code(), e.to_string())
+}
+
+fn data_dir(config: &Path) -> Result<PathBuf, (u8, String)> {
+    Config::load(config)
+        .map(|c| c.data_dir)
+        .map_err(|e| (64, format!("{}: {e}", config.display())))
+}
+
+fn print_json(value: &impl Serialize) -> Outcome {
+    let text = serde_json::to_string_pretty(value).map_err(|e| (1, format!("json: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
+
+fn opt(s: &Option<String>) -> String {
+    s.clone().unwrap_or_else(|| "-".into())
+}
+
+fn dlq(cmd: DlqCommand) -> Outcome {
+    match cmd {
+        DlqCommand::List {
+            common,
+            device,
+            reason,
+            direction,
+        } => {
+            let conn = ops::open_read(&data_dir(&common.config)?).map_err(fail)?;
+            let filter = dlq::Filter {
+                device,
+                reason,
+                direction,
+            };
+            let rows = dlq::list(&conn, &filter).map_err(fail)?;
+            if common.json {
+                return print_json(&rows);
+            }
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.id.to_string(),
+                        opt(&r.device),
+                        opt(&r.msg_id),
+                        r.direction.clone(),
+                        r.reason.clone(),
+                        r.attempts.to_string(),
+                        fmt_ms(r.first_failure_ms),
+                        fmt_ms(r.last_failure_ms),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table::render(
+                    &[
+                        "ID",
+                        "DEVICE",
+                        "MSG_ID",
+                        "DIR",
+                        "REASON",
+                        "ATTEMPTS",
+                        "FIRST FAILURE",
+                        "LAST FAILURE"
+                    ],
+                    &cells
+                )
+            );
+            Ok(())
+        }
+        DlqCommand::Show { common, id } => {
+            let conn = ops::open_read(&data_dir(&common.config)?).map_err(fail)?;
+            let d = dlq::show(&conn, id)
+                .map_err(fail)?
+                .ok_or_else(|| (1, format!("no dead letter {id}")))?;
+            if common.json {
+                return print_json(&d);
+            }
+            let lines = [
+                ("id", d.row.id.to_string()),
+                ("direction", d.row.direction.clone()),
+                ("device", opt(&d.row.device)),
+                ("msg_id", opt(&d.row.msg_id)),
+                ("seq", d.seq.map_or("-".into(), |s| s.to_string())),
+                ("reason", d.row.reason.clone()),
+                ("attempts", d.row.attempts.to_string()),
+                ("last error", opt(&d.last_error)),
+                ("first failure", fmt_ms(d.row.first_failure_ms)),
+                ("dead-lettered", fmt_ms(d.row.last_failure_ms)),
+                ("topic", opt(&d.topic)),
+                ("message state", opt(&d.message_state)),
+                ("replayable", d.row.replayable.to_string()),
+                (
+                    "payload",
+                    format!("{} bytes, {}", d.payload.bytes, d.payload.encoding),
+                ),
+            ];
+            for (k, v) in lines {
+                println!("{k:>14}: {v}");
+            }
+            println!("{}", d.payload.data);
+            Ok(())
+        }
+        DlqCommand::Replay {
+            common,
+            ids,
+            all,
+            device,
+        } => {
+            if all != ids.is_empty() {
+                return Err((64, "name dead letter ids or --all, one of them".into()));
+            }
+            let dir = data_dir(&common.config)?;
+            let mut conn = ops::open_write(&dir).map_err(fail)?;
+            let ids = if all {
+                dlq::replayable_ids(&conn, device.as_deref()).map_err(fail)?
+            } else {
+                ids
+            };
+            let bar = Progress::new(ids.len());
+            let mut results = Vec::with_capacity(ids.len());
+            for (i, id) in ids.iter().enumerate() {
+                results.push(dlq::replay(&mut conn, *id, ops::now_ms()).map_err(fail)?);
+                bar.show(i + 1);
+            }
+            bar.done();
+            let refused = results.iter().filter(|r| !r.replayed).count();
+            if common.json {
+                print_json(&results)?;
+            } else {
+                for r in &results {
+                    match &r.refused {
+                        None => println!(
+                            "{}: replayed {}/{} seq {}",
+                            r.id,
+                            opt(&r.device),
+                            opt(&r.msg_id),
+                            r.seq.unwrap_or_default()
+                        ),
+                        Some(why) => println!("{}: not replayed: {why}", r.id),
+                    }
+                }
+            }
+            if refused > 0 {
+                return Err((
+                    1,
+                    format!("{refused} of {} dead letters not replayed", results.len()),
+                ));
+            }
+            Ok(())
+        }
+        DlqCommand::Purge { common, older_than } => {
+            let age =
+                ops::duration::parse(&older_than).map_err(|e| (64, format!("--older-than {e}")))?;
+            let dir = data_dir(&common.config)?;
+            let conn = ops::open_write(&dir).map_err(fail)?;
+            let before = ops::now_ms() - age.as_millis() as i64;
+            let purged = dlq::purge(&conn, before).map_err(fail)?;
+            if common.json {
+                return print_json(&serde_json::json!({ "purged": purged, "before_ms": before }));
+            }
+            println!(
+                "purged {purged} dead letters from before {}",
+                fmt_ms(before)
+            );
+            Ok(())
+        }
+    }
+}
+
+fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
+    let conn = ops::open_read(&data_dir(&common.config)?).map_err(fail)?;
+    let events = trace::trace(&conn, device, msg_id).map_err(fail)?;
+    if events.is_empty() {
+        return Err((
+            1,
+            format!("no message {msg_id} of device {device} in the store"),
+        ));
+    }
+    if common.json {
+        return print_json(&events);
+    }
+    let cells: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            vec![
+                fmt_ms(e.at_ms),
+                e.direction.to_string(),
+                e.seq.map_or("-".into(), |s| s.to_string()),
+                e.event.clone(),
+                opt(&e.detail),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(&["AT", "DIR", "SEQ", "EVENT", "DETAIL"], &cells)
+    );
+    Ok(())
+}
+
+fn status(common: Common, top: usize) -> Outcome {
+    let dir = data_dir(&common.config)?;
+    let conn = ops::open_read(&dir).map_err(fail)?;
+    let s = status::status(&conn, &dir, top, ops::now_ms()).map_err(fail)?;
+    if common.json {
+        return print_json(&s);
+    }
+    let link = |l: &Option<ops::live::Link>| match l {
+        Some(l) => format!(
+            "{} since {}",
+            if l.up { "up" } else { "down" },
+            fmt_ms(l.since_ms)
+        ),
+        None => "-".into(),
+    };
+    let age = |a: Option<f64>| a.map_or("-".into(), |a| format!("{a:.1}s"));
+    if s.running {
+        println!("gateway: running (pid {})", s.pid.unwrap_or_default());
+    } else {
+        println!("gateway: not running (figures from the store)");
+    }
+    println!("north: {}", link(&s.north));
+    println!(
+        "south: {} ({})",
+        link(&s.south),
+        s.south_mode.as_deref().unwrap_or("-")
+    );
+    println!(
+        "devices online: {}",
+        s.devices_online.map_or("-".into(), |n| n.to_string())
+    );
+    println!(
+        "uplink backlog: {} (oldest {})",
+        s.uplink_backlog,
+        age(s.uplink_oldest_age_s)
+    );
+    println!(
+        "downlink backlog: {} (oldest {})",
+        s.downlink_backlog,
+        age(s.downlink_oldest_age_s)
+    );
+    for d in &s.downlink_top {
+        println!("  {}: {}", d.device, d.messages);
+    }
+    println!("dead letters: {}", s.dead_letters);
+    println!(
+        "store: {} bytes (db {}, wal {})",
+        s.store.total_bytes, s.store.db_bytes, s.store.wal_bytes
+    );
+    Ok(())
+}
+
+/// A progress bar on stderr, only when stdout is a terminal and there is
+/// more than one thing to do (scripts get clean output).
+struct Progress {
+    total: usize,
+    on: bool,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        Progress {
+            total,
+            on: total > 1 && std::io::stdout().is_terminal(),
+        }
+    }
+
+    fn show(&self, done: usize) {
+        if self.on {
+            let filled = done * 30 / self.total.max(1);
+            eprint!(
+                "\r[{}{}] {done}/{}",
+                "#".repeat(filled),
+                " ".repeat(30 - filled),
+                self.total
+            );
+        }
+    }
+
+    fn done(&self) {
+        if self.on {
+            eprintln!();
+        }
+    }
+}
