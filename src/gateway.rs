@@ -20,7 +20,7 @@ use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
 use crate::uplink::scheduler::{Scheduler, SchedulerConfig};
 use crate::uplink::{run_engine, Engine};
-use crate::{north, south};
+use crate::{health, north, south, systemd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -55,6 +55,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let (stored_tx, stored_rx) = mpsc::channel(8192);
     let (controls_tx, controls_rx) = mpsc::channel(8192);
     let (up_events, down_events) = fan_out(north_events);
+    let (engine_probe, engine_probed) = health::probe("uplink engine");
+    let (downlink_probe, downlink_probed) = health::probe("downlink");
     let downlink = Downlink::new(
         DownlinkSettings {
             cfg: cfg.downlink.clone(),
@@ -72,6 +74,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         controls: controls_rx,
         presence: south.presence,
         shutdown: shutdown_rx.clone(),
+        probed: downlink_probed,
     }));
     let engine = Engine {
         scheduler: Scheduler::new(SchedulerConfig {
@@ -100,7 +103,18 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         stored_rx,
         up_events,
         shutdown_rx.clone(),
+        engine_probed,
     ));
+    let notifier = systemd::Notifier::from_env();
+    // Not under systemd: no pings, and the probed tasks never see one.
+    let supervisor = notifier.enabled().then(|| {
+        tokio::spawn(systemd::supervise(
+            systemd::Notifier::from_env(),
+            systemd::watchdog_interval(),
+            store.clone(),
+            vec![engine_probe, downlink_probe],
+        ))
+    });
     let mut intake_task = tokio::spawn(intake::run(
         intake_cfg,
         topics,
@@ -119,6 +133,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
     };
     info!(gateway = %cfg.gateway, south = %south_desc, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
+    // The store is open and both links are started (not necessarily
+    // connected: an absent upstream only makes messages wait).
+    notifier.notify("READY=1");
 
     let result = tokio::select! {
         _ = shutdown => Ok(()),
@@ -128,7 +145,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         r = &mut south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
     };
     trimmer.abort();
+    // The watchdog's pings stop being answered once the pipeline winds
+    // down; systemd's stop timeout covers the grace instead.
+    if let Some(supervisor) = supervisor {
+        supervisor.abort();
+    }
     result?;
+    notifier.notify("STOPPING=1");
 
     let plan = Plan::new(Instant::now(), cfg.shutdown_grace);
     info!(

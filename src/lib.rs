@@ -42,6 +42,9 @@
 //! - [`shutdown`]: the signal `run()` gives once, seen by every part, and
 //!   the grace it spends in pipeline order: intake stops, what it took is
 //!   committed and answered, north is flushed and left, the store closes.
+//! - [`systemd`], [`health`]: `READY=1`, `STATUS=` with the backlog, and
+//!   the watchdog, fed only while the store writer and the pipeline tasks
+//!   answer pings through their own loops.
 //! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
@@ -53,6 +56,7 @@ pub mod dead_letter;
 pub mod deadlines;
 pub mod downlink;
 pub mod gateway;
+pub mod health;
 pub mod ids;
 pub mod memory;
 pub mod mqtt;
@@ -62,6 +66,7 @@ pub mod shutdown;
 pub mod south;
 pub mod state;
 pub mod store;
+pub mod systemd;
 pub mod uplink;
 
 pub use gateway::run;

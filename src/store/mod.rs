@@ -49,6 +49,7 @@ use crate::dead_letter::DeadLetter;
 use crate::downlink::record::{
     BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
 };
+use crate::health::Heartbeat;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::IllegalMove;
@@ -120,6 +121,20 @@ enum Op {
         reply: Reply<Vec<(DeviceId, MsgId, Moved)>>,
     },
     Down(DownOp),
+    /// The watchdog's ping: answered, with the backlog, after the commit of
+    /// the batch it lands in, so an answer proves the writer is turning.
+    Ping(Reply<Backlog>),
+}
+
+/// What waits to be delivered, counted for `STATUS=` (cheap: the uplink
+/// count reads the partial index of stored rows, the downlink one sums
+/// per-device cursors).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Stored uplinks not yet delivered or dead.
+    pub uplinks: u64,
+    /// Downlink queue entries past their device's confirm cursor.
+    pub downlinks: u64,
 }
 
 /// Downlink requests (see [`downlink`]).
@@ -183,6 +198,8 @@ pub struct Store {
     stopped: Arc<OnceLock<String>>,
     /// Its sender lives as long as the writer thread, connection included.
     exited: watch::Receiver<()>,
+    /// Bumped by the writer at every commit attempt, retries included.
+    beat: Heartbeat,
 }
 
 impl Store {
@@ -216,7 +233,8 @@ impl Store {
         let (tx, rx) = mpsc::unbounded_channel();
         let max_batch = cfg.max_batch;
         let stopped = Arc::new(OnceLock::new());
-        let writer = writer::Writer::new(conn, stopped.clone());
+        let beat = Heartbeat::default();
+        let writer = writer::Writer::new(conn, stopped.clone(), beat.clone());
         let (exiting, exited) = watch::channel(());
         thread::Builder::new()
             .name("ferry-store".into())
@@ -233,6 +251,7 @@ impl Store {
             tx,
             stopped,
             exited,
+            beat,
         })
     }
 
@@ -243,6 +262,18 @@ impl Store {
     pub fn exited(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut exited = self.exited.clone();
         async move { while exited.changed().await.is_ok() {} }
+    }
+
+    /// Answers after the commit of the batch it lands in, with the backlog
+    /// (the watchdog's liveness check and `STATUS=`).
+    pub fn ping(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send + 'static {
+        self.call(Op::Ping)
+    }
+
+    /// Bumped at every commit attempt: moving while pings go unanswered
+    /// means the writer is retrying a failed commit, not wedged.
+    pub fn writer_beat(&self) -> Heartbeat {
+        self.beat.clone()
     }
 
     /// Queues `op` now; the future resolves to its answer after the commit.

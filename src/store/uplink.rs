@@ -313,3 +313,20 @@ pub fn pending_devices(tx: &Transaction<'_>) -> Result<Vec<DeviceId>> {
     }
     Ok(out)
 }
+
+/// What waits to be delivered in each direction.
+pub fn backlog(tx: &Transaction<'_>) -> Result<super::Backlog> {
+    let uplinks: i64 = tx
+        .prepare_cached("SELECT count(*) FROM uplink WHERE state = 'stored'")?
+        .query_row([], |r| r.get(0))?;
+    // A device's queue is seq 1..=down_seq; what is past its confirm
+    // cursor is not yet delivered (expired and dead entries included,
+    // which the cursor skips as it moves).
+    let downlinks: i64 = tx
+        .prepare_cached("SELECT coalesce(sum(max(down_seq - delivered_upto, 0)), 0) FROM devices")?
+        .query_row([], |r| r.get(0))?;
+    Ok(super::Backlog {
+        uplinks: uplinks.max(0) as u64,
+        downlinks: downlinks.max(0) as u64,
+    })
+}

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::{downlink, outbox, uplink, DownOp, Op, Reply, StoreError};
+use crate::health::Heartbeat;
 use crate::uplink::record::EXPIRED_REASON;
 
 /// Pauses between attempts at a batch whose commit failed for a passing
@@ -58,20 +59,28 @@ pub(super) struct Writer {
     conn: Connection,
     seqs: uplink::SeqCache,
     stopped: Arc<OnceLock<String>>,
+    beat: Heartbeat,
 }
 
 impl Writer {
-    pub(super) fn new(conn: Connection, stopped: Arc<OnceLock<String>>) -> Writer {
+    pub(super) fn new(conn: Connection, stopped: Arc<OnceLock<String>>, beat: Heartbeat) -> Writer {
         Writer {
             conn,
             seqs: uplink::SeqCache::default(),
             stopped,
+            beat,
         }
     }
 
     pub(super) fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>, max_batch: usize) {
+        let wedge_at = test_wedge();
         let mut batch = Vec::with_capacity(max_batch);
         while let Some(first) = rx.blocking_recv() {
+            if let Some(at) = wedge_at {
+                if Instant::now() >= at {
+                    wedge();
+                }
+            }
             batch.push(first);
             while batch.len() < max_batch {
                 match rx.try_recv() {
@@ -99,6 +108,7 @@ impl Writer {
         let mut failing_since: Option<Instant> = None;
         let mut reported = Instant::now();
         loop {
+            self.beat.bump();
             match self.apply(batch) {
                 Ok(answers) => {
                     self.seqs.committed();
@@ -238,6 +248,33 @@ fn apply_one(
             },
         ),
         Op::Down(down) => apply_down(tx, down),
+        Op::Ping(_) => answer(uplink::backlog(tx), |op| match op {
+            Op::Ping(reply) => Some(reply),
+            _ => None,
+        }),
+    }
+}
+
+/// The test hook behind the watchdog test: in debug builds only,
+/// `TEST_FERRY_WEDGE_WRITER_AFTER_MS=N` (not `FERRY_*`: those are config
+/// keys to the loader) makes the writer stop for good at
+/// the first request it takes N ms after it started, as a writer stuck in
+/// a system call would. Release builds never read it.
+fn test_wedge() -> Option<Instant> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let ms: u64 = std::env::var("TEST_FERRY_WEDGE_WRITER_AFTER_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Instant::now() + Duration::from_millis(ms))
+}
+
+fn wedge() -> ! {
+    warn!("store writer wedged on purpose (TEST_FERRY_WEDGE_WRITER_AFTER_MS)");
+    loop {
+        std::thread::park();
     }
 }
 
@@ -351,6 +388,7 @@ fn fail(op: Op, e: &StoreError) {
         Op::PendingDevices(r) => err(r, e),
         Op::Lookup { reply, .. } => err(reply, e),
         Op::ExpireDue { reply, .. } => err(reply, e),
+        Op::Ping(reply) => err(reply, e),
         Op::Down(down) => match down {
             DownOp::Intake(_, r) => err(r, e),
             DownOp::Batch { reply, .. } => err(reply, e),
