@@ -115,6 +115,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             vec![engine_probe, downlink_probe],
         ))
     });
+    let pruner = tokio::spawn(crate::retention::run(
+        store.clone(),
+        cfg.store.retention,
+        cfg.store.dead_letter_retention,
+        shutdown_rx.clone(),
+    ));
     let mut intake_task = tokio::spawn(intake::run(
         intake_cfg,
         topics,
@@ -145,6 +151,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         r = &mut south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
     };
     trimmer.abort();
+    // A batch already asked for is committed by the writer regardless.
+    pruner.abort();
     // The watchdog's pings stop being answered once the pipeline winds
     // down; systemd's stop timeout covers the grace instead.
     if let Some(supervisor) = supervisor {

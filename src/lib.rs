@@ -45,6 +45,10 @@
 //! - [`systemd`], [`health`]: `READY=1`, `STATUS=` with the backlog, and
 //!   the watchdog, fed only while the store writer and the pipeline tasks
 //!   answer pings through their own loops.
+//! - [`retention`]: the pruner, deleting delivered messages and dead
+//!   letters past their retention in small batches through the store, and
+//!   delivered ones early while the store is at its disk budget
+//!   (`store::budget`); nothing undelivered is ever deleted.
 //! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
@@ -62,6 +66,7 @@ pub mod memory;
 pub mod mqtt;
 pub mod north;
 pub mod protocol;
+pub mod retention;
 pub mod shutdown;
 pub mod south;
 pub mod state;

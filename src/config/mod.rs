@@ -160,6 +160,12 @@ pub struct RetryConfig {
 pub struct StoreConfig {
     pub sync: SyncMode,
     pub max_batch: usize,
+    /// `store.max_db_bytes`: the disk budget (pages in use plus the WAL).
+    pub max_db_bytes: u64,
+    /// `store.retention_days`: how long delivered messages are kept.
+    pub retention: Duration,
+    /// `store.dead_letter_retention_days`.
+    pub dead_letter_retention: Duration,
 }
 
 impl Config {
@@ -368,6 +374,22 @@ impl Config {
             }
         };
         in_range("store.max_batch", raw.store.max_batch, 1, 100_000)?;
+        // Below 1 MiB the WAL of a few commits alone would fill it; above
+        // 1 PiB is a typo. There is no "unlimited": a full disk stalls
+        // every commit, a reached budget only refuses new messages.
+        in_range(
+            "store.max_db_bytes",
+            raw.store.max_db_bytes,
+            1 << 20,
+            1 << 50,
+        )?;
+        in_range("store.retention_days", raw.store.retention_days, 1, 36_500)?;
+        in_range(
+            "store.dead_letter_retention_days",
+            raw.store.dead_letter_retention_days,
+            1,
+            36_500,
+        )?;
 
         in_range("downlink.batch_size", raw.downlink.batch_size, 1, 1000)?;
         in_range(
@@ -440,6 +462,9 @@ impl Config {
             store: StoreConfig {
                 sync,
                 max_batch: raw.store.max_batch,
+                max_db_bytes: raw.store.max_db_bytes,
+                retention: days(raw.store.retention_days),
+                dead_letter_retention: days(raw.store.dead_letter_retention_days),
             },
             downlink: DownlinkConfig {
                 batch_size: raw.downlink.batch_size,
@@ -534,6 +559,10 @@ fn credentials(
         )),
         _ => Ok(Some((username.to_string(), password.to_string()))),
     }
+}
+
+fn days(n: u32) -> Duration {
+    Duration::from_secs(u64::from(n) * 86_400)
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(

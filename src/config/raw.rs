@@ -256,6 +256,13 @@ pub struct RawStore {
     pub sync: String,
     /// Most messages per transaction.
     pub max_batch: usize,
+    /// Disk budget of the store in bytes (pages in use plus the WAL file):
+    /// at it, new uplinks and downlinks are refused until space frees.
+    pub max_db_bytes: u64,
+    /// Delivered uplinks and finished downlinks are pruned after this many days.
+    pub retention_days: u32,
+    /// Dead letters are pruned after this many days.
+    pub dead_letter_retention_days: u32,
 }
 
 impl Default for RawStore {
@@ -263,6 +270,9 @@ impl Default for RawStore {
         RawStore {
             sync: "full".into(),
             max_batch: 2048,
+            max_db_bytes: 8 << 30,
+            retention_days: 30,
+            dead_letter_retention_days: 90,
         }
     }
 }

@@ -147,6 +147,9 @@ pub enum RejectCode {
     /// one retryable rejection: nothing was stored, and the device keeps
     /// the message and resends it later.
     Rate,
+    /// The store is at `store.max_db_bytes`. Retryable like `Rate`:
+    /// nothing was stored, and the device resends later.
+    DiskBudget,
 }
 
 impl RejectCode {
@@ -157,7 +160,14 @@ impl RejectCode {
             RejectCode::BadTopic => "bad_topic",
             RejectCode::Unauthorized => "unauthorized",
             RejectCode::Rate => "rate",
+            RejectCode::DiskBudget => "disk_budget",
         }
+    }
+
+    /// Whether the sender should keep the message and send it again: the
+    /// gateway kept nothing of it, for a reason that passes.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, RejectCode::Rate | RejectCode::DiskBudget)
     }
 }
 

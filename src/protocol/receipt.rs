@@ -85,7 +85,9 @@ impl Receipt {
                 .reason
                 .as_deref()
                 .and_then(|r| r.split(':').next())
-                .is_some_and(|code| code == RejectCode::Rate.as_str())
+                .is_some_and(|code| {
+                    code == RejectCode::Rate.as_str() || code == RejectCode::DiskBudget.as_str()
+                })
     }
 
     fn of(msg_id: &MsgId, status: ReceiptStatus, seq: Seq) -> Receipt {

@@ -30,8 +30,10 @@
 //!   one request with an error ([`StoreError::IllegalMove`],
 //!   [`StoreError::CorruptRow`]); the rest of the batch commits.
 
+pub mod budget;
 mod downlink;
 mod outbox;
+pub mod prune;
 mod schema;
 mod uplink;
 mod writer;
@@ -56,6 +58,7 @@ use crate::state::IllegalMove;
 use crate::uplink::record::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
+use budget::Budget;
 
 /// The database file inside `gateway.data_dir`.
 pub const DB_FILE: &str = "ferry.db";
@@ -124,6 +127,8 @@ enum Op {
     /// The watchdog's ping: answered, with the backlog, after the commit of
     /// the batch it lands in, so an answer proves the writer is turning.
     Ping(Reply<Backlog>),
+    /// One batch of retention.
+    Prune(prune::Cutoffs, Reply<prune::Pruned>),
 }
 
 /// What waits to be delivered, counted for `STATUS=` (cheap: the uplink
@@ -175,6 +180,11 @@ enum DownOp {
         receipt: NorthReceipt,
         reply: Reply<Rejected>,
     },
+    /// A receipt alone: a downlink refused without a dead letter.
+    Refuse {
+        receipt: NorthReceipt,
+        reply: Reply<OutboxReceipt>,
+    },
     OutboxPage {
         from: i64,
         limit: usize,
@@ -200,6 +210,7 @@ pub struct Store {
     exited: watch::Receiver<()>,
     /// Bumped by the writer at every commit attempt, retries included.
     beat: Heartbeat,
+    budget: Budget,
 }
 
 impl Store {
@@ -226,6 +237,9 @@ impl Store {
         };
         conn.pragma_update(None, "synchronous", sync)?;
         conn.pragma_update(None, "busy_timeout", 5000)?;
+        // The WAL counts against store.max_db_bytes: after a checkpoint
+        // it is cut back to 64 MiB rather than kept at its high-water mark.
+        conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
         conn.set_prepared_statement_cache_capacity(64);
         schema::check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
@@ -234,7 +248,16 @@ impl Store {
         let max_batch = cfg.max_batch;
         let stopped = Arc::new(OnceLock::new());
         let beat = Heartbeat::default();
-        let writer = writer::Writer::new(conn, stopped.clone(), beat.clone());
+        let budget = Budget::new(cfg.max_db_bytes);
+        let mut wal = data_dir.join(DB_FILE).into_os_string();
+        wal.push("-wal");
+        let writer = writer::Writer::new(
+            conn,
+            stopped.clone(),
+            beat.clone(),
+            budget.clone(),
+            wal.into(),
+        );
         let (exiting, exited) = watch::channel(());
         thread::Builder::new()
             .name("ferry-store".into())
@@ -252,6 +275,7 @@ impl Store {
             stopped,
             exited,
             beat,
+            budget,
         })
     }
 
@@ -274,6 +298,19 @@ impl Store {
     /// means the writer is retrying a failed commit, not wedged.
     pub fn writer_beat(&self) -> Heartbeat {
         self.beat.clone()
+    }
+
+    /// Deletes one batch of what is past its retention (see [`prune`]).
+    pub fn prune(
+        &self,
+        cutoffs: prune::Cutoffs,
+    ) -> impl Future<Output = Result<prune::Pruned, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Prune(cutoffs, reply))
+    }
+
+    /// The disk budget, as the writer last measured it.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// Queues `op` now; the future resolves to its answer after the commit.
@@ -459,6 +496,15 @@ impl Store {
         receipt: NorthReceipt,
     ) -> impl Future<Output = Result<Rejected, StoreError>> + Send + 'static {
         self.down(move |reply| DownOp::Reject { dl, receipt, reply })
+    }
+
+    /// Commits the `rejected` receipt of a downlink that is not stored
+    /// (refused at the disk budget), with no dead letter.
+    pub fn refuse_downlink(
+        &self,
+        receipt: NorthReceipt,
+    ) -> impl Future<Output = Result<OutboxReceipt, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Refuse { receipt, reply })
     }
 
     /// Up to `limit` receipts of the outbox with `id >= from`, in id order.

@@ -172,12 +172,12 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>>
     MessageState::Stored.check_move(t.to)?;
     let moved = tx
         .prepare_cached(
-            "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL
+            "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL, done_ms = ?6
              WHERE device = ?1 AND msg_id = ?2 AND state = 'stored'
              RETURNING id, seq",
         )?
         .query_row(
-            params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason],
+            params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason, t.at_ms],
             |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64) }),
         )
         .optional()?;
