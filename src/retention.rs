@@ -24,7 +24,8 @@ pub const BATCH: usize = 500;
 const FIRST: Duration = Duration::from_secs(1);
 /// Between passes.
 const EVERY: Duration = Duration::from_secs(60);
-/// Between passes while the store is at its disk budget.
+/// Between passes while the store is at its disk budget, and how often
+/// the pruner looks whether it is.
 const UNDER_PRESSURE_EVERY: Duration = Duration::from_secs(1);
 
 /// What a pass deletes before, `now_ms` being now.
@@ -54,12 +55,21 @@ pub async fn run(
     dead_retention: Duration,
     mut shutdown: Shutdown,
 ) {
-    let mut wait = FIRST;
+    // Woken every second: a pass is due every EVERY, and at once (and
+    // then every second) while the store is at its disk budget.
+    let mut last_pass: Option<tokio::time::Instant> = None;
+    let mut first = true;
     loop {
+        let wait = if first { FIRST } else { UNDER_PRESSURE_EVERY };
+        first = false;
         tokio::select! {
             _ = shutdown.begun() => return,
             _ = tokio::time::sleep(wait) => {}
         }
+        if !pass_due(last_pass.map(|t| t.elapsed()), store.budget().over()) {
+            continue;
+        }
+        last_pass = Some(tokio::time::Instant::now());
         let pressure = store.budget().over();
         let mut total = Pruned::default();
         loop {
@@ -94,17 +104,25 @@ pub async fn run(
         } else {
             debug!(disk_budget_pressure = pressure, "nothing to prune");
         }
-        wait = if store.budget().over() {
-            UNDER_PRESSURE_EVERY
-        } else {
-            EVERY
-        };
     }
+}
+
+/// Whether a pass is due, `since` the last one (`None`: there was none).
+fn pass_due(since: Option<Duration>, over_budget: bool) -> bool {
+    over_budget || since.is_none_or(|s| s >= EVERY)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_is_due_at_start_every_minute_and_at_once_at_the_budget() {
+        assert!(pass_due(None, false));
+        assert!(!pass_due(Some(Duration::from_secs(1)), false));
+        assert!(pass_due(Some(EVERY), false));
+        assert!(pass_due(Some(Duration::from_secs(1)), true));
+    }
 
     const DAY: Duration = Duration::from_secs(86_400);
 

@@ -1,10 +1,31 @@
-//! Operating ferry as a service: systemd's notify protocol and watchdog,
-//! against the real binary with a notify socket the test binds.
+//! Operating ferry as a service, against the real binary and a real
+//! Mosquitto upstream: systemd's notify protocol and watchdog (with a
+//! notify socket the test binds), the disk budget, and retention.
 
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use crate::support;
+use serde_json::{json, Value};
+
+use crate::support::{self, boot_id, north_topics, Backend, BareClient, Device, Ferry, FerryOpts};
+
+const DAY_MS: i64 = 86_400_000;
+
+/// Polls `check` until it holds; panics after `timeout` naming `what`.
+async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(
+            Instant::now() < deadline,
+            "not true within {timeout:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn reason(r: &Value) -> &str {
+    r["reason"].as_str().unwrap_or("")
+}
 
 /// Every datagram on `socket` until `until`, with when it arrived.
 fn collect(socket: &UnixDatagram, start: Instant, until: Instant) -> Vec<(Duration, String)> {
@@ -84,5 +105,263 @@ async fn the_watchdog_is_fed_while_the_pipeline_answers_and_stops_when_the_write
     assert!(
         log.contains("the systemd watchdog is not fed") && log.contains("store writer"),
         "no WARN naming the store writer: {summary}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_resumes_once_delivered_messages_are_pruned(
+) {
+    let mosquitto = support::Mosquitto::start();
+    // 12 MiB: the WAL (up to ~4 MiB between checkpoints) counts too.
+    let budget: u64 = 12 << 20;
+    let opts = FerryOpts::new("gw-budget", mosquitto.port).with(|c| {
+        c.store.max_db_bytes = budget;
+        // Unacked messages wait for the backend, however long the test takes.
+        c.retry.max_attempts = 100_000;
+    });
+    let ferry = Ferry::start(opts);
+    let backend = Backend::connect(mosquitto.port, "gw-budget").await;
+    let mut device = Device::connect(ferry.south_port, "press-1").await;
+    let receipts_topic = north_topics("gw-budget").receipts();
+    let mut receipts =
+        BareClient::connect(mosquitto.port, "budget-receipts", vec![receipts_topic]).await;
+    let boot = boot_id();
+    let blob = "x".repeat(60_000);
+
+    // Fill the store with undelivered messages until the first refusal.
+    let mut stored = Vec::new();
+    let mut refused = None;
+    for i in 0..1000 {
+        let id = format!("{boot}-{i:04}");
+        device
+            .publish_envelope("blob", &id, json!({ "blob": blob }))
+            .await;
+        let (r, _) = device.next_receipt_for(&id, Duration::from_secs(10)).await;
+        let r = r.unwrap_or_else(|| panic!("no receipt for {id}\n{}", ferry.log_tail()));
+        match r["status"].as_str() {
+            Some("stored") => stored.push(id),
+            Some("rejected") => {
+                assert!(reason(&r).starts_with("disk_budget: "), "{r}");
+                refused = Some(id);
+                break;
+            }
+            other => panic!("unexpected receipt {other:?}: {r}"),
+        }
+    }
+    let refused =
+        refused.unwrap_or_else(|| panic!("the budget was never reached\n{}", ferry.log_tail()));
+    assert!(
+        stored.len() > 20,
+        "the budget was reached after {} messages",
+        stored.len()
+    );
+    let count = |ferry: &Ferry| ferry.query_i64("SELECT count(*) FROM uplink", []);
+    assert_eq!(count(&ferry) as usize, stored.len());
+    assert!(
+        ferry.log().contains("disk budget reached"),
+        "{}",
+        ferry.log_tail()
+    );
+
+    // More of the same: refused, nothing written; a downlink too.
+    for i in 0..3 {
+        let id = format!("{boot}-more{i}");
+        device
+            .publish_envelope("blob", &id, json!({ "i": i }))
+            .await;
+        let (r, _) = device.next_receipt_for(&id, Duration::from_secs(10)).await;
+        let r = r.expect("a receipt");
+        assert_eq!(r["status"], "rejected", "{r}");
+        assert!(reason(&r).starts_with("disk_budget: "), "{r}");
+    }
+    backend
+        .publish_raw(
+            "ferry/gw-budget/down/panel-1",
+            serde_json::to_vec(&json!({"msg_id": format!("{boot}-down"), "payload": "hello"}))
+                .unwrap(),
+        )
+        .await;
+    let r = receipts
+        .next_json(Duration::from_secs(10))
+        .await
+        .expect("a downlink receipt");
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert!(reason(&r).starts_with("disk_budget: "), "{r}");
+    assert_eq!(ferry.query_i64("SELECT count(*) FROM down_message", []), 0);
+    // The pruner runs every second while at the budget, and may delete
+    // nothing undelivered.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(count(&ferry) as usize, stored.len());
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM uplink WHERE state = 'stored'", []) as usize,
+        stored.len()
+    );
+
+    // The backend takes everything: delivered messages are pruned early,
+    // and the refused message is stored when the device sends it again.
+    backend.set_auto_ack(true);
+    for id in &stored {
+        backend.ack_ok("press-1", id).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        device
+            .publish_envelope("blob", &refused, json!({ "again": true }))
+            .await;
+        let (r, _) = device
+            .next_receipt_for(&refused, Duration::from_secs(10))
+            .await;
+        let r = r.expect("a receipt");
+        if r["status"] == "stored" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still refused after the backend took everything: {r}\n{}",
+            ferry.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let log = ferry.log();
+    assert!(
+        log.contains("new messages are taken again"),
+        "{}",
+        ferry.log_tail()
+    );
+    assert!(
+        log.contains("pruned past retention"),
+        "{}",
+        ferry.log_tail()
+    );
+    // Everything the backend was sent is delivered in the end: nothing
+    // stored was lost on the way, and only the newest waits.
+    eventually(
+        Duration::from_secs(30),
+        "only the new message waits",
+        || ferry.query_i64("SELECT count(*) FROM uplink WHERE state = 'stored'", []) == 1,
+    )
+    .await;
+    assert_eq!(ferry.query_i64("SELECT count(*) FROM dead_letter", []), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_prunes_delivered_rows_and_old_dead_letters_and_keeps_undelivered_ones() {
+    let mosquitto = support::Mosquitto::start();
+    let opts = FerryOpts::new("gw-retain", mosquitto.port).with(|c| {
+        c.retry.max_attempts = 100_000;
+    });
+    let mut ferry = Ferry::start(opts);
+    let backend = Backend::connect_auto_ack(mosquitto.port, "gw-retain").await;
+    let mut device = Device::connect(ferry.south_port, "press-2").await;
+    let boot = boot_id();
+
+    let delivered = device.publish_many("t", &boot, "d", 5).await;
+    let got = device
+        .receipts_until(Duration::from_secs(20), |rs| {
+            rs.iter().filter(|r| r["status"] == "delivered").count() == 5
+        })
+        .await;
+    assert_eq!(
+        got.iter().filter(|r| r["status"] == "delivered").count(),
+        5,
+        "{got:?}"
+    );
+    backend.set_auto_ack(false);
+    drop(backend);
+    let waiting = device.publish_many("t", &boot, "w", 3).await;
+    let got = device
+        .receipts_until(Duration::from_secs(20), |rs| {
+            rs.iter().filter(|r| r["status"] == "stored").count() == 3
+        })
+        .await;
+    assert_eq!(
+        got.iter().filter(|r| r["status"] == "stored").count(),
+        3,
+        "{got:?}"
+    );
+    // A dead letter: a message that is not JSON.
+    device
+        .publish_raw(&device.up_topic("t"), b"not json".to_vec())
+        .await;
+    let got = device
+        .receipts_until(Duration::from_secs(10), |rs| {
+            rs.iter().any(|r| r["status"] == "rejected")
+        })
+        .await;
+    assert!(got.iter().any(|r| r["status"] == "rejected"), "{got:?}");
+    assert!(
+        ferry.terminate(Duration::from_secs(10)),
+        "{}",
+        ferry.log_tail()
+    );
+
+    // Age everything by 31 days, the dead letter by 91: past both
+    // retentions (30 and 90 days by default).
+    {
+        let conn =
+            rusqlite::Connection::open(ferry.data_dir.join("ferry.db")).expect("open the store");
+        conn.execute_batch(&format!(
+            "UPDATE uplink SET stored_ms = stored_ms - {a}, done_ms = done_ms - {a};
+             UPDATE uplink_history SET at_ms = at_ms - {a};
+             UPDATE dead_letter SET at_ms = at_ms - {b};",
+            a = 31 * DAY_MS,
+            b = 91 * DAY_MS
+        ))
+        .expect("age the rows");
+    }
+    let history_before = ferry.query_i64("SELECT count(*) FROM uplink_history", []);
+    ferry.restart();
+
+    eventually(Duration::from_secs(20), "delivered rows pruned", || {
+        ferry.query_i64("SELECT count(*) FROM uplink WHERE state = 'delivered'", []) == 0
+    })
+    .await;
+    eventually(Duration::from_secs(20), "the dead letter pruned", || {
+        ferry.query_i64("SELECT count(*) FROM dead_letter", []) == 0
+    })
+    .await;
+    for id in &delivered {
+        assert_eq!(
+            ferry.query_i64("SELECT count(*) FROM uplink WHERE msg_id = ?1", [id]),
+            0,
+            "{id}"
+        );
+    }
+    for id in &waiting {
+        assert_eq!(
+            ferry.query_i64(
+                "SELECT count(*) FROM uplink WHERE msg_id = ?1 AND state = 'stored'",
+                [id]
+            ),
+            1,
+            "{id} is undelivered and must be kept"
+        );
+    }
+    let history_after = ferry.query_i64("SELECT count(*) FROM uplink_history", []);
+    assert!(
+        history_after < history_before,
+        "{history_before} -> {history_after}"
+    );
+    assert_eq!(
+        ferry.query_i64(
+            "SELECT count(*) FROM uplink_history h JOIN uplink u ON u.id = h.uplink_id",
+            []
+        ),
+        history_after,
+        "no history is left of a pruned message"
+    );
+    // The device's sequence carries on after its rows are gone.
+    let next = format!("{boot}-after");
+    device.publish_envelope("t", &next, json!(1)).await;
+    let (r, _) = device
+        .next_receipt_for(&next, Duration::from_secs(10))
+        .await;
+    let r = r.expect("a receipt");
+    assert_eq!(r["status"], "stored", "{r}");
+    assert_eq!(r["seq"], 9, "{r}");
+    assert!(
+        ferry.log().contains("pruned past retention"),
+        "{}",
+        ferry.log_tail()
     );
 }
