@@ -54,7 +54,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     let (stored_tx, stored_rx) = mpsc::channel(8192);
     let (controls_tx, controls_rx) = mpsc::channel(8192);
-    let (up_events, down_events) = fan_out(north_events);
+    let (up_events, down_events, alert_events) = fan_out(north_events);
     let (engine_probe, engine_probed) = health::probe("uplink engine");
     let (downlink_probe, downlink_probed) = health::probe("downlink");
     let downlink = Downlink::new(
@@ -115,6 +115,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             vec![engine_probe, downlink_probe],
         ))
     });
+    let alerter = tokio::spawn(crate::alerts::run(
+        cfg.alerts,
+        store.clone(),
+        north_tx.clone(),
+        topics.north_alerts(),
+        alert_events,
+        shutdown_rx.clone(),
+    ));
     let pruner = tokio::spawn(crate::retention::run(
         store.clone(),
         cfg.store.retention,
@@ -153,6 +161,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     trimmer.abort();
     // A batch already asked for is committed by the writer regardless.
     pruner.abort();
+    // Alerts still queued are lost with the process (see crate::alerts).
+    alerter.abort();
     // The watchdog's pings stop being answered once the pipeline winds
     // down; systemd's stop timeout covers the grace instead.
     if let Some(supervisor) = supervisor {
@@ -233,23 +243,34 @@ fn joined(name: &'static str, task: tokio::task::JoinHandle<Result<(), StoreErro
 }
 
 /// Splits the north session's events: uplink acks to the uplink engine,
-/// downlinks to the downlink task, link changes to both. Runs while either
-/// side listens: in a shutdown one may finish flushing before the other.
+/// downlinks to the downlink task, the fate of alerts to the alerts task,
+/// link changes to all three. Runs while the pipelines listen: in a
+/// shutdown one may finish flushing before the other. The alerts task only
+/// ever gets what fits (it is told of the link again at the next change).
 fn fan_out(
     mut events: mpsc::Receiver<NorthEvent>,
-) -> (mpsc::Receiver<NorthEvent>, mpsc::Receiver<NorthEvent>) {
+) -> (
+    mpsc::Receiver<NorthEvent>,
+    mpsc::Receiver<NorthEvent>,
+    mpsc::Receiver<NorthEvent>,
+) {
     let (up_tx, up_rx) = mpsc::channel(4096);
     let (down_tx, down_rx) = mpsc::channel(4096);
+    let (alerts_tx, alerts_rx) = mpsc::channel(4096);
     tokio::spawn(async move {
         while let Some(ev) = events.recv().await {
             match &ev {
                 NorthEvent::Ack(_) | NorthEvent::Refused(Tag::Uplink { .. }) => {
                     let _ = up_tx.send(ev).await;
                 }
+                NorthEvent::Published(Tag::Alert(_)) | NorthEvent::Refused(Tag::Alert(_)) => {
+                    let _ = alerts_tx.try_send(ev);
+                }
                 NorthEvent::Downlink { .. } | NorthEvent::Refused(_) | NorthEvent::Published(_) => {
                     let _ = down_tx.send(ev).await;
                 }
                 NorthEvent::Up(_) | NorthEvent::Down => {
+                    let _ = alerts_tx.try_send(ev.clone());
                     let _ = up_tx.send(ev.clone()).await;
                     let _ = down_tx.send(ev).await;
                 }
@@ -259,7 +280,7 @@ fn fan_out(
             }
         }
     });
-    (up_rx, down_rx)
+    (up_rx, down_rx, alerts_rx)
 }
 
 fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> RunError {

@@ -49,10 +49,14 @@
 //!   letters past their retention in small batches through the store, and
 //!   delivered ones early while the store is at its disk budget
 //!   (`store::budget`); nothing undelivered is ever deleted.
+//! - [`alerts`]: dead letters, long north outages, an old backlog and the
+//!   disk budget, raised as WARN events and published on
+//!   `ferry/{gateway}/alerts` when the link is up.
 //! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
 
+pub mod alerts;
 pub mod backoff;
 pub mod client;
 pub mod config;

@@ -125,6 +125,12 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
     let receipts_topic = north_topics("gw-budget").receipts();
     let mut receipts =
         BareClient::connect(mosquitto.port, "budget-receipts", vec![receipts_topic]).await;
+    let mut alerts = BareClient::connect(
+        mosquitto.port,
+        "budget-alerts",
+        vec!["ferry/gw-budget/alerts".to_string()],
+    )
+    .await;
     let boot = boot_id();
     let blob = "x".repeat(60_000);
 
@@ -188,6 +194,22 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
     assert_eq!(r["status"], "rejected", "{r}");
     assert!(reason(&r).starts_with("disk_budget: "), "{r}");
     assert_eq!(ferry.query_i64("SELECT count(*) FROM down_message", []), 0);
+    // The alert: published north, with the figures.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let a = alerts
+            .next_json(left)
+            .await
+            .unwrap_or_else(|| panic!("no disk_budget alert\n{}", ferry.log_tail()));
+        if a["kind"] == "disk_budget" {
+            assert!(
+                a["detail"].as_str().unwrap_or("").contains("max_db_bytes"),
+                "{a}"
+            );
+            break;
+        }
+    }
     // The pruner runs every second while at the budget, and may delete
     // nothing undelivered.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -233,13 +255,11 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
         "{}",
         ferry.log_tail()
     );
-    // Everything the backend was sent is delivered in the end: nothing
-    // stored was lost on the way, and only the newest waits.
-    eventually(
-        Duration::from_secs(30),
-        "only the new message waits",
-        || ferry.query_i64("SELECT count(*) FROM uplink WHERE state = 'stored'", []) == 1,
-    )
+    // Everything is delivered in the end, the late message too (pruning
+    // deletes only delivered rows): nothing stored was lost on the way.
+    eventually(Duration::from_secs(30), "nothing waits", || {
+        ferry.query_i64("SELECT count(*) FROM uplink WHERE state = 'stored'", []) == 0
+    })
     .await;
     assert_eq!(ferry.query_i64("SELECT count(*) FROM dead_letter", []), 0);
 }
@@ -364,4 +384,58 @@ async fn retention_prunes_delivered_rows_and_old_dead_letters_and_keeps_undelive
         "{}",
         ferry.log_tail()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_and_an_old_backlog_are_alerted_on_the_alerts_topic() {
+    let mosquitto = support::Mosquitto::start();
+    let opts = FerryOpts::new("gw-alerts", mosquitto.port).with(|c| {
+        c.alerts.backlog_age_s = 2;
+        c.retry.max_attempts = 100_000;
+    });
+    let ferry = Ferry::start(opts);
+    let mut watcher = BareClient::connect(
+        mosquitto.port,
+        "alerts-watcher",
+        vec!["ferry/gw-alerts/alerts".to_string()],
+    )
+    .await;
+    let mut backend = Backend::connect(mosquitto.port, "gw-alerts").await;
+    let device = Device::connect(ferry.south_port, "press-3").await;
+    let boot = boot_id();
+    let doomed = format!("{boot}-doomed");
+    device.publish_envelope("t", &doomed, json!(1)).await;
+    let m = backend
+        .next_message(Duration::from_secs(20))
+        .await
+        .expect("the message reaches the backend");
+    assert_eq!(m.msg_id(), doomed);
+    backend.nack("press-3", &doomed, "bad unit", false).await;
+    // Never acked: it ages past alerts.backlog_age_s.
+    device
+        .publish_envelope("t", &format!("{boot}-waits"), json!(2))
+        .await;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut alerts: Vec<Value> = Vec::new();
+    while !(alerts.iter().any(|a| a["kind"] == "dead_letter")
+        && alerts.iter().any(|a| a["kind"] == "backlog_age"))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match watcher.next_json(left).await {
+            Some(a) => alerts.push(a),
+            None => panic!("alerts so far: {alerts:?}\n{}", ferry.log_tail()),
+        }
+    }
+    let dead = alerts
+        .iter()
+        .find(|a| a["kind"] == "dead_letter")
+        .expect("a dead letter alert");
+    let detail = dead["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("press-3") && detail.contains(&doomed),
+        "{dead}"
+    );
+    assert!(dead["ts"].as_i64().is_some_and(|ts| ts > 0), "{dead}");
+    assert!(ferry.log().contains("alert raised"), "{}", ferry.log_tail());
 }

@@ -58,6 +58,7 @@ pub struct Config {
     pub log_level: String,
     /// `shutdown.grace_s`: from the signal to exit, at most.
     pub shutdown_grace: Duration,
+    pub alerts: crate::alerts::AlertsConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -384,6 +385,13 @@ impl Config {
             1 << 50,
         )?;
         in_range("store.retention_days", raw.store.retention_days, 1, 36_500)?;
+        in_range("alerts.north_down_s", raw.alerts.north_down_s, 1, 604_800)?;
+        in_range(
+            "alerts.backlog_age_s",
+            raw.alerts.backlog_age_s,
+            1,
+            31_536_000,
+        )?;
         in_range(
             "store.dead_letter_retention_days",
             raw.store.dead_letter_retention_days,
@@ -474,6 +482,10 @@ impl Config {
             groups,
             log_level: raw.log.level,
             shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
+            alerts: crate::alerts::AlertsConfig {
+                north_down: Duration::from_secs(raw.alerts.north_down_s),
+                backlog_age: Duration::from_secs(raw.alerts.backlog_age_s),
+            },
         })
     }
 }

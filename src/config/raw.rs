@@ -23,6 +23,25 @@ pub struct RawConfig {
     pub groups: BTreeMap<String, Vec<String>>,
     pub log: RawLog,
     pub shutdown: RawShutdown,
+    pub alerts: RawAlerts,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAlerts {
+    /// Alert when the upstream link has been down this many seconds.
+    pub north_down_s: u64,
+    /// Alert when the oldest undelivered message is this many seconds old.
+    pub backlog_age_s: u64,
+}
+
+impl Default for RawAlerts {
+    fn default() -> Self {
+        RawAlerts {
+            north_down_s: 300,
+            backlog_age_s: 3600,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

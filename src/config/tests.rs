@@ -450,3 +450,16 @@ fn store_budget_and_retention_default_and_name_their_keys() {
     assert_eq!(cfg.store.max_db_bytes, 1 << 20);
     assert_eq!(cfg.store.retention, Duration::from_secs(86_400));
 }
+
+#[test]
+fn alert_thresholds_default_and_name_their_keys() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.alerts.north_down, Duration::from_secs(300));
+    assert_eq!(cfg.alerts.backlog_age, Duration::from_secs(3600));
+    let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nnorth_down_s = 0\n").unwrap_err();
+    assert_eq!(err.key, "alerts.north_down_s");
+    let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nbacklog_age_s = 0\n").unwrap_err();
+    assert_eq!(err.key, "alerts.backlog_age_s");
+    let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nbacklog = 5\n").unwrap_err();
+    assert_eq!(err.key, "alerts.backlog");
+}

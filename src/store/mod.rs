@@ -129,6 +129,42 @@ enum Op {
     Ping(Reply<Backlog>),
     /// One batch of retention.
     Prune(prune::Cutoffs, Reply<prune::Pruned>),
+    /// What the alerts look at: dead letters after an id, backlog ages.
+    AlertScan {
+        after_dead: i64,
+        limit: usize,
+        reply: Reply<AlertScan>,
+    },
+}
+
+/// What [`crate::alerts`] looks at, read in one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlertScan {
+    /// When the oldest stored uplink was stored.
+    pub oldest_uplink_ms: Option<i64>,
+    /// When the oldest delivery waiting at a device's cursor was queued.
+    pub oldest_downlink_ms: Option<i64>,
+    pub backlog: Backlog,
+    /// Dead letters with an id past the one asked, oldest first.
+    pub dead: Vec<DeadSummary>,
+    /// Dead letters past the ones in `dead`.
+    pub more_dead: u64,
+    /// The newest dead letter's id (0 if none).
+    pub max_dead_id: i64,
+    /// Filled in from the budget, not by the writer.
+    pub over_budget: bool,
+    pub used_bytes: u64,
+    pub max_db_bytes: u64,
+}
+
+/// A dead letter, as an alert names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadSummary {
+    pub id: i64,
+    pub direction: String,
+    pub device: Option<String>,
+    pub msg_id: Option<String>,
+    pub reason: String,
 }
 
 /// What waits to be delivered, counted for `STATUS=` (cheap: the uplink
@@ -306,6 +342,28 @@ impl Store {
         cutoffs: prune::Cutoffs,
     ) -> impl Future<Output = Result<prune::Pruned, StoreError>> + Send + 'static {
         self.call(move |reply| Op::Prune(cutoffs, reply))
+    }
+
+    /// Dead letters with an id past `after_dead` (at most `limit`), the
+    /// backlog and its oldest messages, and the disk budget.
+    pub fn alert_scan(
+        &self,
+        after_dead: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<AlertScan, StoreError>> + Send + 'static {
+        let budget = self.budget.clone();
+        let scan = self.call(move |reply| Op::AlertScan {
+            after_dead,
+            limit,
+            reply,
+        });
+        async move {
+            let mut scan = scan.await?;
+            scan.over_budget = budget.over();
+            scan.used_bytes = budget.used();
+            scan.max_db_bytes = budget.limit();
+            Ok(scan)
+        }
     }
 
     /// The disk budget, as the writer last measured it.

@@ -299,6 +299,12 @@ fn apply_one(
             Op::Ping(reply) => Some(reply),
             _ => None,
         }),
+        Op::AlertScan {
+            after_dead, limit, ..
+        } => answer(uplink::alert_scan(tx, *after_dead, *limit), |op| match op {
+            Op::AlertScan { reply, .. } => Some(reply),
+            _ => None,
+        }),
         Op::Prune(cutoffs, _) => answer(prune::prune(tx, cutoffs), |op| match op {
             Op::Prune(_, reply) => Some(reply),
             _ => None,
@@ -445,6 +451,7 @@ fn fail(op: Op, e: &StoreError) {
         Op::ExpireDue { reply, .. } => err(reply, e),
         Op::Ping(reply) => err(reply, e),
         Op::Prune(_, reply) => err(reply, e),
+        Op::AlertScan { reply, .. } => err(reply, e),
         Op::Down(down) => match down {
             DownOp::Intake(_, r) => err(r, e),
             DownOp::Batch { reply, .. } => err(reply, e),

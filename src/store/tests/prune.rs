@@ -1,4 +1,5 @@
-//! Retention through the store: what a prune deletes, and what it never does.
+//! Retention and the alerts' scan through the store: what a prune deletes,
+//! and what it never does; what the alerts see.
 
 use super::down::{dev, msg};
 use super::*;
@@ -123,4 +124,41 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
         count(d, "SELECT count(*) FROM uplink WHERE state = 'stored'"),
         1
     );
+}
+
+#[tokio::test]
+async fn the_alert_scan_finds_new_dead_letters_and_the_oldest_waiting_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    put(&store, "a", "m1").await;
+    put(&store, "b", "m2").await;
+    let dead = |m: &str| Transition {
+        device: DeviceId::new("a").unwrap(),
+        msg_id: MsgId::new(m).unwrap(),
+        to: MessageState::Dead,
+        attempts: 1,
+        reason: Some("nack: bad".into()),
+        at_ms: 9,
+    };
+    store.transition(dead("m1")).await.unwrap();
+    store
+        .down_intake(msg("d1", &["p"], 100, None))
+        .await
+        .unwrap();
+
+    let scan = store.alert_scan(0, 10).await.unwrap();
+    // Both uplinks were stored at 1 (the test intake's time); m2 waits.
+    assert_eq!(scan.oldest_uplink_ms, Some(1));
+    assert_eq!(scan.backlog.uplinks, 1);
+    assert_eq!(scan.backlog.downlinks, 1);
+    assert!(scan.oldest_downlink_ms.is_some());
+    assert_eq!(scan.dead.len(), 1);
+    assert_eq!(scan.dead[0].msg_id.as_deref(), Some("m1"));
+    assert_eq!(scan.dead[0].direction, "up");
+    assert_eq!(scan.more_dead, 0);
+    assert_eq!(scan.max_dead_id, scan.dead[0].id);
+    assert!(!scan.over_budget);
+
+    let later = store.alert_scan(scan.max_dead_id, 10).await.unwrap();
+    assert!(later.dead.is_empty());
 }
