@@ -143,8 +143,8 @@ pub enum RejectCode {
     BadTopic,
     /// Published on a topic that is not the sender's own.
     Unauthorized,
-    /// The sender is over its rate or has too many uplinks in flight. The
-    /// one retryable rejection: nothing was stored, and the device keeps
+    /// The sender is over its rate or has too many uplinks in flight.
+    /// Retryable (as is `DiskBudget`): nothing was stored, and the device keeps
     /// the message and resends it later.
     Rate,
     /// The store is at `store.max_db_bytes`. Retryable like `Rate`:
@@ -162,12 +162,6 @@ impl RejectCode {
             RejectCode::Rate => "rate",
             RejectCode::DiskBudget => "disk_budget",
         }
-    }
-
-    /// Whether the sender should keep the message and send it again: the
-    /// gateway kept nothing of it, for a reason that passes.
-    pub fn is_retryable(self) -> bool {
-        matches!(self, RejectCode::Rate | RejectCode::DiskBudget)
     }
 }
 
