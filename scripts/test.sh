@@ -18,6 +18,14 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
         $sudo_cmd systemctl disable --now mosquitto >/dev/null 2>&1 || true
     fi
 fi
+# systemd-analyze checks the shipped unit (below).
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    echo "test.sh: installing systemd (for systemd-analyze verify)" >&2
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq systemd >/dev/null
+fi
 # The tests start their own Mosquitto on free ports; the packaged service
 # is not needed. Benches are not run here (they are long; see
 # docs/BENCHMARKS.md), and there are no doc tests.
@@ -27,6 +35,25 @@ set +e
 cargo test --locked --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+# The unit, verified as installed except that it runs the binary just
+# built (verify refuses an ExecStart that does not exist). systemd-analyze
+# exits 0 on a line it could not parse and only says so: any output fails.
+if [ "$status" -eq 0 ]; then
+    unit_dir=$(mktemp -d)
+    sed "s|/usr/local/bin/ferry|$PWD/target/debug/ferry|g" systemd/ferry.service >"$unit_dir/ferry.service"
+    set +e
+    verify=$(systemd-analyze verify "$unit_dir/ferry.service" 2>&1)
+    verify_status=$?
+    set -e
+    rm -rf "$unit_dir"
+    if [ "$verify_status" -ne 0 ] || [ -n "$verify" ]; then
+        echo "test.sh: systemd-analyze verify systemd/ferry.service failed:" >&2
+        echo "$verify" >&2
+        status=1
+    else
+        echo "systemd-analyze verify systemd/ferry.service: ok"
+    fi
+fi
 sum() { grep -oE "[0-9]+ $1" "$log" | awk '{ n += $1 } END { print n + 0 }'; }
 echo "tests: $(sum passed) passed, $(sum failed) failed"
 exit "$status"

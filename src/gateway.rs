@@ -22,7 +22,7 @@ use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
 use crate::uplink::scheduler::{Scheduler, SchedulerConfig};
 use crate::uplink::{run_engine, Engine};
-use crate::{north, south};
+use crate::{health, north, south, systemd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -58,7 +58,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let (controls_tx, controls_rx) = mpsc::channel(8192);
     let live =
         crate::ops::live::start(&cfg.data_dir, matches!(cfg.south.mode, SouthMode::Embedded));
-    let (up_events, down_events) = fan_out(north_events, live.clone());
+    let (up_events, down_events, alert_events) = fan_out(north_events, live.clone());
     if let Some(mut link) = south.link {
         let live = live.clone();
         tokio::spawn(async move {
@@ -72,6 +72,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         });
     }
     let presence = south.presence.map(|p| report_presence(p, live));
+    let (engine_probe, engine_probed) = health::probe("uplink engine");
+    let (downlink_probe, downlink_probed) = health::probe("downlink");
     let downlink = Downlink::new(
         DownlinkSettings {
             cfg: cfg.downlink.clone(),
@@ -89,6 +91,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         controls: controls_rx,
         presence,
         shutdown: shutdown_rx.clone(),
+        probed: downlink_probed,
     }));
     let engine = Engine {
         scheduler: Scheduler::new(SchedulerConfig {
@@ -117,6 +120,31 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         stored_rx,
         up_events,
         shutdown_rx.clone(),
+        engine_probed,
+    ));
+    let notifier = systemd::Notifier::from_env();
+    // Not under systemd: no pings, and the probed tasks never see one.
+    let supervisor = notifier.enabled().then(|| {
+        tokio::spawn(systemd::supervise(
+            systemd::Notifier::from_env(),
+            systemd::watchdog_interval(),
+            store.clone(),
+            vec![engine_probe, downlink_probe],
+        ))
+    });
+    let alerter = tokio::spawn(crate::alerts::run(
+        cfg.alerts,
+        store.clone(),
+        north_tx.clone(),
+        topics.north_alerts(),
+        alert_events,
+        shutdown_rx.clone(),
+    ));
+    let pruner = tokio::spawn(crate::retention::run(
+        store.clone(),
+        cfg.store.retention,
+        cfg.store.dead_letter_retention,
+        shutdown_rx.clone(),
     ));
     let mut intake_task = tokio::spawn(intake::run(
         intake_cfg,
@@ -136,6 +164,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
     };
     info!(gateway = %cfg.gateway, south = %south_desc, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
+    // The store is open and both links are started (not necessarily
+    // connected: an absent upstream only makes messages wait).
+    notifier.notify("READY=1");
 
     let result = tokio::select! {
         _ = shutdown => Ok(()),
@@ -145,7 +176,17 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         r = &mut south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
     };
     trimmer.abort();
+    // A batch already asked for is committed by the writer regardless.
+    pruner.abort();
+    // Alerts still queued are lost with the process (see crate::alerts).
+    alerter.abort();
+    // The watchdog's pings stop being answered once the pipeline winds
+    // down; systemd's stop timeout covers the grace instead.
+    if let Some(supervisor) = supervisor {
+        supervisor.abort();
+    }
     result?;
+    notifier.notify("STOPPING=1");
 
     let plan = Plan::new(Instant::now(), cfg.shutdown_grace);
     info!(
@@ -219,19 +260,29 @@ fn joined(name: &'static str, task: tokio::task::JoinHandle<Result<(), StoreErro
 }
 
 /// Splits the north session's events: uplink acks to the uplink engine,
-/// downlinks to the downlink task, link changes to both. Runs while either
-/// side listens: in a shutdown one may finish flushing before the other.
+/// downlinks to the downlink task, the fate of alerts to the alerts task,
+/// link changes to all three. Runs while the pipelines listen: in a
+/// shutdown one may finish flushing before the other. The alerts task only
+/// ever gets what fits (it is told of the link again at the next change).
 fn fan_out(
     mut events: mpsc::Receiver<NorthEvent>,
     live: LiveSender,
-) -> (mpsc::Receiver<NorthEvent>, mpsc::Receiver<NorthEvent>) {
+) -> (
+    mpsc::Receiver<NorthEvent>,
+    mpsc::Receiver<NorthEvent>,
+    mpsc::Receiver<NorthEvent>,
+) {
     let (up_tx, up_rx) = mpsc::channel(4096);
     let (down_tx, down_rx) = mpsc::channel(4096);
+    let (alerts_tx, alerts_rx) = mpsc::channel(4096);
     tokio::spawn(async move {
         while let Some(ev) = events.recv().await {
             match &ev {
                 NorthEvent::Ack(_) | NorthEvent::Refused(Tag::Uplink { .. }) => {
                     let _ = up_tx.send(ev).await;
+                }
+                NorthEvent::Published(Tag::Alert(_)) | NorthEvent::Refused(Tag::Alert(_)) => {
+                    let _ = alerts_tx.try_send(ev);
                 }
                 NorthEvent::Downlink { .. } | NorthEvent::Refused(_) | NorthEvent::Published(_) => {
                     let _ = down_tx.send(ev).await;
@@ -241,6 +292,7 @@ fn fan_out(
                         NorthEvent::Up(_) => LiveEvent::NorthUp,
                         _ => LiveEvent::NorthDown,
                     });
+                    let _ = alerts_tx.try_send(ev.clone());
                     let _ = up_tx.send(ev.clone()).await;
                     let _ = down_tx.send(ev).await;
                 }
@@ -250,7 +302,7 @@ fn fan_out(
             }
         }
     });
-    (up_rx, down_rx)
+    (up_rx, down_rx, alerts_rx)
 }
 
 /// Passes the south broker's presence on to the downlink, telling the

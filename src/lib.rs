@@ -46,10 +46,21 @@
 //!   `ferry status`: views read on their own read-only connection while the
 //!   gateway runs; replays reach the running engine through the store's
 //!   `replay_request` table; the gateway keeps a status file for them.
+//! - [`systemd`], [`health`]: `READY=1`, `STATUS=` with the backlog, and
+//!   the watchdog, fed only while the store writer and the pipeline tasks
+//!   answer pings through their own loops.
+//! - [`retention`]: the pruner, deleting delivered messages and dead
+//!   letters past their retention in small batches through the store, and
+//!   delivered ones early while the store is at its disk budget
+//!   (`store::budget`); nothing undelivered is ever deleted.
+//! - [`alerts`]: dead letters, long north outages, an old backlog and the
+//!   disk budget, raised as WARN events and published on
+//!   `ferry/{gateway}/alerts` when the link is up.
 //! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
 
+pub mod alerts;
 pub mod backoff;
 pub mod client;
 pub mod config;
@@ -57,16 +68,19 @@ pub mod dead_letter;
 pub mod deadlines;
 pub mod downlink;
 pub mod gateway;
+pub mod health;
 pub mod ids;
 pub mod memory;
 pub mod mqtt;
 pub mod north;
 pub mod ops;
 pub mod protocol;
+pub mod retention;
 pub mod shutdown;
 pub mod south;
 pub mod state;
 pub mod store;
+pub mod systemd;
 pub mod uplink;
 
 pub use gateway::run;

@@ -320,9 +320,12 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
 }
 
 fn status(common: Common, top: usize) -> Outcome {
-    let dir = data_dir(&common.config)?;
+    let cfg = Config::load(&common.config)
+        .map_err(|e| (64, format!("{}: {e}", common.config.display())))?;
+    let dir = cfg.data_dir;
     let conn = ops::open_read(&dir).map_err(fail)?;
-    let s = status::status(&conn, &dir, top, ops::now_ms()).map_err(fail)?;
+    let s =
+        status::status(&conn, &dir, cfg.store.max_db_bytes, top, ops::now_ms()).map_err(fail)?;
     if common.json {
         return print_json(&s);
     }
@@ -365,8 +368,8 @@ fn status(common: Common, top: usize) -> Outcome {
     }
     println!("dead letters: {}", s.dead_letters);
     println!(
-        "store: {} bytes (db {}, wal {})",
-        s.store.total_bytes, s.store.db_bytes, s.store.wal_bytes
+        "store: {} bytes (db {}, wal {}), budget {} bytes",
+        s.store.total_bytes, s.store.db_bytes, s.store.wal_bytes, s.store.budget_bytes
     );
     Ok(())
 }

@@ -284,6 +284,11 @@ async fn status_json_matches_the_traffic_with_north_down() {
     assert_eq!(s["downlink_backlog"], 0, "{s}");
     assert_eq!(s["dead_letters"], 0, "{s}");
     assert!(s["store"]["total_bytes"].as_u64().unwrap_or(0) > 0, "{s}");
+    assert_eq!(
+        s["store"]["budget_bytes"].as_u64(),
+        Some(ferry.config.store.max_db_bytes),
+        "{s}"
+    );
     let (code, text, _) = cli(&ferry.config_path, &["status"]);
     assert_eq!(code, Some(0));
     assert!(

@@ -36,6 +36,7 @@ mod external;
 mod isolation;
 mod lifecycle;
 mod limits;
+mod operate;
 mod ops;
 mod robust;
 mod tls;

@@ -69,6 +69,7 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `shutdown.grace_s`: from the signal to exit, at most.
     pub shutdown_grace: Duration,
+    pub alerts: crate::alerts::AlertsConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -171,6 +172,12 @@ pub struct RetryConfig {
 pub struct StoreConfig {
     pub sync: SyncMode,
     pub max_batch: usize,
+    /// `store.max_db_bytes`: the disk budget (pages in use plus the WAL).
+    pub max_db_bytes: u64,
+    /// `store.retention_days`: how long delivered messages are kept.
+    pub retention: Duration,
+    /// `store.dead_letter_retention_days`.
+    pub dead_letter_retention: Duration,
 }
 
 impl Config {
@@ -379,6 +386,29 @@ impl Config {
             }
         };
         in_range("store.max_batch", raw.store.max_batch, 1, 100_000)?;
+        // Below 1 MiB the WAL of a few commits alone would fill it; above
+        // 1 PiB is a typo. There is no "unlimited": a full disk stalls
+        // every commit, a reached budget only refuses new messages.
+        in_range(
+            "store.max_db_bytes",
+            raw.store.max_db_bytes,
+            1 << 20,
+            1 << 50,
+        )?;
+        in_range("store.retention_days", raw.store.retention_days, 1, 36_500)?;
+        in_range("alerts.north_down_s", raw.alerts.north_down_s, 1, 604_800)?;
+        in_range(
+            "alerts.backlog_age_s",
+            raw.alerts.backlog_age_s,
+            1,
+            31_536_000,
+        )?;
+        in_range(
+            "store.dead_letter_retention_days",
+            raw.store.dead_letter_retention_days,
+            1,
+            36_500,
+        )?;
 
         in_range("downlink.batch_size", raw.downlink.batch_size, 1, 1000)?;
         in_range(
@@ -461,6 +491,9 @@ impl Config {
             store: StoreConfig {
                 sync,
                 max_batch: raw.store.max_batch,
+                max_db_bytes: raw.store.max_db_bytes,
+                retention: days(raw.store.retention_days),
+                dead_letter_retention: days(raw.store.dead_letter_retention_days),
             },
             downlink: DownlinkConfig {
                 batch_size: raw.downlink.batch_size,
@@ -471,6 +504,10 @@ impl Config {
             log_level: raw.log.level,
             log_format,
             shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
+            alerts: crate::alerts::AlertsConfig {
+                north_down: Duration::from_secs(raw.alerts.north_down_s),
+                backlog_age: Duration::from_secs(raw.alerts.backlog_age_s),
+            },
         })
     }
 }
@@ -556,6 +593,10 @@ fn credentials(
         )),
         _ => Ok(Some((username.to_string(), password.to_string()))),
     }
+}
+
+fn days(n: u32) -> Duration {
+    Duration::from_secs(u64::from(n) * 86_400)
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(

@@ -23,6 +23,25 @@ pub struct RawConfig {
     pub groups: BTreeMap<String, Vec<String>>,
     pub log: RawLog,
     pub shutdown: RawShutdown,
+    pub alerts: RawAlerts,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAlerts {
+    /// Alert when the upstream link has been down this many seconds.
+    pub north_down_s: u64,
+    /// Alert when the oldest undelivered message is this many seconds old.
+    pub backlog_age_s: u64,
+}
+
+impl Default for RawAlerts {
+    fn default() -> Self {
+        RawAlerts {
+            north_down_s: 300,
+            backlog_age_s: 3600,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -256,6 +275,13 @@ pub struct RawStore {
     pub sync: String,
     /// Most messages per transaction.
     pub max_batch: usize,
+    /// Disk budget of the store in bytes (pages in use plus the WAL file):
+    /// at it, new uplinks and downlinks are refused until space frees.
+    pub max_db_bytes: u64,
+    /// Delivered uplinks and finished downlinks are pruned after this many days.
+    pub retention_days: u32,
+    /// Dead letters are pruned after this many days.
+    pub dead_letter_retention_days: u32,
 }
 
 impl Default for RawStore {
@@ -263,6 +289,9 @@ impl Default for RawStore {
         RawStore {
             sync: "full".into(),
             max_batch: 2048,
+            max_db_bytes: 8 << 30,
+            retention_days: 30,
+            dead_letter_retention_days: 90,
         }
     }
 }

@@ -428,3 +428,48 @@ fn log_format_is_text_or_json() {
     let err = load_str("[gateway]\nid = \"g\"\n[log]\nformat = \"xml\"\n").unwrap_err();
     assert_eq!(err.key, "log.format");
 }
+
+#[test]
+fn store_budget_and_retention_default_and_name_their_keys() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.store.max_db_bytes, 8 << 30);
+    assert_eq!(cfg.store.retention, Duration::from_secs(30 * 86_400));
+    assert_eq!(
+        cfg.store.dead_letter_retention,
+        Duration::from_secs(90 * 86_400)
+    );
+    for (toml, key) in [
+        ("max_db_bytes = 1000", "store.max_db_bytes"),
+        ("max_db_bytes = 0", "store.max_db_bytes"),
+        ("retention_days = 0", "store.retention_days"),
+        (
+            "dead_letter_retention_days = 0",
+            "store.dead_letter_retention_days",
+        ),
+        (
+            "dead_letter_retention_days = 40000",
+            "store.dead_letter_retention_days",
+        ),
+    ] {
+        let err = load_str(&format!("[gateway]\nid = \"g\"\n[store]\n{toml}\n")).unwrap_err();
+        assert_eq!(err.key, key, "{toml}: {err}");
+    }
+    let cfg =
+        load_str("[gateway]\nid = \"g\"\n[store]\nmax_db_bytes = 1048576\nretention_days = 1\n")
+            .unwrap();
+    assert_eq!(cfg.store.max_db_bytes, 1 << 20);
+    assert_eq!(cfg.store.retention, Duration::from_secs(86_400));
+}
+
+#[test]
+fn alert_thresholds_default_and_name_their_keys() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.alerts.north_down, Duration::from_secs(300));
+    assert_eq!(cfg.alerts.backlog_age, Duration::from_secs(3600));
+    let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nnorth_down_s = 0\n").unwrap_err();
+    assert_eq!(err.key, "alerts.north_down_s");
+    let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nbacklog_age_s = 0\n").unwrap_err();
+    assert_eq!(err.key, "alerts.backlog_age_s");
+    let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nbacklog = 5\n").unwrap_err();
+    assert_eq!(err.key, "alerts.backlog");
+}

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::record::{DownIntake, DownIntakeOutcome, Rejected};
 use super::{Done, Downlink};
@@ -54,6 +54,40 @@ impl Downlink {
             Ok((env, to))
         });
         match parsed {
+            // At the disk budget a new downlink is not stored: the backend
+            // gets `rejected` (reason `disk_budget`, no dead letter: there
+            // is nothing to replay) and sends it again later.
+            Ok((env, _)) if self.store.budget().over() => {
+                let budget = self.store.budget();
+                let receipt = NorthReceipt {
+                    msg_id: Some(env.msg_id.to_string()),
+                    device: self
+                        .topics
+                        .parse_north_down(topic)
+                        .flatten()
+                        .map(str::to_string),
+                    status: "rejected",
+                    seq: None,
+                    ts: stored_ms,
+                    reason: Some(format!(
+                        "{}: the store is at store.max_db_bytes ({} of {} bytes); resend later",
+                        RejectCode::DiskBudget.as_str(),
+                        budget.used(),
+                        budget.limit()
+                    )),
+                };
+                debug!(topic, msg_id = %env.msg_id, "downlink refused: disk budget reached");
+                let refused = self.store.refuse_downlink(receipt);
+                self.pending.push(Box::pin(async move {
+                    Done::Rejected {
+                        token,
+                        result: refused.await.map(|receipt| Rejected {
+                            dead_letter: None,
+                            receipt,
+                        }),
+                    }
+                }));
+            }
             Ok((env, to)) => {
                 let msg = DownIntake {
                     msg_id: env.msg_id,

@@ -145,6 +145,8 @@ pub struct DownlinkInputs {
     /// Presence from the south broker (embedded mode only).
     pub presence: Option<mpsc::UnboundedReceiver<Presence>>,
     pub shutdown: Shutdown,
+    /// The watchdog's pings ([`crate::health`]).
+    pub probed: crate::health::Probed,
 }
 
 impl Downlink {
@@ -239,6 +241,10 @@ impl Downlink {
                     Some(_) => self.flush_receipts(),
                     None => self.on_timer().await?,
                 },
+                // The watchdog's ping, answered from the loop.
+                ack = inputs.probed.recv() => {
+                    let _ = ack.send(());
+                }
                 _ = sweep.tick(), if flush_by.is_none() => {
                     let swept = self.store.sweep_downlinks(now_ms());
                     self.pending.push(Box::pin(async move { Done::Swept(swept.await) }));

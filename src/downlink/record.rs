@@ -124,6 +124,7 @@ pub struct Swept {
 /// A rejected downlink, dead-lettered, and its `rejected` receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
-    pub dead_letter: i64,
+    /// `None` when nothing was kept (a downlink refused at the disk budget).
+    pub dead_letter: Option<i64>,
     pub receipt: OutboxReceipt,
 }

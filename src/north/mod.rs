@@ -50,6 +50,8 @@ pub enum Tag {
     },
     /// A message of receipts north, numbered by the downlink pipeline.
     Receipts(u64),
+    /// An alert, numbered by [`crate::alerts`].
+    Alert(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +76,8 @@ pub enum NorthEvent {
     /// The upstream dropped the link on this publish while it was alone in
     /// flight: a failed attempt.
     Refused(Tag),
-    /// The upstream acknowledged this publish (reported for receipts only).
+    /// The upstream acknowledged this publish (reported for receipts and
+    /// alerts only).
     Published(Tag),
 }
 
@@ -181,7 +184,9 @@ impl Router {
             let routed = match event {
                 Event::Up { epoch, .. } => Some(NorthEvent::Up(epoch)),
                 Event::Down => Some(NorthEvent::Down),
-                Event::Published(tag @ Tag::Receipts(_)) => Some(NorthEvent::Published(tag)),
+                Event::Published(tag @ (Tag::Receipts(_) | Tag::Alert(_))) => {
+                    Some(NorthEvent::Published(tag))
+                }
                 Event::Published(Tag::Uplink { .. }) => None,
                 Event::Refused(tag) => Some(NorthEvent::Refused(tag)),
                 Event::Message(m) => self.route(m),

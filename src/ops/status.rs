@@ -21,6 +21,9 @@ pub struct StoreSize {
     pub db_bytes: u64,
     pub wal_bytes: u64,
     pub total_bytes: u64,
+    /// `store.max_db_bytes`, against which the gateway measures the pages
+    /// in use plus the WAL (the files can be larger: free pages).
+    pub budget_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -50,10 +53,12 @@ fn age_s(now_ms: i64, oldest: Option<i64>) -> Option<f64> {
     oldest.map(|ms| (now_ms - ms).max(0) as f64 / 1000.0)
 }
 
-/// The status of the gateway on `data_dir`, `top` devices by downlink backlog.
+/// The status of the gateway on `data_dir`, `top` devices by downlink
+/// backlog, the store against its budget of `budget_bytes`.
 pub fn status(
     conn: &Connection,
     data_dir: &Path,
+    budget_bytes: u64,
     top: usize,
     now_ms: i64,
 ) -> Result<StatusView, OpsError> {
@@ -114,6 +119,7 @@ pub fn status(
             db_bytes,
             wal_bytes,
             total_bytes: db_bytes + wal_bytes,
+            budget_bytes,
         },
     })
 }

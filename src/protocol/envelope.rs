@@ -143,10 +143,13 @@ pub enum RejectCode {
     BadTopic,
     /// Published on a topic that is not the sender's own.
     Unauthorized,
-    /// The sender is over its rate or has too many uplinks in flight. The
-    /// one retryable rejection: nothing was stored, and the device keeps
+    /// The sender is over its rate or has too many uplinks in flight.
+    /// Retryable (as is `DiskBudget`): nothing was stored, and the device keeps
     /// the message and resends it later.
     Rate,
+    /// The store is at `store.max_db_bytes`. Retryable like `Rate`:
+    /// nothing was stored, and the device resends later.
+    DiskBudget,
 }
 
 impl RejectCode {
@@ -157,6 +160,7 @@ impl RejectCode {
             RejectCode::BadTopic => "bad_topic",
             RejectCode::Unauthorized => "unauthorized",
             RejectCode::Rate => "rate",
+            RejectCode::DiskBudget => "disk_budget",
         }
     }
 }

@@ -77,15 +77,17 @@ impl Receipt {
     }
 
     /// Whether the device should keep the message and resend it after its
-    /// receipt timeout: a `rejected` with reason code `rate`, the one
-    /// retryable rejection (docs/PROTOCOL.md).
+    /// receipt timeout: a `rejected` with reason code `rate` or
+    /// `disk_budget`, the retryable rejections (docs/PROTOCOL.md).
     pub fn is_retryable(&self) -> bool {
         self.status == ReceiptStatus::Rejected
             && self
                 .reason
                 .as_deref()
                 .and_then(|r| r.split(':').next())
-                .is_some_and(|code| code == RejectCode::Rate.as_str())
+                .is_some_and(|code| {
+                    code == RejectCode::Rate.as_str() || code == RejectCode::DiskBudget.as_str()
+                })
     }
 
     fn of(msg_id: &MsgId, status: ReceiptStatus, seq: Seq) -> Receipt {
@@ -207,8 +209,13 @@ mod tests {
     }
 
     #[test]
-    fn only_a_rate_rejection_is_retryable() {
+    fn only_rate_and_disk_budget_rejections_are_retryable() {
         let id = MsgId::new("a-1").unwrap();
+        assert!(Receipt::refused(
+            Some(&id),
+            "disk_budget: the store is at store.max_db_bytes (9 of 8 bytes); resend later"
+        )
+        .is_retryable());
         assert!(
             Receipt::refused(Some(&id), "rate: more than 256 uplinks in flight").is_retryable()
         );

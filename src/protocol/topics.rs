@@ -164,6 +164,11 @@ impl NorthTopics {
         format!("{}/status", self.base)
     }
 
+    /// `{base}/alerts`: the gateway's alerts for operators.
+    pub fn alerts(&self) -> String {
+        format!("{}/alerts", self.base)
+    }
+
     /// Which north topic `topic` is, if any.
     pub fn parse<'t>(&self, topic: &'t str) -> Option<NorthTopic<'t>> {
         let rest = topic.strip_prefix(self.base.as_str())?.strip_prefix('/')?;
@@ -380,6 +385,10 @@ impl Topics {
 
     pub fn north_status(&self) -> String {
         self.north.status()
+    }
+
+    pub fn north_alerts(&self) -> String {
+        self.north.alerts()
     }
 }
 

@@ -30,8 +30,10 @@
 //!   one request with an error ([`StoreError::IllegalMove`],
 //!   [`StoreError::CorruptRow`]); the rest of the batch commits.
 
+pub mod budget;
 mod downlink;
 mod outbox;
+pub mod prune;
 mod schema;
 mod uplink;
 mod writer;
@@ -58,12 +60,14 @@ use crate::dead_letter::DeadLetter;
 use crate::downlink::record::{
     BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
 };
+use crate::health::Heartbeat;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::IllegalMove;
 use crate::uplink::record::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
+use budget::Budget;
 
 /// The database file inside `gateway.data_dir`.
 pub const DB_FILE: &str = "ferry.db";
@@ -131,6 +135,58 @@ enum Op {
     /// Replays the CLI asked for, to load whatever their seq.
     TakeReplays(Reply<Vec<PendingMessage>>),
     Down(DownOp),
+    /// The watchdog's ping: answered, with the backlog, after the commit of
+    /// the batch it lands in, so an answer proves the writer is turning.
+    Ping(Reply<Backlog>),
+    /// One batch of retention.
+    Prune(prune::Cutoffs, Reply<prune::Pruned>),
+    /// What the alerts look at: dead letters after an id, backlog ages.
+    AlertScan {
+        after_dead: i64,
+        limit: usize,
+        reply: Reply<AlertScan>,
+    },
+}
+
+/// What [`crate::alerts`] looks at, read in one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlertScan {
+    /// When the oldest stored uplink was stored.
+    pub oldest_uplink_ms: Option<i64>,
+    /// When the oldest delivery waiting at a device's cursor was queued.
+    pub oldest_downlink_ms: Option<i64>,
+    pub backlog: Backlog,
+    /// Dead letters with an id past the one asked, oldest first.
+    pub dead: Vec<DeadSummary>,
+    /// Dead letters past the ones in `dead`.
+    pub more_dead: u64,
+    /// The newest dead letter's id (0 if none).
+    pub max_dead_id: i64,
+    /// Filled in from the budget, not by the writer.
+    pub over_budget: bool,
+    pub used_bytes: u64,
+    pub max_db_bytes: u64,
+}
+
+/// A dead letter, as an alert names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadSummary {
+    pub id: i64,
+    pub direction: String,
+    pub device: Option<String>,
+    pub msg_id: Option<String>,
+    pub reason: String,
+}
+
+/// What waits to be delivered, counted for `STATUS=` (cheap: the uplink
+/// count reads the partial index of stored rows, the downlink one sums
+/// per-device cursors).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Stored uplinks not yet delivered or dead.
+    pub uplinks: u64,
+    /// Downlink queue entries past their device's confirm cursor.
+    pub downlinks: u64,
 }
 
 /// Downlink requests (see [`downlink`]).
@@ -171,6 +227,11 @@ enum DownOp {
         receipt: NorthReceipt,
         reply: Reply<Rejected>,
     },
+    /// A receipt alone: a downlink refused without a dead letter.
+    Refuse {
+        receipt: NorthReceipt,
+        reply: Reply<OutboxReceipt>,
+    },
     OutboxPage {
         from: i64,
         limit: usize,
@@ -194,6 +255,9 @@ pub struct Store {
     stopped: Arc<OnceLock<String>>,
     /// Its sender lives as long as the writer thread, connection included.
     exited: watch::Receiver<()>,
+    /// Bumped by the writer at every commit attempt, retries included.
+    beat: Heartbeat,
+    budget: Budget,
 }
 
 impl Store {
@@ -220,6 +284,9 @@ impl Store {
         };
         conn.pragma_update(None, "synchronous", sync)?;
         conn.pragma_update(None, "busy_timeout", 5000)?;
+        // The WAL counts against store.max_db_bytes: after a checkpoint
+        // it is cut back to 64 MiB rather than kept at its high-water mark.
+        conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
         conn.set_prepared_statement_cache_capacity(64);
         schema::check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
@@ -227,7 +294,17 @@ impl Store {
         let (tx, rx) = mpsc::unbounded_channel();
         let max_batch = cfg.max_batch;
         let stopped = Arc::new(OnceLock::new());
-        let writer = writer::Writer::new(conn, stopped.clone());
+        let beat = Heartbeat::default();
+        let budget = Budget::new(cfg.max_db_bytes);
+        let mut wal = data_dir.join(DB_FILE).into_os_string();
+        wal.push("-wal");
+        let writer = writer::Writer::new(
+            conn,
+            stopped.clone(),
+            beat.clone(),
+            budget.clone(),
+            wal.into(),
+        );
         let (exiting, exited) = watch::channel(());
         thread::Builder::new()
             .name("ferry-store".into())
@@ -244,6 +321,8 @@ impl Store {
             tx,
             stopped,
             exited,
+            beat,
+            budget,
         })
     }
 
@@ -254,6 +333,53 @@ impl Store {
     pub fn exited(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut exited = self.exited.clone();
         async move { while exited.changed().await.is_ok() {} }
+    }
+
+    /// Answers after the commit of the batch it lands in, with the backlog
+    /// (the watchdog's liveness check and `STATUS=`).
+    pub fn ping(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send + 'static {
+        self.call(Op::Ping)
+    }
+
+    /// Bumped at every commit attempt: moving while pings go unanswered
+    /// means the writer is retrying a failed commit, not wedged.
+    pub fn writer_beat(&self) -> Heartbeat {
+        self.beat.clone()
+    }
+
+    /// Deletes one batch of what is past its retention (see [`prune`]).
+    pub fn prune(
+        &self,
+        cutoffs: prune::Cutoffs,
+    ) -> impl Future<Output = Result<prune::Pruned, StoreError>> + Send + 'static {
+        self.call(move |reply| Op::Prune(cutoffs, reply))
+    }
+
+    /// Dead letters with an id past `after_dead` (at most `limit`), the
+    /// backlog and its oldest messages, and the disk budget.
+    pub fn alert_scan(
+        &self,
+        after_dead: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<AlertScan, StoreError>> + Send + 'static {
+        let budget = self.budget.clone();
+        let scan = self.call(move |reply| Op::AlertScan {
+            after_dead,
+            limit,
+            reply,
+        });
+        async move {
+            let mut scan = scan.await?;
+            scan.over_budget = budget.over();
+            scan.used_bytes = budget.used();
+            scan.max_db_bytes = budget.limit();
+            Ok(scan)
+        }
+    }
+
+    /// The disk budget, as the writer last measured it.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// Queues `op` now; the future resolves to its answer after the commit.
@@ -447,6 +573,15 @@ impl Store {
         receipt: NorthReceipt,
     ) -> impl Future<Output = Result<Rejected, StoreError>> + Send + 'static {
         self.down(move |reply| DownOp::Reject { dl, receipt, reply })
+    }
+
+    /// Commits the `rejected` receipt of a downlink that is not stored
+    /// (refused at the disk budget), with no dead letter.
+    pub fn refuse_downlink(
+        &self,
+        receipt: NorthReceipt,
+    ) -> impl Future<Output = Result<OutboxReceipt, StoreError>> + Send + 'static {
+        self.down(move |reply| DownOp::Refuse { receipt, reply })
     }
 
     /// Up to `limit` receipts of the outbox with `id >= from`, in id order.

@@ -79,7 +79,7 @@ pub fn reject(tx: &Transaction<'_>, dl: &DeadLetter, receipt: &NorthReceipt) -> 
         ..receipt.clone()
     };
     Ok(Rejected {
-        dead_letter,
+        dead_letter: Some(dead_letter),
         receipt: put(tx, &receipt)?,
     })
 }

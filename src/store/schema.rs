@@ -133,6 +133,17 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX down_history_by_delivery ON down_history (device, seq);
     "#,
+    // 7: retention. When an uplink left `stored`, and indexes that find
+    // what is past its retention, oldest first, without a scan.
+    r#"
+    ALTER TABLE uplink ADD COLUMN done_ms INTEGER;  -- when it was delivered or dead-lettered
+    -- Rows finished before this migration: their stored time is the best
+    -- known (they are pruned no later than they would have been).
+    UPDATE uplink SET done_ms = stored_ms WHERE state <> 'stored';
+    CREATE INDEX uplink_delivered ON uplink (done_ms) WHERE state = 'delivered';
+    CREATE INDEX dead_letter_by_time ON dead_letter (at_ms);
+    CREATE INDEX down_message_by_time ON down_message (stored_ms);
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.

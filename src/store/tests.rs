@@ -8,6 +8,9 @@ fn cfg() -> StoreConfig {
     StoreConfig {
         sync: SyncMode::Full,
         max_batch: 64,
+        max_db_bytes: 1 << 30,
+        retention: std::time::Duration::from_secs(30 * 86_400),
+        dead_letter_retention: std::time::Duration::from_secs(90 * 86_400),
     }
 }
 
@@ -167,6 +170,7 @@ async fn a_reopened_store_resumes_seqs_and_pending_work() {
 mod down;
 mod errors;
 mod outbox;
+mod prune;
 
 #[tokio::test]
 async fn expired_uplinks_are_swept_by_index_wherever_they_are() {

@@ -172,12 +172,12 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>>
     MessageState::Stored.check_move(t.to)?;
     let moved = tx
         .prepare_cached(
-            "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL
+            "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL, done_ms = ?6
              WHERE device = ?1 AND msg_id = ?2 AND state = 'stored'
              RETURNING id, seq",
         )?
         .query_row(
-            params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason],
+            params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason, t.at_ms],
             |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64) }),
         )
         .optional()?;
@@ -363,4 +363,80 @@ pub fn pending_devices(tx: &Transaction<'_>) -> Result<Vec<DeviceId>> {
         }
     }
     Ok(out)
+}
+
+/// What waits to be delivered in each direction.
+pub fn backlog(tx: &Transaction<'_>) -> Result<super::Backlog> {
+    let uplinks: i64 = tx
+        .prepare_cached("SELECT count(*) FROM uplink WHERE state = 'stored'")?
+        .query_row([], |r| r.get(0))?;
+    // A device's queue is seq 1..=down_seq; what is past its confirm
+    // cursor is not yet delivered (expired and dead entries included,
+    // which the cursor skips as it moves).
+    let downlinks: i64 = tx
+        .prepare_cached("SELECT coalesce(sum(max(down_seq - delivered_upto, 0)), 0) FROM devices")?
+        .query_row([], |r| r.get(0))?;
+    Ok(super::Backlog {
+        uplinks: uplinks.max(0) as u64,
+        downlinks: downlinks.max(0) as u64,
+    })
+}
+
+/// What the alerts look at (see [`super::AlertScan`]).
+pub fn alert_scan(tx: &Transaction<'_>, after_dead: i64, limit: usize) -> Result<super::AlertScan> {
+    // Each device's first stored message, found by a seek in the partial
+    // index of stored rows: one lookup per device, not a pass over the
+    // backlog (seqs are assigned in stored order).
+    let oldest_uplink_ms: Option<i64> = tx
+        .prepare_cached(
+            "SELECT min((SELECT u.stored_ms FROM uplink u
+                         WHERE u.device = v.device AND u.state = 'stored'
+                         ORDER BY u.seq LIMIT 1))
+             FROM devices v",
+        )?
+        .query_row([], |r| r.get(0))?;
+    // The delivery at each device's cursor, by primary key: one row per
+    // device, not a scan of the queues (CROSS JOIN keeps `devices` the
+    // outer loop, which the planner would otherwise swap).
+    let oldest_downlink_ms: Option<i64> = tx
+        .prepare_cached(
+            "SELECT min(d.at_ms) FROM devices v CROSS JOIN down_delivery d
+                 ON d.device = v.device AND d.seq = v.delivered_upto + 1
+             WHERE d.state = 'stored'",
+        )?
+        .query_row([], |r| r.get(0))?;
+    let dead: Vec<super::DeadSummary> = tx
+        .prepare_cached(
+            "SELECT id, direction, device, msg_id, reason FROM dead_letter
+             WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )?
+        .query_map(params![after_dead, limit as i64], |r| {
+            Ok(super::DeadSummary {
+                id: r.get(0)?,
+                direction: r.get(1)?,
+                device: r.get(2)?,
+                msg_id: r.get(3)?,
+                reason: r.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let max_dead_id: i64 = tx
+        .prepare_cached("SELECT coalesce(max(id), 0) FROM dead_letter")?
+        .query_row([], |r| r.get(0))?;
+    let last_seen = dead.last().map_or(after_dead, |d| d.id);
+    let more_dead: i64 = if dead.len() < limit {
+        0
+    } else {
+        tx.prepare_cached("SELECT count(*) FROM dead_letter WHERE id > ?1")?
+            .query_row([last_seen], |r| r.get(0))?
+    };
+    Ok(super::AlertScan {
+        oldest_uplink_ms,
+        oldest_downlink_ms,
+        backlog: backlog(tx)?,
+        dead,
+        more_dead: more_dead.max(0) as u64,
+        max_dead_id,
+        ..Default::default()
+    })
 }

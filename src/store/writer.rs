@@ -9,6 +9,7 @@
 //! op refused on its own (an illegal move, an unreadable row) is answered
 //! with its error and the batch goes on.
 
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,9 @@ use rusqlite::{Connection, ErrorCode, Transaction};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use super::{downlink, outbox, uplink, DownOp, Op, Reply, StoreError};
+use super::budget::{self, Budget, Change, DISK_BUDGET_REACHED};
+use super::{downlink, outbox, prune, uplink, DownOp, Op, Reply, StoreError};
+use crate::health::Heartbeat;
 use crate::uplink::record::EXPIRED_REASON;
 
 /// Pauses between attempts at a batch whose commit failed for a passing
@@ -58,20 +61,70 @@ pub(super) struct Writer {
     conn: Connection,
     seqs: uplink::SeqCache,
     stopped: Arc<OnceLock<String>>,
+    beat: Heartbeat,
+    budget: Budget,
+    /// The WAL file, measured with the database against the budget.
+    wal: PathBuf,
+    measured: Instant,
 }
 
 impl Writer {
-    pub(super) fn new(conn: Connection, stopped: Arc<OnceLock<String>>) -> Writer {
-        Writer {
+    pub(super) fn new(
+        conn: Connection,
+        stopped: Arc<OnceLock<String>>,
+        beat: Heartbeat,
+        budget: Budget,
+        wal: PathBuf,
+    ) -> Writer {
+        let mut w = Writer {
             conn,
             seqs: uplink::SeqCache::default(),
             stopped,
+            beat,
+            budget,
+            wal,
+            measured: Instant::now(),
+        };
+        // A store opened at its budget refuses from the first message.
+        w.measure_budget();
+        w
+    }
+
+    /// Measures the store against its budget and says when that changes.
+    fn measure_budget(&mut self) {
+        self.measured = Instant::now();
+        let used = match budget::measure(&self.conn, &self.wal) {
+            Ok(used) => used,
+            Err(e) => {
+                debug!(error = %e, "store size not measured");
+                return;
+            }
+        };
+        match self.budget.record(used) {
+            Some(Change::Reached) => warn!(
+                used_bytes = used,
+                max_db_bytes = self.budget.limit(),
+                total = DISK_BUDGET_REACHED.load(std::sync::atomic::Ordering::Relaxed),
+                "disk budget reached: new uplinks and downlinks are refused until delivered messages are pruned; nothing undelivered is deleted"
+            ),
+            Some(Change::Freed) => info!(
+                used_bytes = used,
+                max_db_bytes = self.budget.limit(),
+                "disk budget: space freed, new messages are taken again"
+            ),
+            None => {}
         }
     }
 
     pub(super) fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>, max_batch: usize) {
+        let wedge_at = test_wedge();
         let mut batch = Vec::with_capacity(max_batch);
         while let Some(first) = rx.blocking_recv() {
+            if let Some(at) = wedge_at {
+                if Instant::now() >= at {
+                    wedge();
+                }
+            }
             batch.push(first);
             while batch.len() < max_batch {
                 match rx.try_recv() {
@@ -99,6 +152,7 @@ impl Writer {
         let mut failing_since: Option<Instant> = None;
         let mut reported = Instant::now();
         loop {
+            self.beat.bump();
             match self.apply(batch) {
                 Ok(answers) => {
                     self.seqs.committed();
@@ -111,6 +165,9 @@ impl Writer {
                     }
                     for (op, answer) in batch.drain(..).zip(answers) {
                         answer(op);
+                    }
+                    if self.measured.elapsed() >= budget::MEASURE_EVERY {
+                        self.measure_budget();
                     }
                     return true;
                 }
@@ -242,6 +299,43 @@ fn apply_one(
             _ => None,
         }),
         Op::Down(down) => apply_down(tx, down),
+        Op::Ping(_) => answer(uplink::backlog(tx), |op| match op {
+            Op::Ping(reply) => Some(reply),
+            _ => None,
+        }),
+        Op::AlertScan {
+            after_dead, limit, ..
+        } => answer(uplink::alert_scan(tx, *after_dead, *limit), |op| match op {
+            Op::AlertScan { reply, .. } => Some(reply),
+            _ => None,
+        }),
+        Op::Prune(cutoffs, _) => answer(prune::prune(tx, cutoffs), |op| match op {
+            Op::Prune(_, reply) => Some(reply),
+            _ => None,
+        }),
+    }
+}
+
+/// The test hook behind the watchdog test: in debug builds only,
+/// `TEST_FERRY_WEDGE_WRITER_AFTER_MS=N` (not `FERRY_*`: those are config
+/// keys to the loader) makes the writer stop for good at
+/// the first request it takes N ms after it started, as a writer stuck in
+/// a system call would. Release builds never read it.
+fn test_wedge() -> Option<Instant> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let ms: u64 = std::env::var("TEST_FERRY_WEDGE_WRITER_AFTER_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Instant::now() + Duration::from_millis(ms))
+}
+
+fn wedge() -> ! {
+    warn!("store writer wedged on purpose (TEST_FERRY_WEDGE_WRITER_AFTER_MS)");
+    loop {
+        std::thread::park();
     }
 }
 
@@ -320,6 +414,10 @@ fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
                 _ => None,
             })
         }
+        DownOp::Refuse { receipt, .. } => answer(outbox::put(tx, receipt), |op| match op {
+            DownOp::Refuse { reply, .. } => Some(reply),
+            _ => None,
+        }),
         DownOp::OutboxPage { from, limit, .. } => {
             answer(outbox::page(tx, *from, *limit), |op| match op {
                 DownOp::OutboxPage { reply, .. } => Some(reply),
@@ -356,6 +454,9 @@ fn fail(op: Op, e: &StoreError) {
         Op::Lookup { reply, .. } => err(reply, e),
         Op::ExpireDue { reply, .. } => err(reply, e),
         Op::TakeReplays(r) => err(r, e),
+        Op::Ping(reply) => err(reply, e),
+        Op::Prune(_, reply) => err(reply, e),
+        Op::AlertScan { reply, .. } => err(reply, e),
         Op::Down(down) => match down {
             DownOp::Intake(_, r) => err(r, e),
             DownOp::Batch { reply, .. } => err(reply, e),
@@ -364,6 +465,7 @@ fn fail(op: Op, e: &StoreError) {
             DownOp::Cursors { reply, .. } => err(reply, e),
             DownOp::Sweep { reply, .. } => err(reply, e),
             DownOp::Reject { reply, .. } => err(reply, e),
+            DownOp::Refuse { reply, .. } => err(reply, e),
             DownOp::OutboxPage { reply, .. } => err(reply, e),
             DownOp::ReceiptsSent(_) => {}
             DownOp::ReceiptDead { reply, .. } => err(reply, e),

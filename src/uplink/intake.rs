@@ -245,9 +245,19 @@ async fn accept(
         }
         return Verdict::Done;
     }
-    // Everything else goes to the store and is answered.
+    // Everything else goes to the store and is answered; at the disk
+    // budget nothing new is written (dead letters included).
+    if store.budget().over() {
+        let budget = store.budget();
+        let detail = format!(
+            "the store is at store.max_db_bytes ({} of {} bytes); resend later",
+            budget.used(),
+            budget.limit()
+        );
+        return refuse(sender, RejectCode::DiskBudget, detail, &msg);
+    }
     if !limits.admit(&sender) {
-        return refuse(sender, limits.in_flight_detail(), &msg);
+        return refuse(sender, RejectCode::Rate, limits.in_flight_detail(), &msg);
     }
     Verdict::Answer {
         answer: judge(cfg, topics, store, route, &msg),
@@ -279,19 +289,20 @@ fn over_rate(limits: &mut Limits, route: Route, sender: Sender, msg: &SouthMessa
         // presence comes from the broker, external presence from the held
         // status.
         Route::Control { .. } => Verdict::Done,
-        _ => refuse(sender, limits.rate_detail(), msg),
+        _ => refuse(sender, RejectCode::Rate, limits.rate_detail(), msg),
     }
 }
 
-/// Answers `rejected`, reason `rate`, without going to the store: the
-/// device keeps the message and resends it after its receipt timeout. A
-/// publish with no device to answer is let go (it was counted).
-fn refuse(sender: Sender, detail: String, msg: &SouthMessage) -> Verdict {
+/// Answers `rejected` with a retryable reason (`rate`, `disk_budget`)
+/// without going to the store: the device keeps the message and resends it
+/// after its receipt timeout. A publish with no device to answer is let go
+/// (it was counted).
+fn refuse(sender: Sender, code: RejectCode, detail: String, msg: &SouthMessage) -> Verdict {
     let Some(device) = sender else {
         return Verdict::Done;
     };
     let rejection = Rejection {
-        code: RejectCode::Rate,
+        code,
         detail,
         msg_id: sniff_msg_id(&msg.payload),
     };

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::deadlines::sleep_until;
+use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
 use crate::north::{NorthEvent, NorthSender, Tag};
 use crate::protocol::ack::{parse_acks, BackendAck};
@@ -109,6 +110,7 @@ pub async fn run_engine(
     mut stored: mpsc::Receiver<ToEngine>,
     mut north_events: mpsc::Receiver<NorthEvent>,
     shutdown: Shutdown,
+    mut probed: Probed,
 ) -> Result<(), StoreError> {
     for device in engine.store.pending_devices().await? {
         engine.scheduler.on_backlog(device);
@@ -174,6 +176,12 @@ pub async fn run_engine(
                 Vec::new()
             }
             _ = sleep => engine.scheduler.on_tick(Instant::now()),
+            // The watchdog's ping: answered from the loop, so an answer
+            // proves the loop turns.
+            ack = probed.recv() => {
+                let _ = ack.send(());
+                Vec::new()
+            }
             _ = sweep.tick(), if flush_by.is_none() => {
                 let expired = engine.store.expire_due(now_ms());
                 pending.push(Box::pin(async move { Done::Expired(expired.await) }));

@@ -27,6 +27,9 @@ pub struct FerryOpts {
     /// connects to that listener (devices keep the plain one). The test
     /// sets `south.site_tls` to match.
     pub site_tls: Option<TlsListener>,
+    /// Extra environment for the `ferry run` process (systemd's
+    /// `NOTIFY_SOCKET`, a test hook).
+    pub env: Vec<(String, String)>,
 }
 
 impl FerryOpts {
@@ -62,6 +65,7 @@ impl FerryOpts {
             mode: Mode::Embedded,
             logins: Vec::new(),
             site_tls: None,
+            env: Vec::new(),
         }
     }
 
@@ -69,6 +73,12 @@ impl FerryOpts {
     /// `FerryOpts::new("gw", port).with(|c| c.south.max_connections = 3)`.
     pub fn with(mut self, change: impl FnOnce(&mut RawConfig)) -> FerryOpts {
         change(&mut self.config);
+        self
+    }
+
+    /// These options with `key=value` in ferry's environment.
+    pub fn with_env(mut self, key: &str, value: &str) -> FerryOpts {
+        self.env.push((key.to_string(), value.to_string()));
         self
     }
 

@@ -73,6 +73,7 @@ pub struct Ferry {
     pub log_path: PathBuf,
     /// The config it runs on, as written to `config_path`.
     pub config: RawConfig,
+    env: Vec<(String, String)>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -139,6 +140,7 @@ impl Ferry {
             log_path: dir.path().join("ferry.log"),
             config_path,
             config,
+            env: opts.env,
             dir,
             child: None,
         };
@@ -168,6 +170,7 @@ impl Ferry {
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log handle"))

@@ -120,7 +120,7 @@ async fn a_rejected_downlink_commits_its_dead_letter_and_a_receipt_naming_it() {
         r["reason"],
         format!(
             "malformed: expected JSON object (dead letter {})",
-            rejected.dead_letter
+            rejected.dead_letter.unwrap()
         )
     );
     assert_eq!(

@@ -1,0 +1,420 @@
+//! Alerts for the backend's operators, on `ferry/{gateway}/alerts` as
+//! `{"kind", "detail", "ts"}`, each also a WARN log event and a count in
+//! [`ALERTS_RAISED`]:
+//! - `dead_letter`: a message was dead-lettered (either direction; found by
+//!   the dead-letter table's ids, so every path that writes one is seen);
+//! - `north_down`: the upstream link has been down longer than
+//!   `alerts.north_down_s` (once per outage);
+//! - `backlog_age`: the oldest undelivered message is older than
+//!   `alerts.backlog_age_s` (once, until the backlog is younger again);
+//! - `disk_budget`: the store reached `store.max_db_bytes` (once, until it
+//!   is under it again).
+//!
+//! Delivery: alerts wait in memory while the link is down and are sent
+//! when it is up; one the upstream has not acknowledged when the link
+//! drops is sent again. They are not durable: a restart loses the queue
+//! (the conditions themselves are still in the store and raise their
+//! alerts again if they last), and past [`MAX_QUEUED`] waiting the oldest
+//! are dropped and counted.
+//!
+//! What to raise is decided by [`Monitor`], free of I/O and clocks.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::north::{NorthEvent, NorthSender, Tag};
+use crate::protocol::now_ms;
+use crate::shutdown::Shutdown;
+use crate::store::{AlertScan, Store};
+
+/// Alerts raised, counted.
+pub static ALERTS_RAISED: AtomicU64 = AtomicU64::new(0);
+/// Alerts dropped unsent (the queue was full), counted.
+pub static ALERTS_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Alerts waiting for the link, at most.
+pub const MAX_QUEUED: usize = 10_000;
+/// How often the store is looked at.
+const CHECK_EVERY: Duration = Duration::from_secs(5);
+/// Dead letters read per check; past it, one alert says how many more.
+const DEAD_PER_CHECK: usize = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertKind {
+    DeadLetter,
+    NorthDown,
+    BacklogAge,
+    DiskBudget,
+}
+
+impl AlertKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertKind::DeadLetter => "dead_letter",
+            AlertKind::NorthDown => "north_down",
+            AlertKind::BacklogAge => "backlog_age",
+            AlertKind::DiskBudget => "disk_budget",
+        }
+    }
+}
+
+/// One alert as published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Alert {
+    pub kind: AlertKind,
+    pub detail: String,
+    pub ts: i64,
+}
+
+/// `[alerts]`, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlertsConfig {
+    pub north_down: Duration,
+    pub backlog_age: Duration,
+}
+
+/// Decides what to raise from what it is shown.
+#[derive(Debug)]
+pub struct Monitor {
+    cfg: AlertsConfig,
+    /// Since when the link is down (`None`: up).
+    down_since: Option<Instant>,
+    north_raised: bool,
+    backlog_raised: bool,
+    budget_raised: bool,
+}
+
+impl Monitor {
+    /// The link starts down, as of `now`.
+    pub fn new(cfg: AlertsConfig, now: Instant) -> Monitor {
+        Monitor {
+            cfg,
+            down_since: Some(now),
+            north_raised: false,
+            backlog_raised: false,
+            budget_raised: false,
+        }
+    }
+
+    pub fn link_up(&mut self) {
+        self.down_since = None;
+        self.north_raised = false;
+    }
+
+    pub fn link_down(&mut self, now: Instant) {
+        self.down_since.get_or_insert(now);
+    }
+
+    /// The alerts due at `now` (`now_ms` on the wall clock) given `scan`.
+    pub fn check(&mut self, now: Instant, now_ms: i64, scan: &AlertScan) -> Vec<Alert> {
+        let mut out = Vec::new();
+        let alert = |kind, detail: String| Alert {
+            kind,
+            detail,
+            ts: now_ms,
+        };
+        if let Some(since) = self.down_since {
+            let down = now.saturating_duration_since(since);
+            if down >= self.cfg.north_down && !self.north_raised {
+                self.north_raised = true;
+                out.push(alert(
+                    AlertKind::NorthDown,
+                    format!(
+                        "the upstream link has been down for {} s (alerts.north_down_s = {})",
+                        down.as_secs(),
+                        self.cfg.north_down.as_secs()
+                    ),
+                ));
+            }
+        }
+        let oldest = [scan.oldest_uplink_ms, scan.oldest_downlink_ms]
+            .into_iter()
+            .flatten()
+            .min();
+        let age = oldest.map(|ms| Duration::from_millis(now_ms.saturating_sub(ms).max(0) as u64));
+        match age {
+            Some(age) if age >= self.cfg.backlog_age => {
+                if !self.backlog_raised {
+                    self.backlog_raised = true;
+                    out.push(alert(
+                        AlertKind::BacklogAge,
+                        format!(
+                            "the oldest undelivered message is {} s old (alerts.backlog_age_s = {}); {} uplinks waiting",
+                            age.as_secs(),
+                            self.cfg.backlog_age.as_secs(),
+                            scan.backlog.uplinks
+                        ),
+                    ));
+                }
+            }
+            _ => self.backlog_raised = false,
+        }
+        if scan.over_budget && !self.budget_raised {
+            self.budget_raised = true;
+            out.push(alert(
+                AlertKind::DiskBudget,
+                format!(
+                    "the store is at store.max_db_bytes ({} of {} bytes): new messages are refused until delivered ones are pruned",
+                    scan.used_bytes, scan.max_db_bytes
+                ),
+            ));
+        } else if !scan.over_budget {
+            self.budget_raised = false;
+        }
+        for d in &scan.dead {
+            out.push(alert(
+                AlertKind::DeadLetter,
+                format!(
+                    "dead letter {} ({}): device {}, msg_id {}: {}",
+                    d.id,
+                    d.direction,
+                    d.device.as_deref().unwrap_or("?"),
+                    d.msg_id.as_deref().unwrap_or("?"),
+                    d.reason
+                ),
+            ));
+        }
+        if scan.more_dead > 0 {
+            out.push(alert(
+                AlertKind::DeadLetter,
+                format!("{} more dead letters since the last check", scan.more_dead),
+            ));
+        }
+        out
+    }
+}
+
+/// Alerts not yet acknowledged by the upstream.
+#[derive(Debug, Default)]
+struct Outbox {
+    next_id: u64,
+    queued: VecDeque<(u64, Bytes)>,
+    in_flight: BTreeMap<u64, Bytes>,
+}
+
+impl Outbox {
+    fn push(&mut self, body: Bytes) {
+        if self.queued.len() + self.in_flight.len() >= MAX_QUEUED {
+            self.queued.pop_front();
+            let total = ALERTS_DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
+            warn!(
+                total,
+                max = MAX_QUEUED,
+                "alert queue full while north is down; the oldest alert was dropped"
+            );
+        }
+        self.next_id += 1;
+        self.queued.push_back((self.next_id, body));
+    }
+
+    /// The link dropped: what was not acknowledged goes again, first.
+    fn link_down(&mut self) {
+        let again = std::mem::take(&mut self.in_flight);
+        for (id, body) in again.into_iter().rev() {
+            self.queued.push_front((id, body));
+        }
+    }
+}
+
+/// Runs until shutdown begins or the store stops.
+pub async fn run(
+    cfg: AlertsConfig,
+    store: Store,
+    north: NorthSender,
+    topic: String,
+    mut events: mpsc::Receiver<NorthEvent>,
+    mut shutdown: Shutdown,
+) {
+    let mut monitor = Monitor::new(cfg, Instant::now());
+    let mut outbox = Outbox::default();
+    let mut epoch: Option<u64> = None;
+    // Dead letters from before this run were someone's news already.
+    let mut after_dead = match store.alert_scan(i64::MAX, 0).await {
+        Ok(scan) => scan.max_dead_id,
+        Err(_) => return,
+    };
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.begun() => return,
+            ev = events.recv() => match ev {
+                Some(NorthEvent::Up(e)) => {
+                    epoch = Some(e);
+                    monitor.link_up();
+                }
+                Some(NorthEvent::Down) => {
+                    epoch = None;
+                    monitor.link_down(Instant::now());
+                    outbox.link_down();
+                }
+                Some(NorthEvent::Published(Tag::Alert(id))) => {
+                    outbox.in_flight.remove(&id);
+                }
+                Some(NorthEvent::Refused(Tag::Alert(id))) => {
+                    outbox.in_flight.remove(&id);
+                    warn!(alert = id, "the upstream refused an alert; dropped");
+                }
+                Some(_) => {}
+                None => return,
+            },
+            _ = tick.tick() => {
+                let scan = match store.alert_scan(after_dead, DEAD_PER_CHECK).await {
+                    Ok(scan) => scan,
+                    Err(e) if e.is_fatal() => return,
+                    Err(e) => {
+                        debug!(error = %e, "alert check failed; tried again");
+                        continue;
+                    }
+                };
+                after_dead = after_dead.max(scan.max_dead_id);
+                for alert in monitor.check(Instant::now(), now_ms(), &scan) {
+                    let total = ALERTS_RAISED.fetch_add(1, Ordering::Relaxed) + 1;
+                    warn!(kind = alert.kind.as_str(), detail = %alert.detail, total, "alert raised");
+                    match serde_json::to_vec(&alert) {
+                        Ok(body) => outbox.push(Bytes::from(body)),
+                        Err(e) => debug!(error = %e, "alert not serialized"),
+                    }
+                }
+            }
+        }
+        if let Some(e) = epoch {
+            while let Some((id, body)) = outbox.queued.pop_front() {
+                if !north.publish(topic.clone(), body.clone(), Tag::Alert(id), e) {
+                    // The session's queue is full: next turn.
+                    outbox.queued.push_front((id, body));
+                    break;
+                }
+                outbox.in_flight.insert(id, body);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Backlog;
+
+    fn cfg() -> AlertsConfig {
+        AlertsConfig {
+            north_down: Duration::from_secs(60),
+            backlog_age: Duration::from_secs(600),
+        }
+    }
+
+    fn scan() -> AlertScan {
+        AlertScan::default()
+    }
+
+    fn kinds(alerts: &[Alert]) -> Vec<AlertKind> {
+        alerts.iter().map(|a| a.kind).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_north_outage_is_raised_once_past_its_threshold_and_again_for_the_next_outage() {
+        let start = Instant::now();
+        let mut m = Monitor::new(cfg(), start);
+        m.link_up();
+        m.link_down(Instant::now());
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(m.check(Instant::now(), 0, &scan()).is_empty());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let alerts = m.check(Instant::now(), 0, &scan());
+        assert_eq!(kinds(&alerts), [AlertKind::NorthDown]);
+        assert!(alerts[0].detail.contains("60 s"), "{}", alerts[0].detail);
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert!(m.check(Instant::now(), 0, &scan()).is_empty());
+        m.link_up();
+        m.link_down(Instant::now());
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(
+            kinds(&m.check(Instant::now(), 0, &scan())),
+            [AlertKind::NorthDown]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_old_backlog_and_the_disk_budget_are_raised_once_until_they_clear() {
+        let mut m = Monitor::new(cfg(), Instant::now());
+        m.link_up();
+        let now_ms = 10_000_000;
+        let old = AlertScan {
+            oldest_uplink_ms: Some(now_ms - 601_000),
+            backlog: Backlog {
+                uplinks: 3,
+                downlinks: 0,
+            },
+            over_budget: true,
+            ..scan()
+        };
+        let alerts = m.check(Instant::now(), now_ms, &old);
+        assert_eq!(
+            kinds(&alerts),
+            [AlertKind::BacklogAge, AlertKind::DiskBudget]
+        );
+        assert!(m.check(Instant::now(), now_ms, &old).is_empty());
+        let young = AlertScan {
+            oldest_downlink_ms: Some(now_ms - 1000),
+            ..scan()
+        };
+        assert!(m.check(Instant::now(), now_ms, &young).is_empty());
+        assert_eq!(
+            kinds(&m.check(Instant::now(), now_ms, &old)),
+            [AlertKind::BacklogAge, AlertKind::DiskBudget]
+        );
+    }
+
+    #[test]
+    fn every_dead_letter_is_an_alert_and_a_flood_is_summed_up() {
+        let mut m = Monitor::new(cfg(), Instant::now());
+        m.link_up();
+        let s = AlertScan {
+            dead: vec![crate::store::DeadSummary {
+                id: 7,
+                direction: "up".into(),
+                device: Some("press-7".into()),
+                msg_id: Some("m1".into()),
+                reason: "nack: bad unit".into(),
+            }],
+            more_dead: 250,
+            ..scan()
+        };
+        let alerts = m.check(Instant::now(), 5, &s);
+        assert_eq!(
+            kinds(&alerts),
+            [AlertKind::DeadLetter, AlertKind::DeadLetter]
+        );
+        assert_eq!(
+            alerts[0].detail,
+            "dead letter 7 (up): device press-7, msg_id m1: nack: bad unit"
+        );
+        assert_eq!(
+            serde_json::to_value(&alerts[0]).unwrap()["kind"],
+            "dead_letter"
+        );
+        assert!(alerts[1].detail.starts_with("250 more"));
+    }
+
+    #[test]
+    fn alerts_not_acknowledged_when_the_link_drops_go_again_first() {
+        let mut o = Outbox::default();
+        for b in ["a", "b", "c"] {
+            o.push(Bytes::from(b));
+        }
+        let (id, body) = o.queued.pop_front().unwrap();
+        o.in_flight.insert(id, body);
+        o.link_down();
+        let order: Vec<u64> = o.queued.iter().map(|(id, _)| *id).collect();
+        assert_eq!(order, [1, 2, 3]);
+        assert!(o.in_flight.is_empty());
+    }
+}

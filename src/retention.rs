@@ -1,0 +1,143 @@
+//! The pruner: deletes what is past its retention (`store.retention_days`,
+//! `store.dead_letter_retention_days`) in batches of [`BATCH`] rows, one
+//! store request at a time, so the pipeline's requests are committed in
+//! between and never wait behind a long delete.
+//!
+//! A pass runs shortly after start and then every [`EVERY`]; while the
+//! store is at its disk budget, every [`UNDER_PRESSURE_EVERY`], and then
+//! delivered messages go whatever their age (oldest first) so new ones can
+//! be taken again. Nothing undelivered is ever deleted (see
+//! [`crate::store::prune`]).
+
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use crate::protocol::now_ms;
+use crate::shutdown::Shutdown;
+use crate::store::prune::{Cutoffs, Pruned};
+use crate::store::Store;
+
+/// Rows of each kind per store request.
+pub const BATCH: usize = 500;
+/// The first pass, after start (the pipeline's start-up reads go first).
+const FIRST: Duration = Duration::from_secs(1);
+/// Between passes.
+const EVERY: Duration = Duration::from_secs(60);
+/// Between passes while the store is at its disk budget, and how often
+/// the pruner looks whether it is.
+const UNDER_PRESSURE_EVERY: Duration = Duration::from_secs(1);
+
+/// What a pass deletes before, `now_ms` being now.
+pub fn cutoffs(
+    now_ms: i64,
+    retention: Duration,
+    dead_retention: Duration,
+    pressure: bool,
+) -> Cutoffs {
+    let before = |d: Duration| now_ms.saturating_sub(d.as_millis().min(i64::MAX as u128) as i64);
+    Cutoffs {
+        // Under pressure: everything delivered up to now.
+        delivered_ms: if pressure {
+            now_ms.saturating_add(1)
+        } else {
+            before(retention)
+        },
+        dead_ms: before(dead_retention),
+        limit: BATCH,
+    }
+}
+
+/// Runs until shutdown begins or the store stops.
+pub async fn run(
+    store: Store,
+    retention: Duration,
+    dead_retention: Duration,
+    mut shutdown: Shutdown,
+) {
+    // Woken every second: a pass is due every EVERY, and at once (and
+    // then every second) while the store is at its disk budget.
+    let mut last_pass: Option<tokio::time::Instant> = None;
+    let mut first = true;
+    loop {
+        let wait = if first { FIRST } else { UNDER_PRESSURE_EVERY };
+        first = false;
+        tokio::select! {
+            _ = shutdown.begun() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        if !pass_due(last_pass.map(|t| t.elapsed()), store.budget().over()) {
+            continue;
+        }
+        last_pass = Some(tokio::time::Instant::now());
+        let pressure = store.budget().over();
+        let mut total = Pruned::default();
+        loop {
+            let c = cutoffs(now_ms(), retention, dead_retention, pressure);
+            match store.prune(c).await {
+                Ok(p) => {
+                    total.uplinks += p.uplinks;
+                    total.downlinks += p.downlinks;
+                    total.dead_letters += p.dead_letters;
+                    if !p.more(BATCH) {
+                        break;
+                    }
+                }
+                Err(e) if e.is_fatal() => return,
+                Err(e) => {
+                    warn!(error = %e, "pruning failed; tried again at the next pass");
+                    break;
+                }
+            }
+            if shutdown.flush_by().is_some() {
+                return;
+            }
+        }
+        if total.any() {
+            info!(
+                uplinks = total.uplinks,
+                downlinks = total.downlinks,
+                dead_letters = total.dead_letters,
+                disk_budget_pressure = pressure,
+                "pruned past retention"
+            );
+        } else {
+            debug!(disk_budget_pressure = pressure, "nothing to prune");
+        }
+    }
+}
+
+/// Whether a pass is due, `since` the last one (`None`: there was none).
+fn pass_due(since: Option<Duration>, over_budget: bool) -> bool {
+    over_budget || since.is_none_or(|s| s >= EVERY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_is_due_at_start_every_minute_and_at_once_at_the_budget() {
+        assert!(pass_due(None, false));
+        assert!(!pass_due(Some(Duration::from_secs(1)), false));
+        assert!(pass_due(Some(EVERY), false));
+        assert!(pass_due(Some(Duration::from_secs(1)), true));
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn cutoffs_are_the_retentions_before_now_and_now_under_pressure() {
+        let now = 100 * 86_400_000;
+        let c = cutoffs(now, 30 * DAY, 90 * DAY, false);
+        assert_eq!(c.delivered_ms, 70 * 86_400_000);
+        assert_eq!(c.dead_ms, 10 * 86_400_000);
+        assert_eq!(c.limit, BATCH);
+        let c = cutoffs(now, 30 * DAY, 90 * DAY, true);
+        assert_eq!(c.delivered_ms, now + 1);
+        // Dead letters are never pruned early.
+        assert_eq!(c.dead_ms, 10 * 86_400_000);
+        // A retention past the epoch does not wrap.
+        assert!(cutoffs(5, 36_500 * DAY, 36_500 * DAY, false).dead_ms < 0);
+    }
+}

@@ -1,0 +1,128 @@
+//! Retention: deleting what is finished and old, a small batch at a time.
+//!
+//! One call deletes at most `limit` rows of each kind, in the writer's
+//! transaction like any other op, so pruning takes turns with the pipeline
+//! instead of holding the database. What goes:
+//! - delivered uplinks done before the retention cutoff, with their
+//!   history (under disk-budget pressure: any delivered uplink, oldest
+//!   first);
+//! - downlink messages stored before the cutoff whose every delivery is
+//!   finished (delivered, read, expired or dead) since before the cutoff,
+//!   with those deliveries (under pressure: finished at all);
+//! - dead letters older than the dead-letter retention, with the dead
+//!   uplink row they refer to and its history (never early: a dead letter
+//!   is not delivered data).
+//!
+//! Never: a stored (undelivered) uplink, a delivery still waiting for its
+//! device, the `devices` rows (their sequence counters and cursors), or a
+//! receipt in the outbox.
+
+use rusqlite::{params, Transaction};
+
+use super::StoreError;
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// What one call deletes before, and how much.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cutoffs {
+    /// Delivered messages finished before this are deleted.
+    pub delivered_ms: i64,
+    /// Dead letters written before this are deleted.
+    pub dead_ms: i64,
+    /// Rows of each kind per call, at most.
+    pub limit: usize,
+}
+
+/// What one call deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub uplinks: usize,
+    pub downlinks: usize,
+    pub dead_letters: usize,
+}
+
+impl Pruned {
+    /// Whether some kind filled its batch: there may be more to delete.
+    pub fn more(&self, limit: usize) -> bool {
+        self.uplinks >= limit || self.downlinks >= limit || self.dead_letters >= limit
+    }
+
+    pub fn any(&self) -> bool {
+        self.uplinks + self.downlinks + self.dead_letters > 0
+    }
+}
+
+pub fn prune(tx: &Transaction<'_>, c: &Cutoffs) -> Result<Pruned> {
+    let limit = c.limit as i64;
+    let uplinks: Vec<i64> = tx
+        .prepare_cached(
+            "DELETE FROM uplink WHERE id IN (
+                 SELECT id FROM uplink WHERE state = 'delivered' AND done_ms < ?1
+                 ORDER BY done_ms LIMIT ?2)
+             RETURNING id",
+        )?
+        .query_map(params![c.delivered_ms, limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    delete_history(tx, &uplinks)?;
+
+    let messages: Vec<i64> = tx
+        .prepare_cached(
+            "SELECT id FROM down_message m WHERE stored_ms < ?1
+                 AND NOT EXISTS (SELECT 1 FROM down_delivery d WHERE d.message_id = m.id
+                                 AND (d.state = 'stored' OR d.at_ms >= ?1))
+             ORDER BY stored_ms LIMIT ?2",
+        )?
+        .query_map(params![c.delivered_ms, limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    {
+        // Their history (`ferry trace`) goes with them.
+        let mut history = tx.prepare_cached(
+            "DELETE FROM down_history WHERE (device, seq) IN
+                 (SELECT device, seq FROM down_delivery WHERE message_id = ?1)",
+        )?;
+        let mut deliveries =
+            tx.prepare_cached("DELETE FROM down_delivery WHERE message_id = ?1")?;
+        let mut message = tx.prepare_cached("DELETE FROM down_message WHERE id = ?1")?;
+        for id in &messages {
+            history.execute([id])?;
+            deliveries.execute([id])?;
+            message.execute([id])?;
+        }
+    }
+
+    let dead: Vec<Option<i64>> = tx
+        .prepare_cached(
+            "DELETE FROM dead_letter WHERE id IN (
+                 SELECT id FROM dead_letter WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)
+             RETURNING uplink_id",
+        )?
+        .query_map(params![c.dead_ms, limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut dead_uplinks = Vec::new();
+    {
+        // Only a dead row: a replayed one (back in `stored`) is kept, with
+        // its history.
+        let mut stmt = tx.prepare_cached("DELETE FROM uplink WHERE id = ?1 AND state = 'dead'")?;
+        for id in dead.iter().flatten() {
+            if stmt.execute([id])? > 0 {
+                dead_uplinks.push(*id);
+            }
+        }
+    }
+    delete_history(tx, &dead_uplinks)?;
+
+    Ok(Pruned {
+        uplinks: uplinks.len(),
+        downlinks: messages.len(),
+        dead_letters: dead.len(),
+    })
+}
+
+fn delete_history(tx: &Transaction<'_>, ids: &[i64]) -> Result<()> {
+    let mut stmt = tx.prepare_cached("DELETE FROM uplink_history WHERE uplink_id = ?1")?;
+    for id in ids {
+        stmt.execute([id])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! Retention and the alerts' scan through the store: what a prune deletes,
+//! and what it never does; what the alerts see.
+
+use super::down::{dev, msg};
+use super::*;
+use crate::store::prune::Cutoffs;
+
+fn count(dir: &std::path::Path, sql: &str) -> i64 {
+    let conn = rusqlite::Connection::open(dir.join(DB_FILE)).unwrap();
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+#[tokio::test]
+async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undelivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    for m in ["old", "new", "waiting", "dead"] {
+        put(&store, "a", m).await;
+    }
+    let t = |m: &str, to, at_ms| Transition {
+        device: DeviceId::new("a").unwrap(),
+        msg_id: MsgId::new(m).unwrap(),
+        to,
+        attempts: 1,
+        reason: None,
+        at_ms,
+    };
+    store
+        .transition(t("old", MessageState::Delivered, 100))
+        .await
+        .unwrap();
+    store
+        .transition(t("new", MessageState::Delivered, 900))
+        .await
+        .unwrap();
+    store
+        .transition(t("dead", MessageState::Dead, 100))
+        .await
+        .unwrap();
+    // A downlink for two devices, one of which confirmed it; another that
+    // both confirmed.
+    store
+        .down_intake(msg("d-half", &["p", "q"], 100, None))
+        .await
+        .unwrap();
+    store
+        .down_intake(msg("d-done", &["p", "q"], 100, None))
+        .await
+        .unwrap();
+    store.advance(dev("p"), Seq(2), false, 5).await.unwrap();
+    store.advance(dev("q"), Seq(2), true, 5).await.unwrap();
+    // "d-half" is p's 1 and q's 1; q's cursor is past both, p's too; make
+    // d-half wait for q again by putting its delivery back.
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute(
+            "UPDATE down_delivery SET state = 'stored' WHERE device = 'q' AND seq = 1",
+            [],
+        )
+        .unwrap();
+    }
+
+    let cutoffs = Cutoffs {
+        delivered_ms: 500,
+        dead_ms: 50,
+        limit: 1,
+    };
+    let first = store.prune(cutoffs).await.unwrap();
+    assert_eq!(
+        (first.uplinks, first.downlinks, first.dead_letters),
+        (1, 1, 0)
+    );
+    assert!(first.more(1));
+    let second = store.prune(cutoffs).await.unwrap();
+    assert!(!second.any(), "{second:?}");
+
+    let d = dir.path();
+    assert_eq!(
+        count(d, "SELECT count(*) FROM uplink WHERE msg_id = 'old'"),
+        0
+    );
+    assert_eq!(
+        count(d, "SELECT count(*) FROM uplink_history WHERE uplink_id = 1"),
+        0
+    );
+    assert_eq!(
+        count(
+            d,
+            "SELECT count(*) FROM uplink WHERE msg_id IN ('new', 'waiting', 'dead')"
+        ),
+        3
+    );
+    assert_eq!(
+        count(
+            d,
+            "SELECT count(*) FROM down_message WHERE msg_id = 'd-done'"
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            d,
+            "SELECT count(*) FROM down_message WHERE msg_id = 'd-half'"
+        ),
+        1
+    );
+    assert_eq!(count(d, "SELECT count(*) FROM down_delivery"), 2);
+    // The pruned deliveries' history went with them; the kept ones' stays.
+    assert_eq!(
+        count(
+            d,
+            "SELECT count(*) FROM down_history h WHERE NOT EXISTS
+                 (SELECT 1 FROM down_delivery x WHERE x.device = h.device AND x.seq = h.seq)"
+        ),
+        0
+    );
+    assert!(count(d, "SELECT count(*) FROM down_history") > 0);
+    assert_eq!(count(d, "SELECT count(*) FROM devices"), 3);
+
+    // Dead letters past their own retention go with their uplink row.
+    let later = Cutoffs {
+        delivered_ms: 500,
+        dead_ms: 1000,
+        limit: 500,
+    };
+    let third = store.prune(later).await.unwrap();
+    assert_eq!(third.dead_letters, 1);
+    assert_eq!(count(d, "SELECT count(*) FROM dead_letter"), 0);
+    assert_eq!(
+        count(d, "SELECT count(*) FROM uplink WHERE msg_id = 'dead'"),
+        0
+    );
+    assert_eq!(
+        count(d, "SELECT count(*) FROM uplink WHERE state = 'stored'"),
+        1
+    );
+}
+
+#[tokio::test]
+async fn the_alert_scan_finds_new_dead_letters_and_the_oldest_waiting_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    put(&store, "a", "m1").await;
+    put(&store, "b", "m2").await;
+    let dead = |m: &str| Transition {
+        device: DeviceId::new("a").unwrap(),
+        msg_id: MsgId::new(m).unwrap(),
+        to: MessageState::Dead,
+        attempts: 1,
+        reason: Some("nack: bad".into()),
+        at_ms: 9,
+    };
+    store.transition(dead("m1")).await.unwrap();
+    store
+        .down_intake(msg("d1", &["p"], 100, None))
+        .await
+        .unwrap();
+
+    let scan = store.alert_scan(0, 10).await.unwrap();
+    // Both uplinks were stored at 1 (the test intake's time); m2 waits.
+    assert_eq!(scan.oldest_uplink_ms, Some(1));
+    assert_eq!(scan.backlog.uplinks, 1);
+    assert_eq!(scan.backlog.downlinks, 1);
+    assert!(scan.oldest_downlink_ms.is_some());
+    assert_eq!(scan.dead.len(), 1);
+    assert_eq!(scan.dead[0].msg_id.as_deref(), Some("m1"));
+    assert_eq!(scan.dead[0].direction, "up");
+    assert_eq!(scan.more_dead, 0);
+    assert_eq!(scan.max_dead_id, scan.dead[0].id);
+    assert!(!scan.over_budget);
+
+    let later = store.alert_scan(scan.max_dead_id, 10).await.unwrap();
+    assert!(later.dead.is_empty());
+}
