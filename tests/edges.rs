@@ -11,16 +11,13 @@ use ferry::ids::DeviceId;
 use rumqttc::{ConnectReturnCode, Packet, SubscribeReasonCode};
 use serde_json::{json, Value};
 
+use crate::support::receipts::status;
 use crate::support::{
     self, boot_id, ferry_command, north_topics, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs,
 };
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
-
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
-}
 
 /// A gateway whose north link stays down: uplinks wait in the store.
 fn lone_ferry(gateway: &str) -> Ferry {

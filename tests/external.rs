@@ -13,16 +13,14 @@ use serde_json::{json, Value};
 
 use ferry::client::backend::{BackendClient, BackendOptions};
 
+use crate::support::forgeries;
+use crate::support::receipts::status;
 use crate::support::{
     boot_id, device_topics, Backend, BareClient, Device, Ferry, FerryOpts, Mode, Mosquitto, RawMqtt,
 };
 
 const SECS_30: Duration = Duration::from_secs(30);
 const SECS_60: Duration = Duration::from_secs(60);
-
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
-}
 
 fn external(gateway: &str, north_port: u16) -> Ferry {
     Ferry::start(FerryOpts::new(gateway, north_port).in_mode(Mode::External))
@@ -220,22 +218,11 @@ async fn the_site_brokers_acl_keeps_a_device_out_of_another_devices_topics() {
 
     // The intruder, logged in as itself, tries every one of the victim's
     // topics, and to read them.
-    let attempts = [
-        (
-            vt.up("t"),
-            json!({"msg_id": format!("{boot}-forged"), "payload": 1}),
-        ),
-        (
-            vt.ack(),
-            json!({"msg_id": format!("{boot}-real"), "status": "stored", "seq": 1}),
-        ),
-        (vt.inbox(), json!({"messages": [], "more": false})),
-        (vt.confirm(), json!({"upto": 1000})),
-        (vt.read(), json!({"upto": 1000})),
-        (vt.nack(), json!({"seq": 1, "reason": "forged"})),
-        (vt.pull(), json!({"after": 0})),
-        (vt.status(), json!({"online": false})),
-    ];
+    let attempts = forgeries(
+        &vt,
+        json!({"msg_id": format!("{boot}-forged"), "payload": 1}).to_string(),
+        &format!("{boot}-real"),
+    );
     // Each on a connection of its own: Mosquitto may close the one that
     // tried a denied topic.
     for (topic, body) in &attempts {

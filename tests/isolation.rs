@@ -12,16 +12,14 @@ use ferry::client::backend::{BackendClient, BackendOptions};
 use rumqttc::SubscribeReasonCode;
 use serde_json::{json, Value};
 
+use crate::support::forgeries;
+use crate::support::receipts::status;
 use crate::support::{
     boot_id, device_topics, Backend, BareClient, Device, Ferry, FerryOpts, Mosquitto, RawMqtt,
 };
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
-
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
-}
 
 /// How the test's devices prove who they are.
 #[derive(Clone, Copy, Debug)]
@@ -95,22 +93,7 @@ async fn a_device_publishing_on_another_devices_topics_is_rejected_and_reaches_n
     // A, as itself, tries B's every topic.
     let mut a_receipts = Device::connect(ferry.south_port, "iso-a").await;
     let forged = json!({"msg_id": format!("{boot}-forged"), "payload": 1}).to_string();
-    let attempts = [
-        (bt.up("t"), forged.clone()),
-        (
-            bt.ack(),
-            json!({"msg_id": format!("{boot}-x"), "status": "stored", "seq": 1}).to_string(),
-        ),
-        (
-            bt.inbox(),
-            json!({"messages": [], "more": false}).to_string(),
-        ),
-        (bt.confirm(), json!({"upto": 1000}).to_string()),
-        (bt.read(), json!({"upto": 1000}).to_string()),
-        (bt.nack(), json!({"seq": 1, "reason": "forged"}).to_string()),
-        (bt.pull(), json!({"after": 0}).to_string()),
-        (bt.status(), json!({"online": false}).to_string()),
-    ];
+    let attempts = forgeries(&bt, forged.clone(), &format!("{boot}-x"));
     for (topic, body) in &attempts {
         a_receipts
             .publish_raw(topic, body.as_bytes().to_vec())

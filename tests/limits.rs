@@ -17,6 +17,7 @@ use ferry::protocol::receipt::ReceiptStatus;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::support::receipts::{ids_with, status};
 use crate::support::{
     self, boot_id, device_topics, north_topics, Backend, BareClient, Device, Ferry, FerryOpts,
     Mode, Mosquitto, RawMqtt,
@@ -25,21 +26,8 @@ use crate::support::{
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
 
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
-}
-
 fn reason(r: &Value) -> &str {
     r["reason"].as_str().unwrap_or("")
-}
-
-/// Distinct msg_ids with `wanted` status among `receipts`.
-fn ids_with(receipts: &[Value], wanted: &str) -> HashSet<String> {
-    receipts
-        .iter()
-        .filter(|r| status(r) == wanted)
-        .filter_map(|r| r["msg_id"].as_str().map(str::to_string))
-        .collect()
 }
 
 /// ferry's log lines that contain every one of `parts`.

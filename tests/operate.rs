@@ -7,21 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::support::receipts::eventually;
 use crate::support::{self, boot_id, north_topics, Backend, BareClient, Device, Ferry, FerryOpts};
 
 const DAY_MS: i64 = 86_400_000;
-
-/// Polls `check` until it holds; panics after `timeout` naming `what`.
-async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "not true within {timeout:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn reason(r: &Value) -> &str {
     r["reason"].as_str().unwrap_or("")

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ferry::ids::DeviceId;
 use serde_json::{json, Value};
 
+use crate::support::receipts::{ids_with, status};
 use crate::support::{
     self, boot_id, device_topics, north_connects, north_topics, Backend, Device, Ferry, FerryOpts,
     Mosquitto, RawMqtt,
@@ -17,19 +18,6 @@ use crate::support::{
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
 const SECS_60: Duration = Duration::from_secs(60);
-
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
-}
-
-/// Distinct msg_ids with `wanted` status among `receipts`.
-fn ids_with(receipts: &[Value], wanted: &str) -> HashSet<String> {
-    receipts
-        .iter()
-        .filter(|r| status(r) == wanted)
-        .filter_map(|r| r["msg_id"].as_str().map(str::to_string))
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_or_a_65000_byte_stream_is_rejected_at_intake_and_the_link_stays_up() {

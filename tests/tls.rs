@@ -17,6 +17,8 @@ use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 
 use crate::support::certs::{client_config, Issued};
+use crate::support::forgeries;
+use crate::support::receipts::status;
 use crate::support::{
     self, boot_id, check_config, device_topics, north_connects, north_topics, run_on_config,
     Backend, BareClient, Device, Ferry, FerryOpts, Mode, Mosquitto, Pki, RawMqtt, TlsListener,
@@ -24,10 +26,6 @@ use crate::support::{
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
-
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
-}
 
 /// Options for an embedded gateway whose device listener serves TLS with a
 /// server certificate from `pki` and, with `client_certs`, requires device
@@ -224,22 +222,7 @@ async fn a_device_is_held_by_its_certificate_to_its_own_topics() {
     // A, with its certificate, publishes on B's topics: rejected.
     let mut a = Device::connect_tls(port, "iso-a", pki.client_config(Some(&cert_a))).await;
     let forged = format!("{boot}-forged");
-    let attempts = [
-        (bt.up("t"), envelope(&forged)),
-        (
-            bt.ack(),
-            json!({"msg_id": format!("{boot}-x"), "status": "stored", "seq": 1}).to_string(),
-        ),
-        (
-            bt.inbox(),
-            json!({"messages": [], "more": false}).to_string(),
-        ),
-        (bt.confirm(), json!({"upto": 1000}).to_string()),
-        (bt.pull(), json!({"after": 0}).to_string()),
-        (bt.read(), json!({"upto": 1000}).to_string()),
-        (bt.nack(), json!({"seq": 1, "reason": "forged"}).to_string()),
-        (bt.status(), json!({"online": false}).to_string()),
-    ];
+    let attempts = forgeries(&bt, envelope(&forged), &format!("{boot}-x"));
     for (topic, body) in &attempts {
         a.publish_raw(topic, body.clone()).await;
     }

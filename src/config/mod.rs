@@ -7,15 +7,16 @@
 //! range again. Every error names the key it is about.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::ids::{DeviceId, GatewayId};
 
 mod raw;
+mod south;
 mod tls;
 pub use raw::*;
+pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode};
 pub use tls::{ClientTls, ListenerTls};
 
 /// A configuration error, always about one key.
@@ -80,68 +81,6 @@ pub struct DownlinkConfig {
 }
 
 #[derive(Debug, Clone)]
-pub struct SouthConfig {
-    pub mode: SouthMode,
-    /// Embedded mode: where the broker listens.
-    pub listen: SocketAddr,
-    pub max_payload_bytes: usize,
-    pub topic_prefix: String,
-    pub max_connections: usize,
-    /// A device asking for a longer keep-alive, or none, gets this one.
-    pub max_keep_alive: Duration,
-    pub max_subscriptions: usize,
-    /// Embedded mode: how long a connection may take to complete its TLS
-    /// handshake and its CONNECT.
-    pub connect_timeout: Duration,
-    /// Embedded mode: TLS on the device listener (`None`: plain TCP).
-    pub tls: Option<ListenerTls>,
-    /// Embedded mode: how devices prove who they are.
-    pub auth: SouthAuth,
-    /// Each device's token bucket, in both modes.
-    pub rate: RateLimit,
-    /// Uplinks from one device sent to the store and not yet answered, at most.
-    pub max_inflight_per_device: usize,
-}
-
-/// How the embedded broker authenticates devices.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SouthAuth {
-    /// Any client is accepted as the device its client id names; allowed
-    /// off loopback only with `south.allow_anonymous`.
-    None,
-    /// Client id = username, password checked against this file.
-    Password { file: PathBuf },
-}
-
-/// A token bucket: `per_s` publishes a second on average, `burst` at once.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RateLimit {
-    pub per_s: f64,
-    pub burst: u32,
-}
-
-/// Which broker devices talk to.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SouthMode {
-    /// ferry's own rumqttd on `south.listen`.
-    Embedded,
-    /// A client of the site's broker.
-    External(ExternalSouth),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExternalSouth {
-    pub host: String,
-    pub port: u16,
-    pub client_id: String,
-    /// `(username, password)`; `None` connects anonymously.
-    pub credentials: Option<(String, String)>,
-    pub keep_alive: Duration,
-    /// TLS to the site broker (`None`: plain TCP).
-    pub tls: Option<ClientTls>,
-}
-
-#[derive(Debug, Clone)]
 pub struct NorthConfig {
     pub host: String,
     pub port: u16,
@@ -197,64 +136,7 @@ impl Config {
                 "must name a directory",
             ));
         }
-        let listen = raw.south.listen.parse::<SocketAddr>().map_err(|e| {
-            ConfigError::new(
-                "south.listen",
-                format!("{e}; expected host:port, e.g. \"0.0.0.0:1883\""),
-            )
-        })?;
-        in_range(
-            "south.max_payload_bytes",
-            raw.south.max_payload_bytes,
-            64,
-            16 << 20,
-        )?;
-        topic_segment("south.topic_prefix", &raw.south.topic_prefix)?;
-        in_range(
-            "south.max_connections",
-            raw.south.max_connections,
-            1,
-            1_000_000,
-        )?;
-        in_range(
-            "south.max_keep_alive_s",
-            raw.south.max_keep_alive_s,
-            5,
-            u16::MAX as u64,
-        )?;
-        in_range(
-            "south.max_subscriptions",
-            raw.south.max_subscriptions,
-            2,
-            10_000,
-        )?;
-        in_range(
-            "south.connect_timeout_ms",
-            raw.south.connect_timeout_ms,
-            100,
-            u16::MAX as u64,
-        )?;
-        // No off switch: a device that may send without bound can fill the
-        // store for everyone. A site that wants no practical limit sets a
-        // high one.
-        let rate = raw.south.rate_per_s;
-        if !(rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&rate)) {
-            return Err(ConfigError::new(
-                "south.rate_per_s",
-                format!(
-                    "must be between {MIN_RATE} and {MAX_RATE} publishes per second (got {rate}); \
-                     there is no off switch, set a high rate instead"
-                ),
-            ));
-        }
-        in_range("south.burst", raw.south.burst, 1, 1_000_000)?;
-        in_range(
-            "south.max_inflight_per_device",
-            raw.south.max_inflight_per_device,
-            1,
-            crate::uplink::intake::MAX_UNANSWERED,
-        )?;
-
+        let south = south::check(&raw.south, &gateway)?;
         if raw.north.host.trim().is_empty() {
             return Err(ConfigError::new("north.host", "must not be empty"));
         }
@@ -294,72 +176,6 @@ impl Config {
         };
         let north_credentials = credentials("north", &raw.north.username, &raw.north.password)?;
         let north_tls = tls::client("north.tls", &raw.north.tls)?;
-        let listener_tls = &raw.south.tls;
-        let site_tls = &raw.south.site_tls;
-        let south_auth = south_auth(&raw.south, listen)?;
-        let south_mode = match raw.south.mode.as_str() {
-            "embedded" => {
-                if let Some(key) = tls::first_set(&[
-                    ("south.site_tls.ca", &site_tls.ca),
-                    ("south.site_tls.cert", &site_tls.cert),
-                    ("south.site_tls.key", &site_tls.key),
-                ]) {
-                    return Err(ConfigError::new(
-                        key,
-                        "is TLS to a site broker (south.mode = \"external\"); the embedded \
-                         listener's TLS is south.tls.cert, .key and .client_ca",
-                    ));
-                }
-                SouthMode::Embedded
-            }
-            "external" => {
-                if let Some(key) = tls::first_set(&[
-                    ("south.tls.cert", &listener_tls.cert),
-                    ("south.tls.key", &listener_tls.key),
-                    ("south.tls.client_ca", &listener_tls.client_ca),
-                    ("south.tls.crl", &listener_tls.crl),
-                ]) {
-                    return Err(ConfigError::new(
-                        key,
-                        "is TLS on the embedded listener, which external mode does not run; \
-                         TLS to the site broker is south.site_tls.ca, .cert and .key",
-                    ));
-                }
-                if raw.south.host.is_empty() {
-                    return Err(ConfigError::new(
-                        "south.host",
-                        "the site broker's host is required in external mode",
-                    ));
-                }
-                in_range("south.port", raw.south.port, 1, u16::MAX)?;
-                in_range(
-                    "south.keep_alive_s",
-                    raw.south.keep_alive_s,
-                    5,
-                    u16::MAX as u64,
-                )?;
-                let client_id = if raw.south.client_id.is_empty() {
-                    format!("ferry-{gateway}-south")
-                } else {
-                    raw.south.client_id.clone()
-                };
-                SouthMode::External(ExternalSouth {
-                    host: raw.south.host.clone(),
-                    port: raw.south.port,
-                    client_id,
-                    credentials: credentials("south", &raw.south.username, &raw.south.password)?,
-                    keep_alive: Duration::from_secs(raw.south.keep_alive_s),
-                    tls: tls::client("south.site_tls", site_tls)?,
-                })
-            }
-            other => {
-                return Err(ConfigError::new(
-                    "south.mode",
-                    format!("{other:?} is not a mode; use \"embedded\" or \"external\""),
-                ))
-            }
-        };
-
         in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000)?;
         if raw.retry.max_ms < raw.retry.base_ms {
             return Err(ConfigError::new(
@@ -444,32 +260,11 @@ impl Config {
                 ))
             }
         };
-        let south_tls = match south_mode {
-            SouthMode::Embedded => tls::listener(listener_tls)?,
-            SouthMode::External(_) => None,
-        };
-
         let prefix = format!("{}/{}", raw.north.topic_prefix, gateway);
         Ok(Config {
             gateway,
             data_dir: raw.gateway.data_dir,
-            south: SouthConfig {
-                mode: south_mode,
-                listen,
-                max_payload_bytes: raw.south.max_payload_bytes,
-                topic_prefix: raw.south.topic_prefix,
-                max_connections: raw.south.max_connections,
-                max_keep_alive: Duration::from_secs(raw.south.max_keep_alive_s),
-                max_subscriptions: raw.south.max_subscriptions,
-                connect_timeout: Duration::from_millis(raw.south.connect_timeout_ms),
-                tls: south_tls,
-                auth: south_auth,
-                rate: RateLimit {
-                    per_s: raw.south.rate_per_s,
-                    burst: raw.south.burst,
-                },
-                max_inflight_per_device: raw.south.max_inflight_per_device,
-            },
+            south,
             north: NorthConfig {
                 host: raw.north.host,
                 port: raw.north.port,
@@ -511,73 +306,6 @@ impl Config {
         })
     }
 }
-
-/// `south.auth` and its companions. In external mode the site broker
-/// authenticates devices, so none of them apply there.
-fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigError> {
-    if raw.mode == "external" {
-        if raw.auth != "none" {
-            return Err(ConfigError::new(
-                "south.auth",
-                "applies to embedded mode only; in external mode the site broker \
-                 authenticates devices (docs/EXTERNAL.md)",
-            ));
-        }
-        if !raw.password_file.as_os_str().is_empty() {
-            return Err(ConfigError::new(
-                "south.password_file",
-                "applies to embedded mode only",
-            ));
-        }
-        return Ok(SouthAuth::None);
-    }
-    match raw.auth.as_str() {
-        "none" => {
-            if !raw.password_file.as_os_str().is_empty() {
-                return Err(ConfigError::new(
-                    "south.password_file",
-                    "is set but south.auth is \"none\"; set south.auth = \"password\" to use it",
-                ));
-            }
-            // Client certificates prove who a device is (its CN is its id).
-            let certificates = !raw.tls.client_ca.as_os_str().is_empty();
-            if !listen.ip().is_loopback() && !raw.allow_anonymous && !certificates {
-                return Err(ConfigError::new(
-                    "south.auth",
-                    format!(
-                        "\"none\" on {listen}, which is not loopback, would let any client on \
-                         the network act as any device; set south.auth = \"password\" with \
-                         south.password_file, or require client certificates \
-                         (south.tls.client_ca), or south.allow_anonymous = true to accept that"
-                    ),
-                ));
-            }
-            Ok(SouthAuth::None)
-        }
-        "password" => {
-            if raw.password_file.as_os_str().is_empty() {
-                return Err(ConfigError::new(
-                    "south.password_file",
-                    "is required with south.auth = \"password\"; make it with \
-                     `ferry passwd FILE DEVICE`",
-                ));
-            }
-            crate::south::auth::load(&raw.password_file)
-                .map_err(|e| ConfigError::new("south.password_file", e.to_string()))?;
-            Ok(SouthAuth::Password {
-                file: raw.password_file.clone(),
-            })
-        }
-        other => Err(ConfigError::new(
-            "south.auth",
-            format!("{other:?} is not a method; use \"none\" or \"password\""),
-        )),
-    }
-}
-
-/// `south.rate_per_s` bounds, publishes per second.
-const MIN_RATE: f64 = 0.1;
-const MAX_RATE: f64 = 1_000_000.0;
 
 /// Username and password of one link: both empty is anonymous.
 fn credentials(

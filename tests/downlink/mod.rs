@@ -18,6 +18,7 @@ use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions, InboxMessage};
 use serde_json::{json, Value};
 
+use crate::support::receipts::{eventually, status};
 use crate::support::{
     boot_id, cut_off, device_topics, north_topics, BareClient, Ferry, FerryOpts, Mode, Mosquitto,
 };
@@ -41,18 +42,6 @@ fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
-/// Polls `check` until it holds; panics after `timeout` naming `what`.
-async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "not true within {timeout:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Receipts north
 // ---------------------------------------------------------------------------
@@ -61,10 +50,6 @@ async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bo
 /// fields by name.
 fn as_json(m: &impl serde::Serialize) -> Value {
     serde_json::to_value(m).expect("a wire type serializes")
-}
-
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
 }
 
 /// `(msg_id, device)`: what a downlink receipt is about.

@@ -200,6 +200,32 @@ fn receipt_json(device: &str, m: &Message) -> Value {
     })
 }
 
+/// What an intruder tries on `victim`'s every topic, as (topic, body): an
+/// uplink with body `up`, a `stored` receipt for `receipt_for`, an empty
+/// batch, and each control (a confirm and read far ahead, a nack, a pull,
+/// `online: false`).
+pub fn forgeries(victim: &DeviceTopics, up: String, receipt_for: &str) -> Vec<(String, String)> {
+    vec![
+        (victim.up("t"), up),
+        (
+            victim.ack(),
+            json!({"msg_id": receipt_for, "status": "stored", "seq": 1}).to_string(),
+        ),
+        (
+            victim.inbox(),
+            json!({"messages": [], "more": false}).to_string(),
+        ),
+        (victim.confirm(), json!({"upto": 1000}).to_string()),
+        (victim.read(), json!({"upto": 1000}).to_string()),
+        (
+            victim.nack(),
+            json!({"seq": 1, "reason": "forged"}).to_string(),
+        ),
+        (victim.pull(), json!({"after": 0}).to_string()),
+        (victim.status(), json!({"online": false}).to_string()),
+    ]
+}
+
 /// A device's topics under the tests' `devices` prefix.
 pub fn device_topics(id: &str) -> DeviceTopics {
     let device = DeviceId::new(id).unwrap_or_else(|e| panic!("device id {id:?}: {e}"));

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use certs::Pki;
-pub use clients::{device_topics, north_topics, Backend, Device, NorthMessage};
+pub use clients::{device_topics, forgeries, north_topics, Backend, Device, NorthMessage};
 pub use config::FerryOpts;
 pub use ferry::{check_config, ferry_command, run_on_config, Ferry};
 pub use mosquitto::{Mosquitto, TlsListener};
@@ -108,4 +108,39 @@ pub fn write_file(dir: &Path, name: &str, contents: &str) -> PathBuf {
 /// How often ferry's log says it connected north.
 pub fn north_connects(log: &str) -> usize {
     log.matches("connected link=north").count()
+}
+
+/// Small readers of receipts (as JSON) and waits, shared by the suites.
+pub mod receipts {
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use serde_json::Value;
+    use tokio::time::Instant;
+
+    /// A receipt's `status`, or "" without one.
+    pub fn status(r: &Value) -> &str {
+        r["status"].as_str().unwrap_or("")
+    }
+
+    /// Distinct msg_ids with `wanted` status among `receipts`.
+    pub fn ids_with(receipts: &[Value], wanted: &str) -> HashSet<String> {
+        receipts
+            .iter()
+            .filter(|r| status(r) == wanted)
+            .filter_map(|r| r["msg_id"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Polls `check` until it holds; panics after `timeout` naming `what`.
+    pub async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !check() {
+            assert!(
+                Instant::now() < deadline,
+                "not true within {timeout:?}: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }

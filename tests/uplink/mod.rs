@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::support::receipts::status;
 use crate::support::{
     boot_id, north_topics, Backend, Device, Ferry, FerryOpts, Mode, Mosquitto, NorthMessage,
 };
@@ -23,10 +24,6 @@ mod retries;
 const SECS_5: Duration = Duration::from_secs(5);
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
-
-fn status(r: &Value) -> &str {
-    r["status"].as_str().unwrap_or("")
-}
 
 /// How many distinct msg_ids have a receipt with `wanted` status.
 fn ids_with_status(receipts: &[Value], wanted: &str) -> usize {
