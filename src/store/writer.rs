@@ -163,10 +163,25 @@ impl Writer {
                             "store commits again"
                         );
                     }
+                    // The WAL file keeps its largest size after a
+                    // checkpoint, so at the budget the space a prune frees
+                    // might never show: after a prune that deleted rows, the WAL is
+                    // checkpointed and truncated, and measured at once (a
+                    // reader mid-read leaves it as it is; the next prune
+                    // tries again).
+                    let pruned = ROWS_PRUNED.with(|p| p.replace(false)) && self.budget.over();
                     for (op, answer) in batch.drain(..).zip(answers) {
                         answer(op);
                     }
-                    if self.measured.elapsed() >= budget::MEASURE_EVERY {
+                    if pruned {
+                        if let Err(e) =
+                            self.conn
+                                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                        {
+                            debug!(error = %e, "WAL not truncated after a prune");
+                        }
+                    }
+                    if pruned || self.measured.elapsed() >= budget::MEASURE_EVERY {
                         self.measure_budget();
                     }
                     return true;
@@ -309,11 +324,23 @@ fn apply_one(
             Op::AlertScan { reply, .. } => Some(reply),
             _ => None,
         }),
-        Op::Prune(cutoffs, _) => answer(prune::prune(tx, cutoffs), |op| match op {
-            Op::Prune(_, reply) => Some(reply),
-            _ => None,
-        }),
+        Op::Prune(cutoffs, _) => {
+            let pruned = prune::prune(tx, cutoffs);
+            if matches!(&pruned, Ok(p) if p.any()) {
+                ROWS_PRUNED.with(|p| p.set(true));
+            }
+            answer(pruned, |op| match op {
+                Op::Prune(_, reply) => Some(reply),
+                _ => None,
+            })
+        }
     }
+}
+
+thread_local! {
+    /// Set by a prune that deleted rows in the batch being committed (the
+    /// writer is one thread); read and cleared after the commit.
+    static ROWS_PRUNED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The test hook behind the watchdog test: in debug builds only,
