@@ -60,6 +60,7 @@
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
 
+pub mod admin;
 pub mod alerts;
 pub mod backoff;
 pub mod client;
@@ -71,6 +72,7 @@ pub mod gateway;
 pub mod health;
 pub mod ids;
 pub mod memory;
+pub mod metrics;
 pub mod mqtt;
 pub mod north;
 pub mod ops;

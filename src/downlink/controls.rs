@@ -79,6 +79,10 @@ impl Downlink {
         device: DeviceId,
         moved: CursorMove,
     ) -> Result<(), StoreError> {
+        super::intake::count_events(&moved.events);
+        for ms in &moved.delivered_after_ms {
+            crate::metrics::delivery_took(crate::metrics::Direction::Down, *ms);
+        }
         self.send_receipts(moved.receipts);
         let (released, actions) = self.scheduler.on_cursor_moved(&device, moved.cursors);
         if let Some(o) = released {

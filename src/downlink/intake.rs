@@ -9,15 +9,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use tracing::{debug, warn};
 
-use super::record::{DownIntake, DownIntakeOutcome, Rejected};
+use super::record::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
 use super::{Done, Downlink};
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId};
+use crate::metrics::{self, Direction};
 use crate::north::AckToken;
 use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::NorthReceipt;
+use crate::state::DeliveryState;
 use crate::store::StoreError;
 
 /// Backend downlinks nested past [`MAX_DEPTH`], counted.
@@ -32,6 +34,7 @@ impl Downlink {
         oversize: Option<usize>,
     ) -> Result<(), StoreError> {
         let stored_ms = now_ms();
+        metrics::received(Direction::Down);
         let parsed = match oversize {
             // Only its head was kept: too large, by name if it can be read.
             Some(size) => Err(Rejection {
@@ -81,6 +84,7 @@ impl Downlink {
                 self.pending.push(Box::pin(async move {
                     Done::Rejected {
                         token,
+                        code: RejectCode::DiskBudget,
                         result: refused.await.map(|receipt| Rejected {
                             dead_letter: None,
                             receipt,
@@ -141,9 +145,11 @@ impl Downlink {
                     reason: None,
                 };
                 let rejected = self.store.reject_downlink(dl, receipt);
+                let code = rejection.code;
                 self.pending.push(Box::pin(async move {
                     Done::Rejected {
                         token,
+                        code,
                         result: rejected.await,
                     }
                 }));
@@ -196,9 +202,11 @@ impl Downlink {
         let mut actions = Vec::new();
         for (event, new) in &out.queued {
             if *new {
+                metrics::stored(Direction::Down, 1);
                 actions.extend(self.scheduler.on_queued(&event.device, event.seq));
             }
         }
+        count_events(&out.expired);
         self.send_receipts(out.receipts);
         self.execute(actions).await
     }
@@ -206,15 +214,34 @@ impl Downlink {
     /// A rejected downlink's dead letter and receipt committed: acknowledge
     /// it upstream. If they could not be, it stays unacknowledged for the
     /// backend to resend.
-    pub(super) fn on_rejected(&mut self, token: AckToken, result: Result<Rejected, StoreError>) {
+    pub(super) fn on_rejected(
+        &mut self,
+        token: AckToken,
+        code: RejectCode,
+        result: Result<Rejected, StoreError>,
+    ) {
         match result {
             Ok(rejected) => {
+                metrics::rejected(Direction::Down, code.as_str());
                 self.north.ack(token);
                 self.send_receipts([rejected.receipt]);
             }
             Err(e) => {
                 warn!(error = %e, "rejected downlink not dead-lettered; left unacknowledged for the backend to resend")
             }
+        }
+    }
+}
+
+/// Counts deliveries that changed state, by the state they reached.
+pub(super) fn count_events(events: &[DeliveryEvent]) {
+    for e in events {
+        match e.state {
+            DeliveryState::Delivered => metrics::delivered(Direction::Down, 1),
+            DeliveryState::Read => metrics::read(1),
+            DeliveryState::Expired => metrics::expired(Direction::Down, 1),
+            DeliveryState::Dead => metrics::dead_lettered(Direction::Down, 1),
+            DeliveryState::Stored => {}
         }
     }
 }

@@ -24,6 +24,7 @@
 
 mod controls;
 mod intake;
+pub use intake::NESTED_TOO_DEEP_FROM_BACKEND;
 mod outbox;
 mod presence;
 mod receipts;
@@ -88,6 +89,8 @@ enum Done {
     },
     Rejected {
         token: AckToken,
+        /// Why, for the metrics.
+        code: crate::protocol::envelope::RejectCode,
         result: Result<Rejected, StoreError>,
     },
     Cursors {
@@ -277,6 +280,7 @@ impl Downlink {
         }
         for (device, o, actions) in self.scheduler.on_tick(now) {
             warn!(device = %device, first_seq = o.first.0, last_seq = o.last.0, size = o.size, resends = o.resends + 1, "downlink batch not confirmed in time; resending");
+            crate::metrics::retried(crate::metrics::Direction::Down, o.size as u64);
             self.execute(actions).await?;
         }
         Ok(())
@@ -336,7 +340,11 @@ impl Downlink {
         };
         match done {
             Done::Intake { token, result } => self.on_stored(token, result).await?,
-            Done::Rejected { token, result } => self.on_rejected(token, result),
+            Done::Rejected {
+                token,
+                code,
+                result,
+            } => self.on_rejected(token, code, result),
             Done::Cursors {
                 device,
                 result: Ok(c),
@@ -350,6 +358,7 @@ impl Downlink {
                 reply_empty,
                 result: Ok(read),
             } => {
+                intake::count_events(&read.expired);
                 self.send_receipts(read.receipts);
                 let span = match (read.entries.first(), read.entries.last()) {
                     (Some(f), Some(l)) => Some((f.seq, l.seq, read.entries.len())),
@@ -377,6 +386,7 @@ impl Downlink {
                 result: Ok(moved),
             } => self.on_moved(device, moved).await?,
             Done::Swept(Ok(swept)) => {
+                intake::count_events(&swept.events);
                 if !swept.events.is_empty() {
                     info!(
                         count = swept.events.len(),

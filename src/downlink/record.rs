@@ -109,6 +109,9 @@ pub struct Cursors {
 pub struct CursorMove {
     pub cursors: Cursors,
     pub events: Vec<DeliveryEvent>,
+    /// For each delivery confirmed, how long after its message was stored
+    /// (milliseconds; for the delivery latency).
+    pub delivered_after_ms: Vec<i64>,
     /// Their receipts, committed in the outbox.
     pub receipts: Vec<OutboxReceipt>,
 }

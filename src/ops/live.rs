@@ -83,6 +83,7 @@ pub fn start(data_dir: &Path, embedded: bool) -> LiveSender {
         .name("ferry-status".into())
         .spawn(move || {
             let mut online: HashSet<DeviceId> = HashSet::new();
+            publish(&status);
             write(&path, &status);
             while let Some(first) = rx.blocking_recv() {
                 let now = crate::protocol::now_ms();
@@ -130,6 +131,7 @@ pub fn start(data_dir: &Path, embedded: bool) -> LiveSender {
                     status.devices_online = Some(online.len());
                 }
                 status.updated_ms = now;
+                publish(&status);
                 write(&path, &status);
             }
         });
@@ -137,6 +139,13 @@ pub fn start(data_dir: &Path, embedded: bool) -> LiveSender {
         warn!(error = %e, "cannot start the status file thread; `ferry status` will say the gateway is not running");
     }
     tx
+}
+
+/// The link gauges of `/metrics` follow the status file.
+fn publish(status: &LiveStatus) {
+    crate::metrics::set_north_connected(status.north.up);
+    crate::metrics::set_south_connected(status.south.up);
+    crate::metrics::set_devices_online(status.devices_online.unwrap_or(0));
 }
 
 fn write(path: &Path, status: &LiveStatus) {

@@ -167,10 +167,15 @@ fn history<'a>(
 }
 
 fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> Result<MsgId> {
-    let s: String = tx
-        .prepare_cached("SELECT msg_id FROM down_message WHERE id = ?1")?
-        .query_row([message_id], |r| r.get(0))?;
-    msg_id(s)
+    Ok(message_of(tx, message_id)?.0)
+}
+
+/// A downlink message's msg_id and when it was stored.
+fn message_of(tx: &Transaction<'_>, message_id: i64) -> Result<(MsgId, i64)> {
+    let (s, stored_ms): (String, i64) = tx
+        .prepare_cached("SELECT msg_id, stored_ms FROM down_message WHERE id = ?1")?
+        .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok((msg_id(s)?, stored_ms))
 }
 
 /// Reads up to `limit` queue entries after `after`; a stored delivery whose
@@ -242,13 +247,17 @@ pub fn advance(
     let mut c = cursors(tx, device)?;
     let upto = upto.min(c.head);
     let mut events = Vec::new();
+    let mut delivered_after_ms = Vec::new();
     if upto > c.delivered_upto {
         let step = Step {
             cursor: "delivered_upto",
             from: DeliveryState::Stored,
             to: DeliveryState::Delivered,
         };
-        events.extend(step.apply(tx, device, c.delivered_upto, upto, now_ms)?);
+        for (event, stored_ms) in step.apply(tx, device, c.delivered_upto, upto, now_ms)? {
+            delivered_after_ms.push(now_ms - stored_ms);
+            events.push(event);
+        }
         c.delivered_upto = upto;
     }
     if read && upto > c.read_upto {
@@ -257,7 +266,11 @@ pub fn advance(
             from: DeliveryState::Delivered,
             to: DeliveryState::Read,
         };
-        events.extend(step.apply(tx, device, c.read_upto, upto, now_ms)?);
+        events.extend(
+            step.apply(tx, device, c.read_upto, upto, now_ms)?
+                .into_iter()
+                .map(|(event, _)| event),
+        );
         c.read_upto = upto;
     }
     events.sort_by_key(|e| (e.seq, e.state == DeliveryState::Read));
@@ -266,6 +279,7 @@ pub fn advance(
     Ok(CursorMove {
         cursors: c,
         events,
+        delivered_after_ms,
         receipts,
     })
 }
@@ -279,7 +293,8 @@ struct Step {
 }
 
 impl Step {
-    /// Moves the deliveries in `(after, upto]` and the cursor to `upto`.
+    /// Moves the deliveries in `(after, upto]` and the cursor to `upto`;
+    /// each moved with its message's `stored_ms`.
     fn apply(
         &self,
         tx: &Transaction<'_>,
@@ -287,7 +302,7 @@ impl Step {
         after: Seq,
         upto: Seq,
         now_ms: i64,
-    ) -> Result<Vec<DeliveryEvent>> {
+    ) -> Result<Vec<(DeliveryEvent, i64)>> {
         self.from.check_move(self.to)?;
         let moved: Vec<(i64, i64)> = tx
             .prepare_cached(
@@ -301,13 +316,15 @@ impl Step {
             .collect::<rusqlite::Result<_>>()?;
         let mut events = Vec::with_capacity(moved.len());
         for (s, mid) in moved {
-            events.push(DeliveryEvent {
+            let (msg_id, stored_ms) = message_of(tx, mid)?;
+            let event = DeliveryEvent {
                 device: device.clone(),
                 seq: seq(s),
-                msg_id: message_msg_id(tx, mid)?,
+                msg_id,
                 state: self.to,
                 reason: None,
-            });
+            };
+            events.push((event, stored_ms));
         }
         tx.prepare_cached(&format!(
             "UPDATE devices SET {} = ?2 WHERE device = ?1",
@@ -371,6 +388,7 @@ pub fn nack(
     Ok(CursorMove {
         cursors: c,
         events: vec![event],
+        delivered_after_ms: Vec::new(),
         receipts,
     })
 }

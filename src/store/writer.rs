@@ -153,8 +153,10 @@ impl Writer {
         let mut reported = Instant::now();
         loop {
             self.beat.bump();
+            let started = Instant::now();
             match self.apply(batch) {
                 Ok(answers) => {
+                    crate::metrics::commit_took(started.elapsed());
                     self.seqs.committed();
                     if let Some(since) = failing_since {
                         info!(

@@ -34,6 +34,7 @@ use crate::config::RateLimit;
 use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
+use crate::metrics::{self, Direction};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
@@ -107,9 +108,9 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) -> Result<(), StoreError> {
     let mut unanswered: FuturesOrdered<AnswerFuture> = FuturesOrdered::new();
-    // Payload bytes, south ack and in-flight sender of each unanswered
-    // message, in the same order.
-    let mut sizes: VecDeque<(usize, Ack, Option<Sender>)> = VecDeque::new();
+    // Payload bytes, south ack, in-flight sender and arrival of each
+    // unanswered message, in the same order.
+    let mut sizes: VecDeque<Taken> = VecDeque::new();
     let mut bytes = 0usize;
     let mut limits = Limits::new(cfg.rate, cfg.max_inflight_per_device);
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -120,12 +121,12 @@ pub async fn run(
             // Answers first: they free room and carry receipts.
             biased;
             Some(answer) = unanswered.next(), if !unanswered.is_empty() => {
-                let (size, ack, in_flight) = sizes.pop_front().unwrap_or_default();
-                bytes -= size;
-                if let Some(sender) = in_flight {
-                    limits.answered(&sender);
+                let taken = sizes.pop_front().expect("one per unanswered message");
+                bytes -= taken.size;
+                if let Some(sender) = &taken.in_flight {
+                    limits.answered(sender);
                 }
-                if !finish(answer, ack, &topics, &south, &engine).await? {
+                if !finish(answer, taken, &topics, &south, &engine).await? {
                     return Ok(());
                 }
             }
@@ -140,11 +141,11 @@ pub async fn run(
             }
             msg = inbound.recv(), if room => match msg {
                 Some(msg) => {
-                    let (size, ack) = (msg.payload.len(), msg.ack);
+                    let (size, ack, at) = (msg.payload.len(), msg.ack, Instant::now());
                     match accept(&cfg, &topics, &store, &mut limits, msg).await {
                         Verdict::Answer { answer, in_flight } => {
                             unanswered.push_back(answer);
-                            sizes.push_back((size, ack, in_flight));
+                            sizes.push_back(Taken { size, ack, in_flight, at });
                             bytes += size;
                         }
                         Verdict::Done => south.ack(ack),
@@ -156,10 +157,22 @@ pub async fn run(
     }
     // Answer what was already sent to the store before stopping.
     while let Some(answer) = unanswered.next().await {
-        let (_, ack, _) = sizes.pop_front().unwrap_or_default();
-        finish(answer, ack, &topics, &south, &engine).await?;
+        let taken = sizes.pop_front().expect("one per unanswered message");
+        finish(answer, taken, &topics, &south, &engine).await?;
     }
     Ok(())
+}
+
+/// What intake keeps of a message until it is answered.
+struct Taken {
+    /// Payload bytes (the unanswered messages' bytes are bounded).
+    size: usize,
+    /// The south broker's ack (external mode), sent after the answer.
+    ack: Ack,
+    /// Whom it counts against in flight.
+    in_flight: Option<Sender>,
+    /// When intake took it, for the `stored` receipt's latency.
+    at: Instant,
 }
 
 /// Answers the device, then acknowledges the message to the south broker
@@ -169,13 +182,13 @@ pub async fn run(
 /// broker sends it again to the next run. False once the engine is gone.
 async fn finish(
     answer: Answer,
-    ack: Ack,
+    taken: Taken,
     topics: &Topics,
     south: &SouthSender,
     engine: &mpsc::Sender<ToEngine>,
 ) -> Result<bool, StoreError> {
-    let going = answer_device(answer, topics, south, engine).await?;
-    south.ack(ack);
+    let going = answer_device(answer, taken.at, topics, south, engine).await?;
+    south.ack(taken.ack);
     Ok(going)
 }
 
@@ -202,6 +215,9 @@ async fn accept(
 ) -> Verdict {
     let route = Route::of(topics, &msg);
     let sender = route.sender();
+    if !matches!(route, Route::Control { .. }) {
+        metrics::received(Direction::Up);
+    }
     // The rate comes first: a publish over it costs no store and no log
     // line of its own, and no parsing but a status's one flag. A nack is not held to it: it is neither
     // cumulative nor repeated, and a confirm past a dropped nack would
@@ -451,6 +467,7 @@ fn raw_device(topic: &str) -> Option<String> {
 /// is gone; an error once the store is.
 async fn answer_device(
     answer: Answer,
+    taken_at: Instant,
     topics: &Topics,
     south: &SouthSender,
     engine: &mpsc::Sender<ToEngine>,
@@ -495,6 +512,7 @@ async fn answer_device(
             result: Ok(dead_letter),
         } => {
             // "-": published on a topic that names no valid device.
+            metrics::rejected(Direction::Up, rejection.code.as_str());
             let named = device.as_ref().map_or("-", DeviceId::as_str);
             warn!(device = named, reason = %rejection.reason(), dead_letter, "uplink rejected");
             let Some(device) = device else {
@@ -506,11 +524,14 @@ async fn answer_device(
                 None,
             )
         }
-        Answer::Refused { device, rejection } => (
-            device,
-            Receipt::refused(rejection.msg_id.as_ref(), rejection.reason()),
-            None,
-        ),
+        Answer::Refused { device, rejection } => {
+            metrics::rejected(Direction::Up, rejection.code.as_str());
+            (
+                device,
+                Receipt::refused(rejection.msg_id.as_ref(), rejection.reason()),
+                None,
+            )
+        }
         Answer::Rejected { result: Err(e), .. } => {
             if e.is_fatal() {
                 return Err(e);
@@ -526,6 +547,10 @@ async fn answer_device(
             Bytes::from(receipt.to_bytes()),
         )
         .await;
+    if new.is_some() {
+        metrics::stored(Direction::Up, 1);
+        metrics::stored_receipt_took(taken_at.elapsed());
+    }
     Ok(match new {
         Some(new) => engine.send(new).await.is_ok(),
         None => true,

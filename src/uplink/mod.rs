@@ -37,6 +37,7 @@ use tracing::{debug, info, warn};
 use crate::deadlines::sleep_until;
 use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
+use crate::metrics::{self, Direction};
 use crate::north::{NorthEvent, NorthSender, Tag};
 use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
@@ -313,8 +314,13 @@ impl Engine {
             } => match result {
                 Ok(Some(moved)) => {
                     let receipt = match to {
-                        MessageState::Delivered => Receipt::delivered(&msg_id, moved.seq),
+                        MessageState::Delivered => {
+                            metrics::delivered(Direction::Up, 1);
+                            metrics::delivery_took(Direction::Up, now_ms() - moved.stored_ms);
+                            Receipt::delivered(&msg_id, moved.seq)
+                        }
                         _ => {
+                            metrics::dead_lettered(Direction::Up, 1);
                             let reason = reason.unwrap_or_default();
                             warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = %reason, "uplink dead-lettered");
                             Receipt::failed(&msg_id, moved.seq, reason)
@@ -342,6 +348,8 @@ impl Engine {
                 self.send_receipt(&device, receipt).await;
             }
             Done::Expired(Ok(expired)) => {
+                metrics::expired(Direction::Up, expired.len() as u64);
+                metrics::dead_lettered(Direction::Up, expired.len() as u64);
                 for (device, msg_id, moved) in expired {
                     warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = EXPIRED_REASON, "uplink dead-lettered");
                     self.scheduler.forget(&device, &msg_id);
@@ -417,6 +425,7 @@ impl Engine {
                 error,
             } => {
                 debug!(uplink_id = id, attempts, retry_in_ms = retry_in.as_millis() as u64, error = %error, "uplink attempt failed");
+                metrics::retried(Direction::Up, 1);
                 let rec = AttemptRecord {
                     id,
                     attempts,

@@ -141,6 +141,8 @@ impl Transition {
 pub struct Moved {
     pub id: i64,
     pub seq: Seq,
+    /// When it was stored (for the delivery latency).
+    pub stored_ms: i64,
 }
 
 /// A failed attempt that counted towards `retry.max_attempts`.

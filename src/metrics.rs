@@ -1,0 +1,480 @@
+//! ferry's metrics, in one registry, exposed by the admin server's
+//! `/metrics` ([`crate::admin`]) in the Prometheus text format.
+//!
+//! Counters and histograms are bumped where the event happens, after its
+//! commit: a counter never counts something a failed commit took back.
+//! Gauges of the store (backlogs, ages, dead letters, size) are read from
+//! the database on each scrape ([`set_store_gauges`]), so they are the same
+//! figures `ferry status` shows; the link gauges follow the status file's
+//! events ([`crate::ops::live`]). The older per-module counters (refusals,
+//! limits, oversize, alerts, the broker's own) are read at scrape time by
+//! [`Legacy`].
+//!
+//! Every name is listed, with its meaning, in docs/OPERATIONS.md
+//! ("Metrics"); the Grafana dashboard in `docs/grafana/` uses them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Which way a message goes: `up` (device → backend) or `down`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Up,
+    Down,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Up => "up",
+            Direction::Down => "down",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Dir {
+    direction: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DirReason {
+    direction: &'static str,
+    /// The receipt's reason code (`malformed`, `rate`, ...): a short fixed
+    /// set, never free text.
+    reason: &'static str,
+}
+
+fn dir(d: Direction) -> Dir {
+    Dir {
+        direction: d.as_str(),
+    }
+}
+
+/// Seconds, from 0.5 ms to ~16 s: commits and receipts.
+fn fast_buckets() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0,
+    ])
+}
+
+/// Seconds, from 5 ms to a day: deliveries wait for links and devices.
+fn slow_buckets() -> Histogram {
+    Histogram::new([
+        0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 86_400.0,
+    ])
+}
+
+/// The registry and every metric in it.
+pub struct Metrics {
+    registry: Registry,
+    received: Family<Dir, Counter>,
+    stored: Family<Dir, Counter>,
+    delivered: Family<Dir, Counter>,
+    read: Family<Dir, Counter>,
+    retried: Family<Dir, Counter>,
+    dead_lettered: Family<Dir, Counter>,
+    rejected: Family<DirReason, Counter>,
+    expired: Family<Dir, Counter>,
+    backlog: Family<Dir, Gauge>,
+    oldest_age: Family<Dir, Gauge<f64, AtomicU64>>,
+    dead_letters: Gauge,
+    devices_online: Gauge,
+    north_connected: Gauge,
+    south_connected: Gauge,
+    store_bytes: Gauge,
+    store_budget_bytes: Gauge,
+    commit_seconds: Histogram,
+    stored_receipt_seconds: Histogram,
+    delivery_seconds: Family<Dir, Histogram, fn() -> Histogram>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("ferry");
+        let m = Metrics {
+            received: Family::default(),
+            stored: Family::default(),
+            delivered: Family::default(),
+            read: Family::default(),
+            retried: Family::default(),
+            dead_lettered: Family::default(),
+            rejected: Family::default(),
+            expired: Family::default(),
+            backlog: Family::default(),
+            oldest_age: Family::default(),
+            dead_letters: Gauge::default(),
+            devices_online: Gauge::default(),
+            north_connected: Gauge::default(),
+            south_connected: Gauge::default(),
+            store_bytes: Gauge::default(),
+            store_budget_bytes: Gauge::default(),
+            commit_seconds: fast_buckets(),
+            stored_receipt_seconds: fast_buckets(),
+            delivery_seconds: Family::new_with_constructor(slow_buckets as fn() -> Histogram),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "messages_received",
+            "Messages that reached ferry: device publishes on uplink topics (up), backend downlinks (down)",
+            m.received.clone(),
+        );
+        r.register(
+            "messages_stored",
+            "Messages committed to the store: new uplinks (up), deliveries queued for a device (down)",
+            m.stored.clone(),
+        );
+        r.register(
+            "messages_delivered",
+            "Uplinks the backend acked (up); deliveries a device confirmed (down)",
+            m.delivered.clone(),
+        );
+        r.register(
+            "messages_read",
+            "Deliveries a device's read cursor passed (down only)",
+            m.read.clone(),
+        );
+        r.register(
+            "messages_retried",
+            "Failed attempts that will be retried: an uplink the backend did not take (up), an inbox batch sent again unconfirmed (down, per message)",
+            m.retried.clone(),
+        );
+        r.register(
+            "messages_dead_lettered",
+            "Messages moved to DEAD: nacked, exhausted, expired (up) or nacked by the device (down)",
+            m.dead_lettered.clone(),
+        );
+        r.register(
+            "messages_rejected",
+            "Messages answered `rejected`, by reason (rate and disk_budget are retryable and not stored)",
+            m.rejected.clone(),
+        );
+        r.register(
+            "messages_expired",
+            "Messages whose expiry passed before delivery (up: also counted dead-lettered)",
+            m.expired.clone(),
+        );
+        r.register(
+            "backlog_messages",
+            "Messages stored and not yet delivered: uplinks not acked by the backend, deliveries not confirmed by their device",
+            m.backlog.clone(),
+        );
+        r.register(
+            "oldest_undelivered_age_seconds",
+            "Age of the oldest message in the backlog, 0 when it is empty",
+            m.oldest_age.clone(),
+        );
+        r.register(
+            "dead_letters",
+            "Rows in the dead-letter table",
+            m.dead_letters.clone(),
+        );
+        r.register(
+            "devices_online",
+            "Devices connected to the embedded broker (external mode: not known, always 0)",
+            m.devices_online.clone(),
+        );
+        r.register(
+            "north_connected",
+            "1 while the session to the upstream broker is up",
+            m.north_connected.clone(),
+        );
+        r.register(
+            "south_connected",
+            "1 while the embedded listener runs, or the session to the site broker is up",
+            m.south_connected.clone(),
+        );
+        r.register(
+            "store_bytes",
+            "The store's size as measured against store.max_db_bytes: pages in use plus the WAL",
+            m.store_bytes.clone(),
+        );
+        r.register(
+            "store_budget_bytes",
+            "store.max_db_bytes",
+            m.store_budget_bytes.clone(),
+        );
+        r.register(
+            "store_commit_seconds",
+            "Time to apply and commit (fsync) one batch of the store writer",
+            m.commit_seconds.clone(),
+        );
+        r.register(
+            "stored_receipt_seconds",
+            "Time from a device's publish reaching intake to its `stored` receipt being sent",
+            m.stored_receipt_seconds.clone(),
+        );
+        r.register(
+            "delivery_seconds",
+            "Time from a message's commit to its delivery: the backend's ack (up), the device's confirm (down)",
+            m.delivery_seconds.clone(),
+        );
+        r.register_collector(Box::new(Legacy));
+        // Every series from the start, at 0: a rate over a series that
+        // appears only with its first event misses that event.
+        for d in [Direction::Up, Direction::Down] {
+            for family in [
+                &m.received,
+                &m.stored,
+                &m.delivered,
+                &m.retried,
+                &m.dead_lettered,
+                &m.expired,
+            ] {
+                let _ = family.get_or_create(&dir(d));
+            }
+            let _ = m.backlog.get_or_create(&dir(d));
+            let _ = m.oldest_age.get_or_create(&dir(d));
+            let _ = m.delivery_seconds.get_or_create(&dir(d));
+        }
+        let _ = m.read.get_or_create(&dir(Direction::Down));
+        for (d, reasons) in [
+            (
+                Direction::Up,
+                &[
+                    "malformed",
+                    "too_large",
+                    "bad_topic",
+                    "unauthorized",
+                    "rate",
+                    "disk_budget",
+                ][..],
+            ),
+            (
+                Direction::Down,
+                &["malformed", "too_large", "disk_budget"][..],
+            ),
+        ] {
+            for reason in reasons {
+                let _ = m.rejected.get_or_create(&DirReason {
+                    direction: d.as_str(),
+                    reason,
+                });
+            }
+        }
+        Metrics { registry, ..m }
+    }
+}
+
+fn get() -> &'static Metrics {
+    &METRICS
+}
+
+pub fn received(d: Direction) {
+    get().received.get_or_create(&dir(d)).inc();
+}
+
+pub fn stored(d: Direction, n: u64) {
+    get().stored.get_or_create(&dir(d)).inc_by(n);
+}
+
+pub fn delivered(d: Direction, n: u64) {
+    get().delivered.get_or_create(&dir(d)).inc_by(n);
+}
+
+pub fn read(n: u64) {
+    get().read.get_or_create(&dir(Direction::Down)).inc_by(n);
+}
+
+pub fn retried(d: Direction, n: u64) {
+    get().retried.get_or_create(&dir(d)).inc_by(n);
+}
+
+pub fn dead_lettered(d: Direction, n: u64) {
+    get().dead_lettered.get_or_create(&dir(d)).inc_by(n);
+}
+
+pub fn expired(d: Direction, n: u64) {
+    get().expired.get_or_create(&dir(d)).inc_by(n);
+}
+
+/// A `rejected` answer; `reason` is the receipt's reason code.
+pub fn rejected(d: Direction, reason: &'static str) {
+    get()
+        .rejected
+        .get_or_create(&DirReason {
+            direction: d.as_str(),
+            reason,
+        })
+        .inc();
+}
+
+pub fn commit_took(t: Duration) {
+    get().commit_seconds.observe(t.as_secs_f64());
+}
+
+pub fn stored_receipt_took(t: Duration) {
+    get().stored_receipt_seconds.observe(t.as_secs_f64());
+}
+
+/// A delivery `ms` milliseconds after the message's commit.
+pub fn delivery_took(d: Direction, ms: i64) {
+    get()
+        .delivery_seconds
+        .get_or_create(&dir(d))
+        .observe(ms.max(0) as f64 / 1000.0);
+}
+
+pub fn set_north_connected(up: bool) {
+    get().north_connected.set(i64::from(up));
+}
+
+pub fn set_south_connected(up: bool) {
+    get().south_connected.set(i64::from(up));
+}
+
+pub fn set_devices_online(n: usize) {
+    get().devices_online.set(n as i64);
+}
+
+/// The store's figures as of a scrape (see [`crate::ops::status`]).
+#[derive(Debug, Clone, Default)]
+pub struct StoreGauges {
+    pub uplink_backlog: i64,
+    pub uplink_oldest_age_s: Option<f64>,
+    pub downlink_backlog: i64,
+    pub downlink_oldest_age_s: Option<f64>,
+    pub dead_letters: i64,
+    pub store_bytes: u64,
+    pub budget_bytes: u64,
+}
+
+pub fn set_store_gauges(g: &StoreGauges) {
+    let m = get();
+    m.backlog
+        .get_or_create(&dir(Direction::Up))
+        .set(g.uplink_backlog);
+    m.backlog
+        .get_or_create(&dir(Direction::Down))
+        .set(g.downlink_backlog);
+    m.oldest_age
+        .get_or_create(&dir(Direction::Up))
+        .set(g.uplink_oldest_age_s.unwrap_or(0.0));
+    m.oldest_age
+        .get_or_create(&dir(Direction::Down))
+        .set(g.downlink_oldest_age_s.unwrap_or(0.0));
+    m.dead_letters.set(g.dead_letters);
+    m.store_bytes.set(g.store_bytes as i64);
+    m.store_budget_bytes.set(g.budget_bytes as i64);
+}
+
+/// Every metric in the Prometheus (OpenMetrics) text format.
+pub fn render() -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &get().registry);
+    out
+}
+
+/// Counters kept as atomics by the modules that bump them, read on scrape.
+#[derive(Debug)]
+struct Legacy;
+
+/// `(name, help, counter)`; names are under the `ferry_` prefix.
+fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 15] {
+    use crate::{alerts, north, south, store, uplink};
+    [
+        ("devices_refused", "CONNECTs refused by device authentication", &south::auth::REFUSED),
+        ("oversized_from_devices", "Device publishes over south.max_payload_bytes", &uplink::intake::OVERSIZED_FROM_DEVICES),
+        ("unauthorized_from_devices", "Device publishes outside the device's own topics", &uplink::intake::UNAUTHORIZED_FROM_DEVICES),
+        ("nested_too_deep_from_devices", "Device messages nested deeper than 32 levels", &uplink::intake::NESTED_TOO_DEEP_FROM_DEVICES),
+        ("rate_limited_from_devices", "Device publishes over south.rate_per_s/burst", &uplink::limits::RATE_LIMITED_FROM_DEVICES),
+        ("inflight_limited_from_devices", "Device uplinks over south.max_inflight_per_device", &uplink::limits::INFLIGHT_LIMITED_FROM_DEVICES),
+        ("oversized_from_upstream", "Upstream messages over north.max_packet_bytes", &north::OVERSIZED_FROM_UPSTREAM),
+        ("nested_too_deep_from_backend", "Backend messages nested deeper than 32 levels", &crate::downlink::NESTED_TOO_DEEP_FROM_BACKEND),
+        ("disk_budget_reached", "Times the store reached store.max_db_bytes", &store::budget::DISK_BUDGET_REACHED),
+        ("alerts_raised", "Alerts raised (each is also a WARN line and a message on the alerts topic)", &alerts::ALERTS_RAISED),
+        ("alerts_dropped", "Alerts dropped: the in-memory queue was full or the upstream refused one", &alerts::ALERTS_DROPPED),
+        ("broker_subscriptions_refused", "SUBSCRIBEs the embedded broker refused (not the device's own topics, or over the limit)", &rumqttd::counters::SUBSCRIPTIONS_REFUSED),
+        ("broker_protocol_violations", "Connections the embedded broker closed for a protocol violation", &rumqttd::counters::PROTOCOL_VIOLATIONS),
+        ("broker_tls_handshakes_failed", "TLS handshakes that failed or timed out on the embedded listener", &rumqttd::counters::TLS_HANDSHAKES_FAILED),
+        ("broker_certificate_id_refused", "CONNECTs whose client id was not the certificate's CN", &rumqttd::counters::CERTIFICATE_ID_REFUSED),
+    ]
+}
+
+impl Collector for Legacy {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, value) in legacy_counters() {
+            let counter = ConstCounter::new(value.load(Ordering::Relaxed));
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    }
+
+    #[test]
+    fn counters_move_and_render_with_their_labels() {
+        let before = render();
+        let had = |s: &str| {
+            before
+                .lines()
+                .find_map(|l| l.strip_prefix(s)?.strip_prefix(' ')?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let up = had("ferry_messages_received_total{direction=\"up\"}");
+        let rate = had("ferry_messages_rejected_total{direction=\"up\",reason=\"rate\"}");
+        received(Direction::Up);
+        received(Direction::Up);
+        rejected(Direction::Up, "rate");
+        let after = render();
+        assert_eq!(
+            value(&after, "ferry_messages_received_total{direction=\"up\"}"),
+            up + 2.0
+        );
+        assert_eq!(
+            value(
+                &after,
+                "ferry_messages_rejected_total{direction=\"up\",reason=\"rate\"}"
+            ),
+            rate + 1.0
+        );
+        assert!(
+            after.contains("# TYPE ferry_devices_refused counter"),
+            "{after}"
+        );
+        assert!(after.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn histograms_count_what_they_observe() {
+        let series = "ferry_delivery_seconds_count{direction=\"down\"}";
+        let before = render()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0);
+        delivery_took(Direction::Down, 1_500);
+        let after = render();
+        assert_eq!(value(&after, series), before + 1.0);
+        // 1.5 s is within the 5 s bucket and not the 1 s one... or any
+        // bucket below it, whatever else the tests observed.
+        assert!(after.contains("ferry_delivery_seconds_bucket{le=\"5.0\",direction=\"down\"}"));
+    }
+}
