@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs ferry's whole test suite on a fresh Debian machine: installs what the
-# integration tests need (Mosquitto, the real upstream broker), then
+# integration tests need (Mosquitto, the real upstream broker; Chromium, the
+# status page test's headless browser), then
 # `cargo test`. Extra arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,14 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
         echo "test.sh: stopping and disabling the packaged mosquitto service (port 1883 is ferry's)" >&2
         $sudo_cmd systemctl disable --now mosquitto >/dev/null 2>&1 || true
     fi
+fi
+# The status page is checked in a real headless browser: Debian's chromium.
+if [ ! -x /usr/bin/chromium ]; then
+    echo "test.sh: installing chromium (the status page test's headless browser)" >&2
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null
 fi
 # systemd-analyze checks the shipped unit (below).
 if ! command -v systemd-analyze >/dev/null 2>&1; then

@@ -31,6 +31,8 @@ pub enum RunError {
     #[error("{0}")]
     South(#[from] south::SouthError),
     #[error("{0}")]
+    Admin(#[from] crate::admin::BindError),
+    #[error("{0}")]
     Stopped(String),
     #[error("shutdown.grace_s ({}s) ran out; still running: {late}", grace.as_secs())]
     GraceExceeded { late: String, grace: Duration },
@@ -49,6 +51,23 @@ fn window(max_inflight: usize) -> usize {
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
     let store_exited = store.exited();
+    // The pipeline's health, checked under systemd (for its watchdog) or
+    // not (for /healthz), and whether the gateway has started (/readyz).
+    let (health_tx, health_rx) = tokio::sync::watch::channel(None);
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
+    // Bound first: a port in use stops the start before anything runs.
+    let admin = match cfg.admin {
+        Some(addr) => {
+            let admin = crate::admin::Admin::new(
+                cfg.data_dir.clone(),
+                store.budget().clone(),
+                health_rx,
+                ready_rx,
+            );
+            Some(crate::admin::bind(addr, admin).await?)
+        }
+        None => None,
+    };
     let (trigger, shutdown_rx) = shutdown::channel();
     let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
     let south = south::start(&cfg.south, &topics)?;
@@ -123,15 +142,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         engine_probed,
     ));
     let notifier = systemd::Notifier::from_env();
-    // Not under systemd: no pings, and the probed tasks never see one.
-    let supervisor = notifier.enabled().then(|| {
-        tokio::spawn(systemd::supervise(
-            systemd::Notifier::from_env(),
-            systemd::watchdog_interval(),
-            store.clone(),
-            vec![engine_probe, downlink_probe],
-        ))
-    });
+    let supervisor = tokio::spawn(systemd::supervise(
+        systemd::Notifier::from_env(),
+        systemd::watchdog_interval(),
+        store.clone(),
+        vec![engine_probe, downlink_probe],
+        health_tx,
+    ));
+    let admin = admin.map(tokio::spawn);
     let alerter = tokio::spawn(crate::alerts::run(
         cfg.alerts,
         store.clone(),
@@ -167,6 +185,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     // The store is open and both links are started (not necessarily
     // connected: an absent upstream only makes messages wait).
     notifier.notify("READY=1");
+    ready_tx.send_replace(true);
 
     let result = tokio::select! {
         _ = shutdown => Ok(()),
@@ -182,8 +201,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     alerter.abort();
     // The watchdog's pings stop being answered once the pipeline winds
     // down; systemd's stop timeout covers the grace instead.
-    if let Some(supervisor) = supervisor {
-        supervisor.abort();
+    supervisor.abort();
+    ready_tx.send_replace(false);
+    // Scrapes during the shutdown would read a store being closed.
+    if let Some(admin) = admin {
+        admin.abort();
     }
     result?;
     notifier.notify("STOPPING=1");

@@ -122,6 +122,18 @@ impl Check {
     }
 }
 
+/// The latest check, for the admin server's `/healthz` and `/readyz`.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub healthy: bool,
+    /// The parts that did not answer (empty when healthy).
+    pub silent: String,
+    pub at: tokio::time::Instant,
+}
+
+/// Where the supervisor publishes each check; `None` until the first.
+pub type Reports = tokio::sync::watch::Receiver<Option<Report>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,14 +116,17 @@ pub fn status_line(backlog: &Backlog) -> String {
     )
 }
 
-/// Runs for the gateway's life: checks the parts every quarter of the
-/// watchdog interval (every [`STATUS_EVERY`] without one), feeds the
-/// watchdog when they are alive and refreshes `STATUS=`.
+/// Runs for the gateway's life, under systemd or not: checks the parts
+/// every quarter of the watchdog interval (every [`STATUS_EVERY`] without
+/// one), publishes each check to `reports` (the admin server's `/healthz`),
+/// feeds the watchdog when they are alive and refreshes `STATUS=` (both
+/// only under systemd).
 pub async fn supervise(
     notifier: Notifier,
     watchdog: Option<Duration>,
     store: Store,
     probes: Vec<Probe>,
+    reports: tokio::sync::watch::Sender<Option<crate::health::Report>>,
 ) {
     let every = watchdog.map_or(STATUS_EVERY, |w| (w / 4).min(STATUS_EVERY));
     let budget = watchdog.map_or(STATUS_EVERY, |w| w / 2);
@@ -163,6 +166,11 @@ pub async fn supervise(
                 .map(|(p, _)| p.name())
                 .collect(),
         };
+        reports.send_replace(Some(crate::health::Report {
+            healthy: check.healthy(),
+            silent: check.describe(),
+            at: Instant::now(),
+        }));
         if check.healthy() {
             if let Some(since) = unhealthy_since.take() {
                 info!(

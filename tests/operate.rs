@@ -61,6 +61,13 @@ async fn the_watchdog_is_fed_while_the_pipeline_answers_and_stops_when_the_write
         );
     let start = Instant::now();
     let ferry = support::Ferry::start(opts);
+    // The admin server's /healthz is the same check.
+    let (code, body) = ferry.admin_get("/healthz");
+    assert!(
+        start.elapsed() < wedge_at,
+        "started too late to see it healthy"
+    );
+    assert_eq!((code, body.as_str()), (200, r#"{"ok":true}"#));
     let got = tokio::task::block_in_place(|| {
         collect(&socket, start, start + wedge_at + Duration::from_secs(5))
     });
@@ -95,6 +102,11 @@ async fn the_watchdog_is_fed_while_the_pipeline_answers_and_stops_when_the_write
         log.contains("the systemd watchdog is not fed") && log.contains("store writer"),
         "no WARN naming the store writer: {summary}"
     );
+    let (code, body) = ferry.admin_get("/healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("store writer"), "{body}");
+    let (code, body) = ferry.admin_get("/readyz");
+    assert_eq!(code, 503, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,6 +195,25 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
     assert_eq!(r["status"], "rejected", "{r}");
     assert!(reason(&r).starts_with("disk_budget: "), "{r}");
     assert_eq!(ferry.query_i64("SELECT count(*) FROM down_message", []), 0);
+    // The admin server says so: not ready, the refusals counted.
+    let (code, body) = ferry.admin_get("/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("store.max_db_bytes"), "{body}");
+    let m = ferry.metrics();
+    assert_eq!(
+        m.value(r#"ferry_messages_rejected_total{direction="up",reason="disk_budget"}"#),
+        4.0
+    );
+    assert_eq!(
+        m.value(r#"ferry_messages_rejected_total{direction="down",reason="disk_budget"}"#),
+        1.0
+    );
+    assert_eq!(
+        m.value(r#"ferry_messages_stored_total{direction="up"}"#) as usize,
+        stored.len()
+    );
+    assert!(m.value("ferry_store_bytes") >= budget as f64, "{}", m.0);
+    assert_eq!(m.value("ferry_store_budget_bytes"), budget as f64);
     // The alert: published north, with the figures.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -251,6 +282,8 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
     })
     .await;
     assert_eq!(ferry.query_i64("SELECT count(*) FROM dead_letter", []), 0);
+    let (code, body) = ferry.admin_get("/readyz");
+    assert_eq!(code, 200, "ready again: {body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,7 @@ macro_rules! both_modes {
 
 mod support;
 
+mod admin;
 mod auth;
 mod config;
 mod downlink;

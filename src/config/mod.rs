@@ -71,6 +71,8 @@ pub struct Config {
     /// `shutdown.grace_s`: from the signal to exit, at most.
     pub shutdown_grace: Duration,
     pub alerts: crate::alerts::AlertsConfig,
+    /// `admin.listen`: where the admin HTTP server listens (`None`: off).
+    pub admin: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -213,6 +215,15 @@ impl Config {
         )?;
         in_range("store.retention_days", raw.store.retention_days, 1, 36_500)?;
         in_range("alerts.north_down_s", raw.alerts.north_down_s, 1, 604_800)?;
+        let admin = match raw.admin.listen.trim() {
+            "" => None,
+            listen => Some(listen.parse::<std::net::SocketAddr>().map_err(|e| {
+                ConfigError::new(
+                    "admin.listen",
+                    format!("{e}; expected host:port, e.g. \"127.0.0.1:9183\", or \"\" for no admin server"),
+                )
+            })?),
+        };
         in_range(
             "alerts.backlog_age_s",
             raw.alerts.backlog_age_s,
@@ -303,6 +314,7 @@ impl Config {
                 north_down: Duration::from_secs(raw.alerts.north_down_s),
                 backlog_age: Duration::from_secs(raw.alerts.backlog_age_s),
             },
+            admin,
         })
     }
 }

@@ -24,6 +24,23 @@ pub struct RawConfig {
     pub log: RawLog,
     pub shutdown: RawShutdown,
     pub alerts: RawAlerts,
+    pub admin: RawAdmin,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAdmin {
+    /// host:port of the admin HTTP server (`/metrics`, `/healthz`,
+    /// `/readyz`, the JSON API and the status page); empty turns it off.
+    pub listen: String,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        RawAdmin {
+            listen: "127.0.0.1:9183".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -80,9 +80,33 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeadLetterRow> {
 
 /// The dead letters `filter` keeps, oldest first.
 pub fn list(conn: &Connection, filter: &Filter) -> Result<Vec<DeadLetterRow>, OpsError> {
+    list_page(conn, filter, Page::After(0), None)
+}
+
+/// Which dead letters a page of [`list_page`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Page {
+    /// Those with an id above this, oldest first.
+    After(i64),
+    /// The newest, newest first.
+    Newest,
+}
+
+/// Up to `limit` of the dead letters `filter` keeps, in `page` (the admin
+/// API pages through them).
+pub fn list_page(
+    conn: &Connection,
+    filter: &Filter,
+    page: Page,
+    limit: Option<usize>,
+) -> Result<Vec<DeadLetterRow>, OpsError> {
+    let (after, order) = match page {
+        Page::After(after) => (after, "ASC"),
+        Page::Newest => (i64::MIN, "DESC"),
+    };
     let sql = format!(
         "{ROW_SQL} WHERE (?1 IS NULL OR d.device = ?1) AND (?2 IS NULL OR substr(d.reason, 1, length(?2)) = ?2)
-         AND (?3 IS NULL OR d.direction = ?3) ORDER BY d.id"
+         AND (?3 IS NULL OR d.direction = ?3) AND d.id > ?4 ORDER BY d.id {order} LIMIT ?5"
     );
     let read = sqlite("cannot read the dead letters");
     let mut stmt = conn.prepare(&sql).map_err(&read)?;
@@ -91,7 +115,9 @@ pub fn list(conn: &Connection, filter: &Filter) -> Result<Vec<DeadLetterRow>, Op
             params![
                 filter.device,
                 filter.reason,
-                filter.direction.map(Direction::as_str)
+                filter.direction.map(Direction::as_str),
+                after,
+                limit.map_or(-1, |n| n as i64)
             ],
             row,
         )

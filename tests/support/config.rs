@@ -57,6 +57,8 @@ impl FerryOpts {
         c.retry.max_attempts = 5;
         c.retry.jitter = 0.2;
         c.log.level = "info".to_string();
+        // A free port, picked by `Ferry::start` (see `Ferry::admin`).
+        c.admin.listen = "127.0.0.1:0".to_string();
         c.south.rate_per_s = 1_000_000.0;
         c.south.burst = 1_000_000;
         c.south.max_inflight_per_device = ferry::uplink::intake::MAX_UNANSWERED;

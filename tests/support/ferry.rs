@@ -63,6 +63,8 @@ pub fn check_config(contents: &str) -> (Option<i32>, String) {
 pub struct Ferry {
     /// Where devices connect: ferry's own broker, or the site broker.
     pub south_port: u16,
+    /// The admin HTTP server's port (`None`: turned off).
+    pub admin_port: Option<u16>,
     pub mode: Mode,
     /// External mode: the site broker devices connect to (it outlives
     /// ferry's restarts, as a site's broker does).
@@ -116,6 +118,19 @@ impl Ferry {
                 (site.port, Some(site))
             }
         };
+        // Port 0: a free one, the same across restarts.
+        let admin_port = match config.admin.listen.strip_suffix(":0") {
+            Some(host) => {
+                let port = free_port();
+                config.admin.listen = format!("{host}:{port}");
+                Some(port)
+            }
+            None => config
+                .admin
+                .listen
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok()),
+        };
         // An absolute data_dir (a test's own disk) stays as it is.
         config.gateway.data_dir = dir.path().join(&config.gateway.data_dir);
         if !config.south.password_file.as_os_str().is_empty() {
@@ -133,6 +148,7 @@ impl Ferry {
         fs::write(&config_path, to_toml(&config)).expect("write ferry.toml");
         let mut ferry = Ferry {
             south_port,
+            admin_port,
             mode: opts.mode,
             site,
             data_dir: config.gateway.data_dir.clone(),

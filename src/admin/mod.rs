@@ -1,0 +1,293 @@
+//! The admin HTTP server on `admin.listen`: read-only, for operators and
+//! their tools.
+//!
+//! - `/metrics`: every metric of [`crate::metrics`] in the Prometheus text
+//!   format; the store's gauges are read on each scrape.
+//! - `/healthz`: 200 while the pipeline's parts answer the supervisor's
+//!   pings (the same check that feeds systemd's watchdog), 503 naming the
+//!   silent part otherwise, or when no check is recent.
+//! - `/readyz`: 200 once the gateway has started, while it is healthy, not
+//!   shutting down and below its disk budget; 503 with the reasons. A
+//!   north outage does not make ferry unready: storing while the backend is
+//!   away is its job.
+//! - `/api/status`, `/api/dlq`, `/api/dlq/{id}`, `/api/trace/{device}/{msg_id}`:
+//!   the CLI's views ([`crate::ops`]) as JSON.
+//! - `/`: a status page that refreshes itself from `/api/status`.
+//!
+//! Reads go through one read-only WAL connection, one at a time, on the
+//! blocking pool: they never block the store's writer, and a burst of
+//! requests queues here (each waits at most [`READ_WAIT`], then gets 503)
+//! instead of piling up connections.
+
+mod api;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use rusqlite::Connection;
+use serde::Serialize;
+use tokio::sync::{watch, Mutex};
+use tracing::info;
+
+use crate::health::Reports;
+use crate::ops::{self, OpsError};
+use crate::store::budget::Budget;
+
+/// Longest a request waits for the read connection.
+const READ_WAIT: Duration = Duration::from_secs(10);
+
+/// A health check older than this is no answer: the supervisor itself (or
+/// the runtime) is stuck.
+const STALE_AFTER: Duration = Duration::from_secs(20);
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct Admin {
+    data_dir: PathBuf,
+    budget: Budget,
+    health: Reports,
+    ready: watch::Receiver<bool>,
+    /// The read connection, opened on first use and again after an error.
+    conn: Arc<Mutex<Option<Connection>>>,
+}
+
+impl Admin {
+    pub fn new(
+        data_dir: PathBuf,
+        budget: Budget,
+        health: Reports,
+        ready: watch::Receiver<bool>,
+    ) -> Admin {
+        Admin {
+            data_dir,
+            budget,
+            health,
+            ready,
+            conn: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Runs `read` on the read connection, on the blocking pool.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, OpsError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let mut slot = tokio::time::timeout(READ_WAIT, self.conn.clone().lock_owned())
+            .await
+            .map_err(|_| ApiError::busy())?;
+        let data_dir = self.data_dir.clone();
+        let taken = slot.take();
+        let (conn, result) = tokio::task::spawn_blocking(move || {
+            let conn = match taken {
+                Some(conn) => conn,
+                None => match ops::open_read(&data_dir) {
+                    Ok(conn) => conn,
+                    Err(e) => return (None, Err(e)),
+                },
+            };
+            let result = read(&conn);
+            // A failed read may mean a broken connection: open a new one.
+            let keep = result.is_ok().then_some(conn);
+            (keep, result)
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("read task failed: {e}")))?;
+        *slot = conn;
+        result.map_err(ApiError::from)
+    }
+}
+
+/// An error answer: `{"error": "..."}` with its status.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn busy() -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "busy: earlier requests are still reading the store; try again".into(),
+        }
+    }
+
+    fn internal(message: String) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+        }
+    }
+
+    fn not_found(message: String) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message,
+        }
+    }
+
+    fn bad_request(message: String) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message,
+        }
+    }
+}
+
+impl From<OpsError> for ApiError {
+    fn from(e: OpsError) -> ApiError {
+        match e {
+            OpsError::Usage(m) => ApiError::bad_request(m),
+            OpsError::Runtime(m) => ApiError::internal(m),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        #[derive(Serialize)]
+        struct Body {
+            error: String,
+        }
+        (
+            self.status,
+            Json(Body {
+                error: self.message,
+            }),
+        )
+            .into_response()
+    }
+}
+
+/// Why the admin server could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("admin.listen: cannot listen on {addr}: {source}")]
+pub struct BindError {
+    addr: SocketAddr,
+    source: std::io::Error,
+}
+
+/// Binds `addr` (an error names the key) and returns the server, to be
+/// spawned: it runs until aborted.
+pub async fn bind(
+    addr: SocketAddr,
+    admin: Admin,
+) -> Result<impl std::future::Future<Output = ()>, BindError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError { addr, source })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    info!(listen = %local, "admin server listening: /metrics, /healthz, /readyz, /api, /");
+    let app = router(admin);
+    Ok(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(error = %e, "admin server stopped");
+        }
+    })
+}
+
+fn router(admin: Admin) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(api::routes())
+        .with_state(admin)
+}
+
+async fn page() -> Html<&'static str> {
+    Html(include_str!("page.html"))
+}
+
+async fn metrics(State(admin): State<Admin>) -> Result<Response, ApiError> {
+    let budget = admin.budget.limit();
+    let data_dir = admin.data_dir.clone();
+    let view = admin
+        .read(move |conn| ops::status::status(conn, &data_dir, budget, 0, ops::now_ms()))
+        .await?;
+    crate::metrics::set_store_gauges(&crate::metrics::StoreGauges {
+        uplink_backlog: view.uplink_backlog,
+        uplink_oldest_age_s: view.uplink_oldest_age_s,
+        downlink_backlog: view.downlink_backlog,
+        downlink_oldest_age_s: view.downlink_oldest_age_s,
+        dead_letters: view.dead_letters,
+        // What the budget is measured against (pages in use plus the WAL).
+        store_bytes: admin.budget.used(),
+        budget_bytes: view.store.budget_bytes,
+    });
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::render(),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct Probe {
+    ok: bool,
+    /// What is wrong, when something is.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    reasons: Vec<String>,
+}
+
+impl IntoResponse for Probe {
+    fn into_response(self) -> Response {
+        let status = if self.ok {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (status, Json(self)).into_response()
+    }
+}
+
+/// Why the pipeline is not healthy, if it is not.
+fn unhealthy(admin: &Admin) -> Option<String> {
+    match &*admin.health.borrow() {
+        None => Some("no health check yet".into()),
+        Some(r) if r.at.elapsed() > STALE_AFTER => Some(format!(
+            "the last health check is {} s old",
+            r.at.elapsed().as_secs()
+        )),
+        Some(r) if !r.healthy => Some(format!("not answering: {}", r.silent)),
+        Some(_) => None,
+    }
+}
+
+async fn healthz(State(admin): State<Admin>) -> Probe {
+    let reasons: Vec<String> = unhealthy(&admin).into_iter().collect();
+    Probe {
+        ok: reasons.is_empty(),
+        reasons,
+    }
+}
+
+async fn readyz(State(admin): State<Admin>) -> Probe {
+    let mut reasons: Vec<String> = Vec::new();
+    if !*admin.ready.borrow() {
+        reasons.push("starting or shutting down".into());
+    }
+    reasons.extend(unhealthy(&admin));
+    if admin.budget.over() {
+        reasons.push(format!(
+            "the store is at store.max_db_bytes ({} of {} bytes): new messages are refused",
+            admin.budget.used(),
+            admin.budget.limit()
+        ));
+    }
+    Probe {
+        ok: reasons.is_empty(),
+        reasons,
+    }
+}

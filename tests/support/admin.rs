@@ -1,0 +1,181 @@
+//! The admin HTTP server from outside: plain HTTP GETs, Prometheus text
+//! parsed by series, and the status page rendered by a real headless
+//! Chromium (Debian's `chromium`, which scripts/test.sh installs).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::Ferry;
+
+/// Where Debian's package puts Chromium.
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+impl Ferry {
+    /// `http://127.0.0.1:{admin port}{path}`.
+    pub fn admin_url(&self, path: &str) -> String {
+        let port = self.admin_port.expect("the admin server is on");
+        format!("http://127.0.0.1:{port}{path}")
+    }
+
+    /// GET `path` on the admin server: (status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        get(&self.admin_url(path))
+    }
+
+    /// GET `path`, which must answer 200 with JSON.
+    pub fn admin_json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.admin_get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {body}"))
+    }
+
+    /// `/metrics`, which must answer 200.
+    pub fn metrics(&self) -> Metrics {
+        let (status, body) = self.admin_get("/metrics");
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        Metrics(body)
+    }
+}
+
+/// GET `url`: (status, body); an error status is an answer too.
+pub fn get(url: &str) -> (u16, String) {
+    super::blocking(|| get_now(url))
+}
+
+fn get_now(url: &str) -> (u16, String) {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(20))
+        .build();
+    match agent.get(url).call() {
+        Ok(r) => (r.status(), r.into_string().expect("a UTF-8 body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
+/// A `/metrics` answer.
+#[derive(Debug, Clone)]
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// The value of `series` as written, e.g.
+    /// `ferry_messages_received_total{direction="up"}`; `None` if absent.
+    pub fn get(&self, series: &str) -> Option<f64> {
+        self.0.lines().find_map(|l| {
+            let value = l.strip_prefix(series)?.strip_prefix(' ')?;
+            value.parse().ok()
+        })
+    }
+
+    /// The value of `series`, which must be there.
+    pub fn value(&self, series: &str) -> f64 {
+        self.get(series)
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{}", self.0))
+    }
+
+    /// Every metric family named in a `# TYPE` line.
+    pub fn families(&self) -> Vec<String> {
+        self.0
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Loads `url` in headless Chromium, lets its scripts run for `settle` of
+/// virtual time (fetches included), and returns the DOM as HTML. Fails,
+/// with how to get it, when Chromium is missing.
+pub fn render_dom(url: &str, settle: Duration) -> String {
+    super::blocking(|| render_now(url, settle))
+}
+
+fn render_now(url: &str, settle: Duration) -> String {
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} not found: the status page test needs a real headless browser. \
+         Install Debian's chromium (`sudo apt-get install chromium`), or run \
+         `bash scripts/test.sh`, which installs it"
+    );
+    let profile = tempfile::tempdir().expect("a Chromium profile dir");
+    let mut child = Command::new(CHROMIUM)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--virtual-time-budget={}", settle.as_millis()))
+        .arg("--dump-dom")
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {CHROMIUM}: {e}"));
+    // Bounded: a Chromium that hangs is killed and the test fails.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        match child.try_wait().expect("wait for chromium") {
+            Some(_) => break,
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                panic!("headless chromium did not finish rendering {url} in 90 s");
+            }
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    let out = child.wait_with_output().expect("chromium output");
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && dom.contains("</html>"),
+        "chromium failed on {url} ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dom
+}
+
+/// The text inside the element with `id` in rendered `html` (the first
+/// element's own text, tags stripped).
+pub fn text_of(html: &str, id: &str) -> String {
+    let marker = format!("id=\"{id}\"");
+    let at = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no element #{id} in the page:\n{html}"));
+    let open_end = at + html[at..].find('>').expect("the tag closes");
+    let tag_start = html[..at].rfind('<').expect("a tag");
+    let name: String = html[tag_start + 1..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let close = format!("</{name}>");
+    // Nested elements of the same name (tables in tables) are not used.
+    let end = open_end + html[open_end..].find(&close).expect("the element closes");
+    strip_tags(&html[open_end + 1..end])
+}
+
+fn strip_tags(s: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in s.chars() {
+        match c {
+            '<' => {
+                in_tag = true;
+                out.push(' ');
+            }
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
