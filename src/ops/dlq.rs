@@ -6,9 +6,10 @@
 //! its msg_id, seq and body, its history gets a `replayed` line, a
 //! `replay_request` tells the running gateway to load it, and the dead
 //! letter is removed (a new one is written if it dies again). Anything
-//! else (a message rejected at the door, a refused downlink or receipt, a
-//! downlink a device gave up on) has no stored message to resend and is
-//! refused with the reason.
+//! else is refused with the reason: a message rejected at the door (never
+//! stored), or a downlink a device nacked (the device's cursor is past its
+//! seq and a device drops what it confirmed, so it cannot be handed again
+//! under the same identity; the backend sends it again as a new message).
 
 use base64::Engine as _;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -279,7 +280,7 @@ pub fn replay(conn: &mut Connection, id: i64, now_ms: i64) -> Result<Replayed, O
     };
     let Some(uplink_id) = uplink_id else {
         let why = if direction == "down" {
-            format!("a downlink dead letter ({reason}): no stored message to resend; the backend must send it again")
+            format!("a downlink dead letter ({reason}): refused at the door or nacked by its device, whose cursor is past its seq, so it cannot be handed again under the same identity; the backend must send it again as a new message (dlq show has the payload)")
         } else {
             format!("rejected at the door ({reason}): it was never stored, so there is nothing to resend; the device must send it again")
         };
