@@ -75,8 +75,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     let (stored_tx, stored_rx) = mpsc::channel(8192);
     let (controls_tx, controls_rx) = mpsc::channel(8192);
-    let live =
-        crate::ops::live::start(&cfg.data_dir, matches!(cfg.south.mode, SouthMode::Embedded));
+    let live = crate::ops::live::start(
+        &cfg.data_dir,
+        cfg.gateway.as_str(),
+        matches!(cfg.south.mode, SouthMode::Embedded),
+    );
     let (up_events, down_events, alert_events) = fan_out(north_events, live.clone());
     if let Some(mut link) = south.link {
         let live = live.clone();

@@ -339,7 +339,11 @@ fn status(common: Common, top: usize) -> Outcome {
     };
     let age = |a: Option<f64>| a.map_or("-".into(), |a| format!("{a:.1}s"));
     if s.running {
-        println!("gateway: running (pid {})", s.pid.unwrap_or_default());
+        println!(
+            "gateway: {} running (pid {})",
+            s.gateway.as_deref().unwrap_or("-"),
+            s.pid.unwrap_or_default()
+        );
     } else {
         println!("gateway: not running (figures from the store)");
     }

@@ -293,6 +293,7 @@ async fn the_status_page_shows_the_gateways_figures_in_headless_chromium() {
         "the page's script never rendered:\n{dom}"
     );
     let shown = |id: &str| text_of(&dom, id);
+    assert_eq!(shown("gateway"), gw);
     assert_eq!(shown("north-state"), "up");
     assert_eq!(shown("south-state"), "up");
     assert_eq!(shown("devices-online"), "1");

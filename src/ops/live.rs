@@ -28,6 +28,9 @@ pub struct Link {
 /// What the running gateway last wrote.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LiveStatus {
+    /// `gateway.id` (empty in a file an older ferry wrote).
+    #[serde(default)]
+    pub gateway: String,
     pub pid: u32,
     pub started_ms: i64,
     /// `embedded` or `external`.
@@ -58,10 +61,11 @@ pub type LiveSender = mpsc::UnboundedSender<LiveEvent>;
 
 /// Starts the thread keeping `data_dir/status.json`; it ends once every
 /// sender is dropped.
-pub fn start(data_dir: &Path, embedded: bool) -> LiveSender {
+pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
     let (tx, mut rx) = mpsc::unbounded_channel::<LiveEvent>();
     let now = crate::protocol::now_ms();
     let mut status = LiveStatus {
+        gateway: gateway.to_string(),
         pid: std::process::id(),
         started_ms: now,
         south_mode: if embedded { "embedded" } else { "external" }.into(),
@@ -183,6 +187,7 @@ mod tests {
     fn a_status_file_whose_writer_is_gone_is_not_read_as_running() {
         let dir = tempfile::tempdir().unwrap();
         let mut status = LiveStatus {
+            gateway: "gw".into(),
             pid: u32::MAX - 1,
             started_ms: 0,
             south_mode: "embedded".into(),

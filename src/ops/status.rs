@@ -30,6 +30,8 @@ pub struct StoreSize {
 pub struct StatusView {
     /// Whether a gateway is running on this data directory.
     pub running: bool,
+    /// `gateway.id` of the running gateway.
+    pub gateway: Option<String>,
     pub pid: Option<u32>,
     pub started_ms: Option<i64>,
     pub south_mode: Option<String>,
@@ -103,6 +105,7 @@ pub fn status(
     let live = live::read(data_dir);
     Ok(StatusView {
         running: live.is_some(),
+        gateway: live.as_ref().map(|l| l.gateway.clone()),
         pid: live.as_ref().map(|l| l.pid),
         started_ms: live.as_ref().map(|l| l.started_ms),
         south_mode: live.as_ref().map(|l| l.south_mode.clone()),
