@@ -96,6 +96,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let presence = south.presence.map(|p| report_presence(p, live));
     let (engine_probe, engine_probed) = health::probe("uplink engine");
     let (downlink_probe, downlink_probed) = health::probe("downlink");
+    let (north_probe, north_probed) = health::probe("north session");
+    north_tx.answer_probes(north_probed);
     let downlink = Downlink::new(
         DownlinkSettings {
             cfg: cfg.downlink.clone(),
@@ -149,7 +151,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         systemd::Notifier::from_env(),
         systemd::watchdog_interval(),
         store.clone(),
-        vec![engine_probe, downlink_probe],
+        vec![engine_probe, downlink_probe, north_probe],
         health_tx,
     ));
     let admin = admin.map(tokio::spawn);

@@ -461,3 +461,53 @@ async fn a_dead_letter_and_an_old_backlog_are_alerted_on_the_alerts_topic() {
     assert!(dead["ts"].as_i64().is_some_and(|ts| ts > 0), "{dead}");
     assert!(ferry.log().contains("alert raised"), "{}", ferry.log_tail());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_north_session_turns_healthz_unhealthy_naming_it() {
+    let mosquitto = support::Mosquitto::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Under a (silent) systemd with a 1 s watchdog: checks every 250 ms.
+    let wedge_at = Duration::from_millis(3000);
+    let opts = support::FerryOpts::new("gw-north-wedge", mosquitto.port)
+        .with_env(
+            "NOTIFY_SOCKET",
+            dir.path().join("nobody").to_str().expect("utf-8 path"),
+        )
+        .with_env("WATCHDOG_USEC", "1000000")
+        .with_env(
+            "TEST_FERRY_WEDGE_NORTH_AFTER_MS",
+            &wedge_at.as_millis().to_string(),
+        );
+    let start = Instant::now();
+    let ferry = support::Ferry::start(opts);
+    let (code, body) = ferry.admin_get("/healthz");
+    assert!(
+        start.elapsed() < wedge_at,
+        "started too late to see it healthy"
+    );
+    assert_eq!((code, body.as_str()), (200, r#"{"ok":true}"#));
+    let deadline = start + wedge_at + Duration::from_secs(10);
+    loop {
+        let (code, body) = ferry.admin_get("/healthz");
+        if code == 503 {
+            assert!(body.contains("north session"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/healthz still {code} {body} after the north session wedged\n{}",
+            ferry.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        start.elapsed() >= wedge_at,
+        "unhealthy before the wedge\n{}",
+        ferry.log_tail()
+    );
+    assert!(
+        ferry.log().contains("the systemd watchdog is not fed"),
+        "{}",
+        ferry.log_tail()
+    );
+}

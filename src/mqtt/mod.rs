@@ -288,6 +288,14 @@ impl<T: Tag> Session<T> {
         let _ = self.commands.send(session::Command::Ack(token));
     }
 
+    /// The session's task answers the pings of `probed` from its loop (see
+    /// [`crate::health`]) while its poller is alive: polled within three
+    /// keep-alives while connected (rumqttc's own PINGREQ and PINGRESP are
+    /// events too), or reconnecting.
+    pub fn answer_probes(&self, probed: crate::health::Probed) {
+        let _ = self.commands.send(session::Command::Probed(probed));
+    }
+
     /// Leaves cleanly: `farewell` first (a clean DISCONNECT does not fire
     /// the last will, so a retained status says it instead), then
     /// DISCONNECT, waiting at most `within` for it to be written.

@@ -28,6 +28,8 @@ const EVENT_QUEUE: usize = 4096;
 pub(super) enum Command {
     Ack(AckToken),
     Close(Option<Will>),
+    /// Answer these pings (the watchdog's and `/healthz`'s).
+    Probed(crate::health::Probed),
 }
 
 /// What a tracked publish is: the owner's, or the session's own.
@@ -83,6 +85,8 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
         acks: OrderedAcks::default(),
         epoch: 0,
         closed: closed.clone(),
+        probed: None,
+        last_polled: Instant::now(),
     };
     tokio::spawn(task.run(polled_rx, commands_rx, publishes_rx, poller));
     (
@@ -104,9 +108,29 @@ struct Task<T> {
     acks: OrderedAcks<Publish>,
     epoch: u64,
     closed: Arc<Notify>,
+    /// Pings to answer, once the owner asked.
+    probed: Option<crate::health::Probed>,
+    /// When the poller last handed over an event or an error.
+    last_polled: Instant,
+}
+
+/// The next ping of `probed`; pending while there is none to answer.
+async fn next_ping(probed: &mut Option<crate::health::Probed>) -> oneshot::Sender<()> {
+    match probed {
+        Some(p) => p.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl<T: Tag> Task<T> {
+    /// Whether the poller is alive: connected, it hands over at least
+    /// rumqttc's keep-alive pings; otherwise it is connecting or backing
+    /// off, which takes no events.
+    fn poller_alive(&self, link: &Link) -> bool {
+        !matches!(link, Link::Connected { .. })
+            || self.last_polled.elapsed() < self.opts.keep_alive * 3
+    }
+
     async fn run(
         mut self,
         mut polled: mpsc::Receiver<FromPoller>,
@@ -117,7 +141,12 @@ impl<T: Tag> Task<T> {
     ) {
         let mut link = Link::Down { failures: 0 };
         let mut handles = true;
+        let wedge_at = test_wedge(&self.opts.name);
         loop {
+            if wedge_at.is_some_and(|at| Instant::now() >= at) {
+                warn!(link = %self.opts.name, "session task wedged on purpose (TEST_FERRY_WEDGE_NORTH_AFTER_MS)");
+                std::future::pending::<()>().await;
+            }
             let connected = matches!(link, Link::Connected { .. });
             if connected {
                 self.hand_over();
@@ -125,14 +154,24 @@ impl<T: Tag> Task<T> {
             let probe_deadline = self.flow.probe_deadline();
             let polled = tokio::select! {
                 polled = polled.recv() => match polled {
-                    Some(p) => p,
+                    Some(p) => {
+                        self.last_polled = Instant::now();
+                        p
+                    }
                     None => return,
                 },
+                ack = next_ping(&mut self.probed) => {
+                    if self.poller_alive(&link) {
+                        let _ = ack.send(());
+                    }
+                    continue;
+                }
                 // The owner is gone: so is the session.
                 _ = self.events.closed() => return,
                 command = commands.recv(), if handles => {
                     match command {
                         Some(Command::Ack(token)) => self.ready(token),
+                        Some(Command::Probed(probed)) => self.probed = Some(probed),
                         Some(Command::Close(farewell)) => match link {
                             Link::Connected { .. } => {
                                 self.leave(farewell);
@@ -462,4 +501,19 @@ impl Drop for PollerGuard {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// `TEST_FERRY_WEDGE_NORTH_AFTER_MS=N` (not `FERRY_*`: those are config
+/// keys) makes the north session's task stop for good at its first turn N
+/// ms after it started, as a task stuck in an await would. Release builds
+/// never read it.
+fn test_wedge(name: &str) -> Option<Instant> {
+    if !cfg!(debug_assertions) || name != "north" {
+        return None;
+    }
+    let ms: u64 = std::env::var("TEST_FERRY_WEDGE_NORTH_AFTER_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Instant::now() + std::time::Duration::from_millis(ms))
 }

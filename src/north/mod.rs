@@ -89,6 +89,11 @@ pub struct NorthSender {
 }
 
 impl NorthSender {
+    /// The session's task answers `probed`'s pings (see [`crate::health`]).
+    pub fn answer_probes(&self, probed: crate::health::Probed) {
+        self.session.answer_probes(probed);
+    }
+
     /// Queues a QoS 1 publish for the connection `epoch`, without waiting.
     /// False if the queue is full or closed: the caller keeps the message
     /// and tries again later.
