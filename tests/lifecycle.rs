@@ -65,7 +65,7 @@ async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
         "status ts {ts} predates the exit ({before_exit}): the last will, not a clean exit"
     );
     assert!(
-        ferry.log().contains("session closed link=north"),
+        support::logged(&ferry.log(), "link_session_closed", "link=north") == 1,
         "{}",
         ferry.log_tail()
     );

@@ -204,7 +204,7 @@ impl Router {
     fn route(&self, m: Message) -> Option<NorthEvent> {
         if let Some(size) = m.oversize {
             let total = OVERSIZED_FROM_UPSTREAM.fetch_add(1, Ordering::Relaxed) + 1;
-            warn!(topic = %truncate(&m.topic, 200), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
+            warn!(event = "north_message_oversized", topic = %truncate(&m.topic, 200), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
         }
         if self.topics.is_north_down(&m.topic) {
             return Some(NorthEvent::Downlink {

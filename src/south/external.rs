@@ -85,11 +85,11 @@ async fn receive(
             } => {
                 if refused.is_empty() {
                     info!(
-                        epoch,
-                        session_present, "south link up: taking device messages"
+                        event = "south_link_up",
+                        epoch, session_present, "south link up: taking device messages"
                     );
                 } else {
-                    error!(epoch, filters = ?refused, "south link up, but the site broker refused ferry's subscriptions: give ferry's user read access to them (docs/EXTERNAL.md)");
+                    error!(event = "south_subscriptions_refused", epoch, filters = ?refused, "south link up, but the site broker refused ferry's subscriptions: give ferry's user read access to them (docs/EXTERNAL.md)");
                 }
                 let _ = link.send(true);
                 continue;

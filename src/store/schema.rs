@@ -202,6 +202,7 @@ pub(super) fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         )));
     }
     info!(
+        event = "store_checked",
         took_ms = started.elapsed().as_millis() as u64,
         "store checked"
     );

@@ -174,11 +174,11 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>>
         .prepare_cached(
             "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL, done_ms = ?6
              WHERE device = ?1 AND msg_id = ?2 AND state = 'stored'
-             RETURNING id, seq",
+             RETURNING id, seq, attempts",
         )?
         .query_row(
             params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason, t.at_ms],
-            |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64) }),
+            |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64), attempts: r.get(2)? }),
         )
         .optional()?;
     let Some(moved) = moved else { return Ok(None) };

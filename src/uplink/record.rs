@@ -141,6 +141,8 @@ impl Transition {
 pub struct Moved {
     pub id: i64,
     pub seq: Seq,
+    /// Attempts counted when it moved.
+    pub attempts: u32,
 }
 
 /// A failed attempt that counted towards `retry.max_attempts`.
