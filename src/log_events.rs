@@ -84,7 +84,10 @@ fn catalogued() -> BTreeSet<(String, String)> {
 #[test]
 fn every_logged_event_is_in_the_catalogue_with_its_level() {
     let catalogue = catalogued();
-    assert!(catalogue.len() > 50, "the table was not read: {catalogue:?}");
+    assert!(
+        catalogue.len() > 50,
+        "the table was not read: {catalogue:?}"
+    );
     let missing: Vec<_> = logged().difference(&catalogue).cloned().collect();
     assert!(
         missing.is_empty(),

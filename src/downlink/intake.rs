@@ -30,6 +30,7 @@ impl Downlink {
         payload: Bytes,
         token: AckToken,
         oversize: Option<usize>,
+        received_ms: i64,
     ) -> Result<(), StoreError> {
         let stored_ms = now_ms();
         let parsed = match oversize {
@@ -92,6 +93,7 @@ impl Downlink {
                 let msg = DownIntake {
                     msg_id: env.msg_id,
                     body: Bytes::from(env.entry),
+                    received_ms,
                     stored_ms,
                     expires_ms: env
                         .ttl

@@ -223,7 +223,7 @@ impl Downlink {
                     Some(NorthEvent::Downlink { topic, .. }) if flush_by.is_some() => {
                         debug!(topic = %topic, "downlink left unacknowledged while shutting down; the upstream sends it again");
                     }
-                    Some(NorthEvent::Downlink { topic, payload, token, oversize }) => self.on_downlink(&topic, payload, token, oversize).await?,
+                    Some(NorthEvent::Downlink { topic, payload, token, oversize, received_ms }) => self.on_downlink(&topic, payload, token, oversize, received_ms).await?,
                     Some(NorthEvent::Published(Tag::Receipts(id))) => self.on_receipts_published(id)?,
                     Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id),
                     Some(_) => {}

@@ -72,6 +72,9 @@ pub enum NorthEvent {
         /// Its real size, when only its head is in `payload` (it was over
         /// `north.max_packet_bytes`).
         oversize: Option<usize>,
+        /// When it arrived (ms since the epoch): its `received` time in
+        /// `ferry trace`.
+        received_ms: i64,
     },
     /// The upstream dropped the link on this publish while it was alone in
     /// flight: a failed attempt.
@@ -212,6 +215,7 @@ impl Router {
                 payload: m.payload,
                 token: m.token,
                 oversize: m.oversize,
+                received_ms: now_ms(),
             });
         }
         self.session.ack(m.token);

@@ -63,6 +63,7 @@ use super::{
     INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
 };
 use crate::config::{ListenerTls, SouthAuth, SouthConfig};
+use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
@@ -367,6 +368,7 @@ fn south_message(f: Forward) -> Option<SouthMessage> {
         topic,
         payload: f.publish.payload,
         oversize,
+        received_ms: now_ms(),
         // The broker acknowledged it when the link took it.
         ack: Default::default(),
     })

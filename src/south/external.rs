@@ -25,6 +25,7 @@ use super::{
 };
 use crate::config::{ExternalSouth, SouthConfig};
 use crate::mqtt::{self, Event, Reconnect, Session};
+use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 
 /// Device messages received and not yet acknowledged, at most (the site
@@ -106,6 +107,7 @@ async fn receive(
             oversize: m.oversize,
             // The site broker's ACL keeps devices to their own topics.
             publisher: None,
+            received_ms: now_ms(),
             ack: Ack(Some(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);

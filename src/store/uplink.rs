@@ -80,8 +80,8 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result
     let body = Bytes::from(with_seq(&msg.body, seq));
     let inserted = tx
         .prepare_cached(
-            "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry)
-             VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8)
+            "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry, received_ms)
+             VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (device, msg_id) DO NOTHING",
         )?
         .execute(params![
@@ -93,6 +93,7 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result
             msg.stored_ms,
             msg.expires_ms,
             msg.no_retry,
+            msg.received_ms,
         ])?;
     if inserted == 0 {
         let dup =
