@@ -206,6 +206,7 @@ impl Outbox {
             self.queued.pop_front();
             let total = ALERTS_DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
             warn!(
+                event = "alert_dropped",
                 total,
                 max = MAX_QUEUED,
                 "alert queue full while north is down; the oldest alert was dropped"
@@ -261,7 +262,7 @@ pub async fn run(
                 }
                 Some(NorthEvent::Refused(Tag::Alert(id))) => {
                     outbox.in_flight.remove(&id);
-                    warn!(alert = id, "the upstream refused an alert; dropped");
+                    warn!(event = "alert_refused", alert = id, "the upstream refused an alert; dropped");
                 }
                 Some(_) => {}
                 None => return,
@@ -278,7 +279,7 @@ pub async fn run(
                 after_dead = after_dead.max(scan.max_dead_id);
                 for alert in monitor.check(Instant::now(), now_ms(), &scan) {
                     let total = ALERTS_RAISED.fetch_add(1, Ordering::Relaxed) + 1;
-                    warn!(kind = alert.kind.as_str(), detail = %alert.detail, total, "alert raised");
+                    warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %alert.detail, total, "alert raised");
                     match serde_json::to_vec(&alert) {
                         Ok(body) => outbox.push(Bytes::from(body)),
                         Err(e) => debug!(error = %e, "alert not serialized"),

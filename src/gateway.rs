@@ -186,7 +186,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         SouthMode::Embedded => format!("embedded broker on {}", cfg.south.listen),
         SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
     };
-    info!(gateway = %cfg.gateway, south = %south_desc, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
+    info!(event = "gateway_started", gateway = %cfg.gateway, south = %south_desc, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
     // The store is open and both links are started (not necessarily
     // connected: an absent upstream only makes messages wait).
     notifier.notify("READY=1");
@@ -217,6 +217,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     let plan = Plan::new(Instant::now(), cfg.shutdown_grace);
     info!(
+        event = "shutdown_started",
         grace_s = cfg.shutdown_grace.as_secs(),
         "shutting down: device intake stops"
     );
@@ -259,11 +260,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 /// The exit a shutdown's outcome calls for.
 fn finish(outcome: Outcome, grace: Duration) -> Result<(), RunError> {
     for (task, e) in &outcome.failed {
-        error!(task, error = %e, "failed while shutting down");
+        error!(event = "shutdown_part_failed", task, error = %e, "failed while shutting down");
     }
     if !outcome.late.is_empty() {
         let late = outcome.late.join(", ");
-        error!(late = %late, grace_s = grace.as_secs(), "shutdown grace ran out; these did not finish");
+        error!(event = "shutdown_grace_exceeded", late = %late, grace_s = grace.as_secs(), "shutdown grace ran out; these did not finish");
         return Err(RunError::GraceExceeded { late, grace });
     }
     if let Some((task, e)) = outcome.failed.into_iter().next() {
@@ -271,7 +272,7 @@ fn finish(outcome: Outcome, grace: Duration) -> Result<(), RunError> {
             "{task} failed while shutting down: {e}"
         )));
     }
-    info!("ferry stopped cleanly");
+    info!(event = "gateway_stopped", "ferry stopped cleanly");
     Ok(())
 }
 

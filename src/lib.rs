@@ -59,6 +59,8 @@
 //! - [`memory`]: hands memory freed after a burst back to the system.
 //! - [`client`]: the library for Rust devices and backends (and the tests
 //!   and benchmarks) that speaks the protocol from the other side.
+//! - `log_events` (tests only): every log line's `event` name is in
+//!   docs/OPERATIONS.md's catalogue, at its level, and the reverse.
 
 pub mod admin;
 pub mod alerts;
@@ -71,6 +73,8 @@ pub mod downlink;
 pub mod gateway;
 pub mod health;
 pub mod ids;
+#[cfg(test)]
+mod log_events;
 pub mod memory;
 pub mod metrics;
 pub mod mqtt;

@@ -113,7 +113,7 @@ fn main() -> ExitCode {
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    tracing::error!(error = %e, "ferry stopped");
+                    tracing::error!(event = "gateway_failed", error = %e, "ferry stopped");
                     eprintln!("ferry: {e}");
                     ExitCode::FAILURE
                 }

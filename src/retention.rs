@@ -85,7 +85,7 @@ pub async fn run(
                 }
                 Err(e) if e.is_fatal() => return,
                 Err(e) => {
-                    warn!(error = %e, "pruning failed; tried again at the next pass");
+                    warn!(event = "prune_failed", error = %e, "pruning failed; tried again at the next pass");
                     break;
                 }
             }
@@ -95,6 +95,7 @@ pub async fn run(
         }
         if total.any() {
             info!(
+                event = "pruned",
                 uplinks = total.uplinks,
                 downlinks = total.downlinks,
                 dead_letters = total.dead_letters,

@@ -132,6 +132,7 @@ pub async fn supervise(
     let budget = watchdog.map_or(STATUS_EVERY, |w| w / 2);
     if let Some(w) = watchdog {
         info!(
+            event = "watchdog_enabled",
             watchdog_ms = w.as_millis() as u64,
             "systemd watchdog on: fed while the store writer and the pipeline answer"
         );
@@ -174,6 +175,7 @@ pub async fn supervise(
         if check.healthy() {
             if let Some(since) = unhealthy_since.take() {
                 info!(
+                    event = "pipeline_answers_again",
                     unhealthy_ms = since.elapsed().as_millis() as u64,
                     "pipeline answers again; watchdog fed"
                 );
@@ -183,7 +185,7 @@ pub async fn supervise(
             }
         } else if unhealthy_since.is_none() {
             unhealthy_since = Some(started);
-            warn!(silent = %check.describe(), budget_ms = budget.as_millis() as u64, "pipeline part did not answer in time; the systemd watchdog is not fed");
+            warn!(event = "pipeline_stalled", silent = %check.describe(), budget_ms = budget.as_millis() as u64, "pipeline part did not answer in time; the systemd watchdog is not fed");
         }
         if let Some(backlog) = backlog {
             if last_status.elapsed() >= STATUS_EVERY {

@@ -65,7 +65,7 @@ async fn sigterm_exits_cleanly_and_leaves_the_retained_status_offline() {
         "status ts {ts} predates the exit ({before_exit}): the last will, not a clean exit"
     );
     assert!(
-        ferry.log().contains("session closed link=north"),
+        support::logged(&ferry.log(), "link_session_closed", "link=north") == 1,
         "{}",
         ferry.log_tail()
     );
@@ -251,19 +251,41 @@ async fn sigterm_with_the_upstream_gone_still_exits_zero_with_what_was_stored() 
 
 /// `log.format = "json"`: every line ferry writes is one JSON object with
 /// its timestamp, level and message, and an event's fields by name next to
-/// them (a rejected uplink names its device and reason).
+/// them: each of ferry's INFO, WARN and ERROR lines names its condition
+/// (`event`), a rejected uplink its device and reason, an uplink the
+/// backend nacked its device, msg_id, seq, attempts and reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_log_format_json_every_line_is_an_event_with_its_fields() {
     let mq = support::Mosquitto::start();
     let mut ferry = support::Ferry::start(
         support::FerryOpts::new("gw-json-log", mq.port).with(|c| c.log.format = "json".into()),
     );
+    let backend = support::Backend::connect(mq.port, "gw-json-log").await;
     let mut device = support::Device::connect(ferry.south_port, "json-dev").await;
     device
         .publish_raw(&device.up_topic("t"), b"{\"no\": \"msg_id\"}".to_vec())
         .await;
     let receipt = device.next_receipt(Duration::from_secs(10)).await;
     assert_eq!(receipt.expect("a receipt")["status"], "rejected");
+    let id = format!("{}-nacked", support::boot_id());
+    device
+        .publish_envelope("t", &id, serde_json::json!({"v": 1}))
+        .await;
+    let mut backend = backend;
+    let north = backend
+        .next_message(Duration::from_secs(10))
+        .await
+        .expect("the uplink north");
+    let seq = north.seq().expect("seq");
+    backend.nack("json-dev", &id, "unknown sensor", false).await;
+    let failed = loop {
+        let (r, _) = device.next_receipt_for(&id, Duration::from_secs(10)).await;
+        let r = r.expect("a receipt for the nacked uplink");
+        if r["status"] != "stored" {
+            break r;
+        }
+    };
+    assert_eq!(failed["status"], "failed", "{failed}");
     assert!(ferry.terminate(Duration::from_secs(10)), "ferry stopped");
 
     let log = ferry.log();
@@ -278,10 +300,18 @@ async fn with_log_format_json_every_line_is_an_event_with_its_fields() {
             assert!(e.get(key).is_some(), "no {key}: {e}");
         }
     }
+    for e in events
+        .iter()
+        .filter(|e| e["target"].as_str().is_some_and(|t| t.starts_with("ferry")))
+        .filter(|e| e["level"] != "DEBUG" && e["level"] != "TRACE")
+    {
+        assert!(e["event"].is_string(), "no event name: {e}");
+    }
     let rejected = events
         .iter()
-        .find(|e| e["message"] == "uplink rejected")
-        .unwrap_or_else(|| panic!("no `uplink rejected` event in {log}"));
+        .find(|e| e["event"] == "uplink_rejected")
+        .unwrap_or_else(|| panic!("no `uplink_rejected` event in {log}"));
+    assert_eq!(rejected["message"], "uplink rejected");
     assert_eq!(rejected["level"], "WARN");
     assert_eq!(rejected["device"], "json-dev", "{rejected}");
     assert!(
@@ -289,5 +319,20 @@ async fn with_log_format_json_every_line_is_an_event_with_its_fields() {
             .as_str()
             .is_some_and(|r| r.starts_with("malformed")),
         "{rejected}"
+    );
+    let dead = events
+        .iter()
+        .find(|e| e["event"] == "uplink_dead_lettered")
+        .unwrap_or_else(|| panic!("no `uplink_dead_lettered` event in {log}"));
+    assert_eq!(dead["level"], "WARN", "{dead}");
+    assert_eq!(dead["device"], "json-dev", "{dead}");
+    assert_eq!(dead["msg_id"], id.as_str(), "{dead}");
+    assert_eq!(dead["seq"].as_u64(), Some(seq), "{dead}");
+    assert_eq!(dead["attempts"].as_u64(), Some(1), "{dead}");
+    assert!(
+        dead["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("nacked") && r.contains("unknown sensor")),
+        "{dead}"
     );
 }

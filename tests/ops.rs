@@ -156,6 +156,7 @@ async fn a_nacked_uplink_is_listed_and_replay_delivers_it_with_the_same_identity
     assert_eq!(
         events,
         [
+            "received",
             "stored",
             "dead (backend nack)",
             "replayed",
@@ -206,6 +207,7 @@ async fn trace_shows_every_retry_with_its_reason() {
     assert_eq!(
         names,
         [
+            "received",
             "stored",
             "attempt failed",
             "attempt failed",
@@ -214,20 +216,23 @@ async fn trace_shows_every_retry_with_its_reason() {
         "{trace}"
     );
     assert!(
-        events[1]["detail"]
+        events[2]["detail"]
             .as_str()
             .unwrap_or("")
             .contains("busy once"),
         "{trace}"
     );
     assert!(
-        events[2]["detail"]
+        events[3]["detail"]
             .as_str()
             .unwrap_or("")
             .contains("busy twice"),
         "{trace}"
     );
     let at: Vec<i64> = events.iter().filter_map(|e| e["at_ms"].as_i64()).collect();
+    assert_eq!(at.len(), events.len(), "every line has its time: {trace}");
+    // In time order, so `received` (when the device's publish reached
+    // ferry) is not after `stored`.
     assert!(
         at.windows(2).all(|w| w[0] <= w[1]),
         "in time order: {trace}"
@@ -235,6 +240,7 @@ async fn trace_shows_every_retry_with_its_reason() {
     let (code, table, _) = cli(&ferry.config_path, &["trace", "press-8", &id]);
     assert_eq!(code, Some(0));
     assert!(table.contains("busy twice"), "{table}");
+    assert!(table.contains("received"), "{table}");
 
     let (code, _, err) = cli(&ferry.config_path, &["trace", "press-8", "no-such-id"]);
     assert_eq!(code, Some(1));
@@ -420,10 +426,21 @@ async fn trace_shows_a_downlink_stored_delivered_and_read() {
         .collect();
     assert_eq!(
         events,
-        [("down", "stored"), ("down", "delivered"), ("down", "read")],
+        [
+            ("down", "received"),
+            ("down", "stored"),
+            ("down", "delivered"),
+            ("down", "read")
+        ],
         "{trace}"
     );
     assert!(trace[0]["seq"].as_u64() == Some(seq), "{trace}");
+    // When the backend's publish reached ferry: not after it was stored.
+    assert!(
+        trace[0]["at_ms"].as_i64().is_some()
+            && trace[0]["at_ms"].as_i64() <= trace[1]["at_ms"].as_i64(),
+        "{trace}"
+    );
 
     // Two for a device that never connects: its backlog, on top.
     for n in 0..2 {

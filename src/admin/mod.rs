@@ -184,11 +184,11 @@ pub async fn bind(
         .await
         .map_err(|source| BindError { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
-    info!(listen = %local, "admin server listening: /metrics, /healthz, /readyz, /api, /");
+    info!(event = "admin_listening", listen = %local, "admin server listening: /metrics, /healthz, /readyz, /api, /");
     let app = router(admin);
     Ok(async move {
         if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "admin server stopped");
+            tracing::warn!(event = "admin_stopped", error = %e, "admin server stopped");
         }
     })
 }

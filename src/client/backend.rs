@@ -220,7 +220,7 @@ impl BackendClient {
         match WireEnvelope::deserialize(&envelope) {
             Ok(envelope) => self.send_downlink(to, envelope),
             Err(error) => {
-                warn!(%error, "not a downlink envelope; sent once as it is");
+                warn!(event = "client_downlink_sent_raw", %error, "not a downlink envelope; sent once as it is");
                 let mut body = envelope;
                 if let Value::Object(fields) = &mut body {
                     fields.insert("to".into(), to.into());
@@ -319,7 +319,7 @@ impl Task {
         match event {
             Ok(event) => self.events.send(event).is_ok(),
             Err(e) => {
-                warn!(topic, error = %e, "not one of the protocol's messages; ignored");
+                warn!(event = "client_message_ignored", topic, error = %e, "not one of the protocol's messages; ignored");
                 true
             }
         }

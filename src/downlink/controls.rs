@@ -19,7 +19,7 @@ impl Downlink {
         let control = match parse_control(c.kind, &c.payload) {
             Ok(control) => control,
             Err(e) => {
-                warn!(device = %c.device, error = %e, "ignoring a malformed control message");
+                warn!(event = "device_control_malformed", device = %c.device, error = %e, "ignoring a malformed control message");
                 return Ok(());
             }
         };
@@ -87,10 +87,11 @@ impl Downlink {
         let (released, actions) = self.scheduler.on_cursor_moved(&device, moved.cursors);
         if let Some(o) = released {
             info!(
+                event = "downlink_batch_confirmed",
                 device = %device,
                 first_seq = o.first.0,
                 last_seq = o.last.0,
-                size = o.size,
+                count = o.size,
                 cursor = moved.cursors.delivered_upto.0,
                 resends = o.resends,
                 confirm_ms = o.sent_at.elapsed().as_millis() as u64,

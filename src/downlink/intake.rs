@@ -32,6 +32,7 @@ impl Downlink {
         payload: Bytes,
         token: AckToken,
         oversize: Option<usize>,
+        received_ms: i64,
     ) -> Result<(), StoreError> {
         let stored_ms = now_ms();
         metrics::received(Direction::Down);
@@ -96,6 +97,7 @@ impl Downlink {
                 let msg = DownIntake {
                     msg_id: env.msg_id,
                     body: Bytes::from(env.entry),
+                    received_ms,
                     stored_ms,
                     expires_ms: env
                         .ttl
@@ -116,13 +118,13 @@ impl Downlink {
                 if rejection.code == RejectCode::NestedTooDeep {
                     let total = NESTED_TOO_DEEP_FROM_BACKEND.fetch_add(1, Ordering::Relaxed) + 1;
                     warn!(
+                        event = "downlink_too_deep",
                         topic,
                         limit = MAX_DEPTH,
                         total,
                         "backend downlink nested too deep"
                     );
                 }
-                warn!(topic, reason = %reason, "downlink rejected");
                 let dl = DeadLetter {
                     direction: "down",
                     device: self
@@ -136,6 +138,7 @@ impl Downlink {
                     raw: payload,
                     at_ms: stored_ms,
                 };
+                warn!(event = "downlink_rejected", device = dl.device.as_deref(), msg_id = dl.msg_id.as_deref(), topic, reason = %reason, "downlink rejected");
                 let receipt = NorthReceipt {
                     msg_id: dl.msg_id.clone(),
                     device: dl.device.clone(),
@@ -194,7 +197,7 @@ impl Downlink {
         let out = match result {
             Ok(out) => out,
             Err(e) => {
-                warn!(error = %e, "downlink not stored; left unacknowledged for the backend to resend");
+                warn!(event = "downlink_not_stored", error = %e, "downlink not stored; left unacknowledged for the backend to resend");
                 return Ok(());
             }
         };
@@ -227,7 +230,7 @@ impl Downlink {
                 self.send_receipts([rejected.receipt]);
             }
             Err(e) => {
-                warn!(error = %e, "rejected downlink not dead-lettered; left unacknowledged for the backend to resend")
+                warn!(event = "downlink_reject_not_dead_lettered", error = %e, "rejected downlink not dead-lettered; left unacknowledged for the backend to resend")
             }
         }
     }

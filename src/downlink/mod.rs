@@ -44,7 +44,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::DownlinkConfig;
 use crate::deadlines::{sleep_until, Deadlines};
-use crate::ids::DeviceId;
+use crate::ids::{DeviceId, Seq};
 use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
 use crate::protocol::control::{inbox_batch, ControlKind};
 use crate::protocol::now_ms;
@@ -99,6 +99,10 @@ enum Done {
     },
     Read {
         device: DeviceId,
+        /// The seq the batch starts after (the device's cursor or pull).
+        after: Seq,
+        /// When the read was asked for: the batch line's `duration_ms`.
+        asked: Instant,
         gen: u64,
         reply_empty: bool,
         result: Result<BatchRead, StoreError>,
@@ -222,7 +226,7 @@ impl Downlink {
                     Some(NorthEvent::Downlink { topic, .. }) if flush_by.is_some() => {
                         debug!(topic = %topic, "downlink left unacknowledged while shutting down; the upstream sends it again");
                     }
-                    Some(NorthEvent::Downlink { topic, payload, token, oversize }) => self.on_downlink(&topic, payload, token, oversize).await?,
+                    Some(NorthEvent::Downlink { topic, payload, token, oversize, received_ms }) => self.on_downlink(&topic, payload, token, oversize, received_ms).await?,
                     Some(NorthEvent::Published(Tag::Receipts(id))) => self.on_receipts_published(id)?,
                     Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id),
                     Some(_) => {}
@@ -232,7 +236,7 @@ impl Downlink {
                     Some(c) => self.on_control(c).await?,
                     None => match inputs.shutdown.flush_by() {
                         Some(at) => {
-                            info!(pending = self.pending.len(), receipts = self.receipts.held(), "downlink flushing receipts north");
+                            info!(event = "downlink_flush_started", pending = self.pending.len(), receipts = self.receipts.held(), "downlink flushing receipts north");
                             flush_by = Some(at);
                         }
                         None => return Ok(()),
@@ -253,12 +257,12 @@ impl Downlink {
                     self.pending.push(Box::pin(async move { Done::Swept(swept.await) }));
                 }
                 _ = flush_over => {
-                    warn!(pending = self.pending.len(), receipts = self.receipts.held(), "downlink flush time is up; receipts not yet acknowledged upstream stay in the outbox for the next run");
+                    warn!(event = "downlink_flush_timed_out", pending = self.pending.len(), receipts = self.receipts.held(), "downlink flush time is up; receipts not yet acknowledged upstream stay in the outbox for the next run");
                     return Ok(());
                 }
             }
             if flush_by.is_some() && self.flushed() {
-                info!("downlink flushed");
+                info!(event = "downlink_flushed", "downlink flushed");
                 return Ok(());
             }
         }
@@ -279,7 +283,7 @@ impl Downlink {
             }
         }
         for (device, o, actions) in self.scheduler.on_tick(now) {
-            warn!(device = %device, first_seq = o.first.0, last_seq = o.last.0, size = o.size, resends = o.resends + 1, "downlink batch not confirmed in time; resending");
+            warn!(event = "downlink_batch_resent", device = %device, first_seq = o.first.0, last_seq = o.last.0, count = o.size, resends = o.resends + 1, "downlink batch not confirmed in time; resending");
             crate::metrics::retried(crate::metrics::Direction::Down, o.size as u64);
             self.execute(actions).await?;
         }
@@ -305,12 +309,15 @@ impl Downlink {
                     gen,
                     reply_empty,
                 } => {
+                    let asked = Instant::now();
                     let read = self
                         .store
                         .read_batch(device.clone(), after, limit, now_ms());
                     self.pending.push(Box::pin(async move {
                         Done::Read {
                             device,
+                            after,
+                            asked,
                             gen,
                             reply_empty,
                             result: read.await,
@@ -354,6 +361,8 @@ impl Downlink {
             }
             Done::Read {
                 device,
+                after,
+                asked,
                 gen,
                 reply_empty,
                 result: Ok(read),
@@ -373,12 +382,13 @@ impl Downlink {
                     Instant::now(),
                 ) {
                     let body = inbox_batch(&read.entries, more);
-                    if let Some((first, last, size)) = span {
-                        info!(device = %device, first_seq = first.0, last_seq = last.0, size, bytes = body.len(), more, "downlink batch sent");
-                    }
+                    let bytes = body.len();
                     self.south
                         .publish(&device, self.topics.device_inbox(&device), body)
                         .await;
+                    if let Some((first, last, count)) = span {
+                        info!(event = "downlink_batch_sent", device = %device, after_seq = after.0, first_seq = first.0, last_seq = last.0, count, bytes, more, duration_ms = asked.elapsed().as_millis() as u64, "downlink batch sent");
+                    }
                 }
             }
             Done::Moved {
@@ -389,6 +399,7 @@ impl Downlink {
                 intake::count_events(&swept.events);
                 if !swept.events.is_empty() {
                     info!(
+                        event = "downlink_expired",
                         count = swept.events.len(),
                         "downlink deliveries expired (ttl)"
                     );
@@ -413,10 +424,12 @@ impl Downlink {
                 device,
                 result: Err(e),
             } => {
-                warn!(device = %device, error = %e, "downlink store request failed; the device is treated as offline until it returns");
+                warn!(event = "downlink_store_failed", device = %device, error = %e, "downlink store request failed; the device is treated as offline until it returns");
                 self.scheduler.on_offline(&device);
             }
-            Done::Swept(Err(e)) => warn!(error = %e, "downlink expiry sweep failed"),
+            Done::Swept(Err(e)) => {
+                warn!(event = "downlink_expiry_failed", error = %e, "downlink expiry sweep failed")
+            }
         }
         Ok(())
     }

@@ -75,7 +75,7 @@ impl Downlink {
         match result {
             Ok(rows) => self.receipts.loaded(rows, limit),
             Err(e) => {
-                warn!(error = %e, from, "receipts outbox not read; trying again");
+                warn!(event = "receipt_outbox_not_read", error = %e, from, "receipts outbox not read; trying again");
                 self.receipts.load_failed(from);
                 self.retry_receipts();
                 return;
@@ -106,7 +106,7 @@ impl Downlink {
         let named: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
         let field = |k: &str| named.get(k).and_then(|v| v.as_str()).map(str::to_string);
         let (device, msg_id) = (field("device"), field("msg_id"));
-        error!(msg_id = ?msg_id, device = ?device, status = ?field("status"), reason = %reason, "receipt north dead-lettered");
+        error!(event = "receipt_dead_lettered", device = device.as_deref(), msg_id = msg_id.as_deref(), status = field("status").as_deref(), attempts = self.settings.max_attempts, reason = %reason, "receipt north dead-lettered");
         let dl = DeadLetter {
             direction: "down",
             device,

@@ -41,6 +41,8 @@ pub struct DownIntake {
     pub msg_id: MsgId,
     /// The inbox entry as JSON, without `seq`.
     pub body: Bytes,
+    /// When the backend's publish reached ferry.
+    pub received_ms: i64,
     pub stored_ms: i64,
     pub expires_ms: Option<i64>,
     pub to: Vec<DeviceId>,

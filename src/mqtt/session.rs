@@ -144,7 +144,7 @@ impl<T: Tag> Task<T> {
         let wedge_at = test_wedge(&self.opts.name);
         loop {
             if wedge_at.is_some_and(|at| Instant::now() >= at) {
-                warn!(link = %self.opts.name, "session task wedged on purpose (TEST_FERRY_WEDGE_NORTH_AFTER_MS)");
+                warn!(event = "link_session_wedged", link = %self.opts.name, "session task wedged on purpose (TEST_FERRY_WEDGE_NORTH_AFTER_MS)");
                 std::future::pending::<()>().await;
             }
             let connected = matches!(link, Link::Connected { .. });
@@ -200,7 +200,7 @@ impl<T: Tag> Task<T> {
                 }
                 _ = sleep_until(probe_deadline), if probe_deadline.is_some() => {
                     if let Some(tag) = self.flow.expire_probe(Instant::now()) {
-                        warn!(link = %self.opts.name, tag = ?tag, "probe neither acknowledged nor refused; resuming");
+                        warn!(event = "link_probe_unanswered", link = %self.opts.name, tag = ?tag, "probe neither acknowledged nor refused; resuming");
                     }
                     continue;
                 }
@@ -223,7 +223,7 @@ impl<T: Tag> Task<T> {
                 self.epoch += 1;
                 self.flow.connected(self.epoch);
                 self.acks.connected(self.epoch);
-                info!(link = %self.opts.name, host = %self.opts.host, port = self.opts.port, session_present = ack.session_present, epoch = self.epoch, "connected");
+                info!(event = "link_connected", link = %self.opts.name, host = %self.opts.host, port = self.opts.port, session_present = ack.session_present, epoch = self.epoch, "connected");
                 if self.opts.subscriptions.is_empty() {
                     // No SubAck will come.
                     return self
@@ -255,7 +255,7 @@ impl<T: Tag> Task<T> {
                     .map(|(_, filter)| filter.clone())
                     .collect();
                 if !refused.is_empty() {
-                    warn!(link = %self.opts.name, filters = ?refused, "the broker refused subscriptions; check its ACL");
+                    warn!(event = "link_subscriptions_refused", link = %self.opts.name, filters = ?refused, "the broker refused subscriptions; check its ACL");
                 }
                 self.subscribed(at, failures, session_present, refused)
                     .await
@@ -306,7 +306,7 @@ impl<T: Tag> Task<T> {
                 Some(link)
             }
             (Polled::Outgoing(Sent::Disconnect), _) => {
-                info!(link = %self.opts.name, "session closed");
+                info!(event = "link_session_closed", link = %self.opts.name, "session closed");
                 self.closed.notify_waiters();
                 None
             }
@@ -348,7 +348,7 @@ impl<T: Tag> Task<T> {
         };
         let delay = match strike {
             Some(Tracked::Owner(tag)) => {
-                warn!(link = %self.opts.name, tag = ?tag, error = %e, "the broker dropped the link on this message");
+                warn!(event = "link_dropped_on_message", link = %self.opts.name, tag = ?tag, error = %e, "the broker dropped the link on this message");
                 self.emit(Event::Refused(tag)).await?;
                 // A drop explained by one message is no reason to wait
                 // longer: that message backs off on its own.
@@ -362,7 +362,7 @@ impl<T: Tag> Task<T> {
         // The first failures of an outage are worth a warning; the rest
         // only say the same thing again.
         if failures <= 3 || failures.is_power_of_two() {
-            warn!(link = %self.opts.name, host = %self.opts.host, port = self.opts.port, error = %e, failures, retry_in_ms = delay.as_millis() as u64, "link down");
+            warn!(event = "link_down", link = %self.opts.name, host = %self.opts.host, port = self.opts.port, error = %e, failures, retry_in_ms = delay.as_millis() as u64, "link down");
         } else {
             debug!(link = %self.opts.name, error = %e, failures, "link still down");
         }
@@ -422,7 +422,7 @@ impl<T: Tag> Task<T> {
             .iter()
             .map(|f| SubscribeFilter::new(f.clone(), QoS::AtLeastOnce));
         if let Err(e) = self.client.try_subscribe_many(filters) {
-            warn!(link = %self.opts.name, error = %e, "subscribe could not be queued");
+            warn!(event = "link_subscribe_not_queued", link = %self.opts.name, error = %e, "subscribe could not be queued");
         }
     }
 
@@ -487,7 +487,7 @@ impl<T: Tag> Task<T> {
     fn ready(&mut self, token: AckToken) {
         for publish in self.acks.ready(token) {
             if let Err(e) = self.client.try_ack(&publish) {
-                warn!(link = %self.opts.name, error = %e, "ack could not be queued");
+                warn!(event = "link_ack_not_queued", link = %self.opts.name, error = %e, "ack could not be queued");
             }
         }
     }

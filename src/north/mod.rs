@@ -72,6 +72,9 @@ pub enum NorthEvent {
         /// Its real size, when only its head is in `payload` (it was over
         /// `north.max_packet_bytes`).
         oversize: Option<usize>,
+        /// When it arrived (ms since the epoch): its `received` time in
+        /// `ferry trace`.
+        received_ms: i64,
     },
     /// The upstream dropped the link on this publish while it was alone in
     /// flight: a failed attempt.
@@ -209,7 +212,7 @@ impl Router {
     fn route(&self, m: Message) -> Option<NorthEvent> {
         if let Some(size) = m.oversize {
             let total = OVERSIZED_FROM_UPSTREAM.fetch_add(1, Ordering::Relaxed) + 1;
-            warn!(topic = %truncate(&m.topic, 200), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
+            warn!(event = "north_message_oversized", topic = %truncate(&m.topic, 200), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
         }
         if self.topics.is_north_down(&m.topic) {
             return Some(NorthEvent::Downlink {
@@ -217,6 +220,7 @@ impl Router {
                 payload: m.payload,
                 token: m.token,
                 oversize: m.oversize,
+                received_ms: now_ms(),
             });
         }
         self.session.ack(m.token);

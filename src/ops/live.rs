@@ -140,7 +140,7 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
             }
         });
     if let Err(e) = spawned {
-        warn!(error = %e, "cannot start the status file thread; `ferry status` will say the gateway is not running");
+        warn!(event = "status_file_thread_failed", error = %e, "cannot start the status file thread; `ferry status` will say the gateway is not running");
     }
     tx
 }
@@ -159,7 +159,7 @@ fn write(path: &Path, status: &LiveStatus) {
         .and_then(|bytes| std::fs::write(&tmp, bytes))
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = result {
-        warn!(path = %path.display(), error = %e, "cannot write the status file");
+        warn!(event = "status_file_write_failed", path = %path.display(), error = %e, "cannot write the status file");
     }
 }
 

@@ -1,11 +1,17 @@
 //! A message's whole history, both directions, for `ferry trace`.
 //!
-//! Uplink: every `uplink_history` line (stored, each failed attempt with
-//! why, replays, delivered or dead with the reason). Downlink: every
+//! Uplink: when ferry received the device's publish (`uplink.received_ms`),
+//! then every `uplink_history` line (stored, each failed attempt with why,
+//! replays, delivered or dead with the reason). Downlink: when ferry
+//! received the backend's publish (`down_message.received_ms`), then every
 //! `down_history` line of the message's delivery to the device (stored,
-//! delivered, read, expired or dead with why).
+//! delivered, read, expired or dead with why). A message stored before
+//! schema 8 has no receipt time and no `received` line.
+//!
+//! Lines are in time order; a `received` line is never after the `stored`
+//! line of its message (it is taken first, and listed first on a tie).
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::{sqlite, OpsError};
@@ -16,9 +22,11 @@ pub struct TraceEvent {
     pub at_ms: i64,
     /// `up` or `down`.
     pub direction: &'static str,
-    /// What happened: `stored`, `attempt failed`, `replayed`, `delivered
-    /// (backend ack)`, `dead`, or a downlink delivery's state (`stored`,
-    /// `delivered`, `read`, `expired`, `dead`).
+    /// What happened: `received` (ferry took the publish, device's or
+    /// backend's, before committing it), then for an uplink `stored`,
+    /// `attempt failed`, `replayed`, `delivered (backend ack)`, `dead`, or
+    /// for a downlink its delivery's state (`stored`, `delivered`, `read`,
+    /// `expired`, `dead`).
     pub event: String,
     pub seq: Option<i64>,
     pub detail: Option<String>,
@@ -41,6 +49,17 @@ pub fn event_name(state: &str, detail: Option<&str>) -> String {
 pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceEvent>, OpsError> {
     let read = sqlite("cannot read the history");
     let mut out = Vec::new();
+    let received = conn
+        .query_row(
+            "SELECT received_ms, seq FROM uplink WHERE device = ?1 AND msg_id = ?2 AND received_ms IS NOT NULL",
+            params![device, msg_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(&read)?;
+    if let Some((at_ms, seq)) = received {
+        out.push(received_line("up", at_ms, Some(seq)));
+    }
     let mut stmt = conn
         .prepare(
             "SELECT h.at_ms, h.state, h.detail, u.seq FROM uplink u JOIN uplink_history h ON h.uplink_id = u.id
@@ -65,13 +84,13 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
     }
     let mut stmt = conn
         .prepare(
-            "SELECT d.seq, d.state, d.at_ms FROM down_message m JOIN down_delivery d ON d.message_id = m.id
+            "SELECT d.seq, d.state, d.at_ms, m.received_ms FROM down_message m JOIN down_delivery d ON d.message_id = m.id
              WHERE d.device = ?1 AND m.msg_id = ?2",
         )
         .map_err(&read)?;
-    let deliveries: Vec<(i64, String, i64)> = stmt
+    let deliveries: Vec<(i64, String, i64, Option<i64>)> = stmt
         .query_map(params![device, msg_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
         .map_err(&read)?
         .collect::<rusqlite::Result<_>>()
@@ -81,7 +100,10 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
             "SELECT at_ms, state, detail FROM down_history WHERE device = ?1 AND seq = ?2 ORDER BY at_ms, rowid",
         )
         .map_err(&read)?;
-    for (seq, state, at_ms) in deliveries {
+    for (seq, state, at_ms, received_ms) in deliveries {
+        if let Some(received_ms) = received_ms {
+            out.push(received_line("down", received_ms, Some(seq)));
+        }
         let before = out.len();
         let lines = stmt
             .query_map(params![device, seq], |r| {
@@ -108,6 +130,71 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
             });
         }
     }
+    // Stable: on a tie, a `received` line stays before its `stored`.
     out.sort_by_key(|e| e.at_ms);
     Ok(out)
+}
+
+fn received_line(direction: &'static str, at_ms: i64, seq: Option<i64>) -> TraceEvent {
+    TraceEvent {
+        at_ms,
+        direction,
+        event: "received".into(),
+        seq,
+        detail: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> Connection {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::store::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "INSERT INTO uplink (id, device, msg_id, seq, stream, state, body, stored_ms, received_ms)
+               VALUES (1, 'd', 'new', 1, 't', 'stored', '{}', 1000, 1000),
+                      (2, 'd', 'old', 2, 't', 'stored', '{}', 2000, NULL);
+             INSERT INTO uplink_history VALUES (1, 1000, 'stored', NULL), (2, 2000, 'stored', NULL);
+             INSERT INTO down_message (id, msg_id, body, stored_ms, received_ms) VALUES (1, 'down', '{}', 3000, 2990);
+             INSERT INTO down_delivery VALUES ('d', 1, 1, 'stored', 3000);
+             INSERT INTO down_history VALUES ('d', 1, 3000, 'stored', NULL);",
+        )
+        .unwrap();
+        conn
+    }
+
+    fn events(conn: &Connection, msg_id: &str) -> Vec<(&'static str, String, i64)> {
+        trace(conn, "d", msg_id)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.direction, e.event, e.at_ms))
+            .collect()
+    }
+
+    #[test]
+    fn received_comes_first_even_in_the_same_millisecond_as_stored() {
+        let conn = store();
+        assert_eq!(
+            events(&conn, "new"),
+            [
+                ("up", "received".into(), 1000),
+                ("up", "stored".into(), 1000)
+            ]
+        );
+        assert_eq!(
+            events(&conn, "down"),
+            [
+                ("down", "received".into(), 2990),
+                ("down", "stored".into(), 3000)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_message_stored_before_schema_8_has_no_received_line() {
+        let conn = store();
+        assert_eq!(events(&conn, "old"), [("up", "stored".into(), 2000)]);
+    }
 }

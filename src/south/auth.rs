@@ -78,7 +78,7 @@ impl Verifier {
                 .spawn(move || verify_checks(&checks));
             if let Err(e) = spawned {
                 // With none running, every check is refused as busy.
-                tracing::error!(error = %e, "cannot start a password verifier thread");
+                tracing::error!(event = "password_verifier_failed", error = %e, "cannot start a password verifier thread");
             }
         }
         Verifier { queue }
@@ -458,8 +458,10 @@ fn refused(client_id: &str, peer: SocketAddr, reason: Refusal) {
     match reason {
         // Load, not a credential: in a reconnect storm of thousands of
         // devices this is most connects for a while, and each comes back.
-        Refusal::Busy => info!(client_id, %peer, %reason, "device refused for now"),
-        _ => warn!(client_id, %peer, %reason, "device refused"),
+        Refusal::Busy => {
+            info!(event = "device_refused_busy", client_id, %peer, %reason, "device refused for now")
+        }
+        _ => warn!(event = "device_refused", client_id, %peer, %reason, "device refused"),
     }
 }
 
@@ -471,21 +473,29 @@ pub fn reload_on_hangup(auth: Option<Arc<Authenticator>>) {
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            warn!("cannot listen for SIGHUP: the password file is read at start only");
+            warn!(
+                event = "reload_unavailable",
+                "cannot listen for SIGHUP: the password file is read at start only"
+            );
             return;
         };
         while hangups.recv().await.is_some() {
             let Some(auth) = &auth else {
-                info!("SIGHUP: nothing to reload (south.auth is not \"password\")");
+                info!(
+                    event = "reload_skipped",
+                    "SIGHUP: nothing to reload (south.auth is not \"password\")"
+                );
                 continue;
             };
             match auth.reload() {
                 Ok(devices) => info!(
+                    event = "password_file_reloaded",
                     file = %auth.path().display(),
                     devices,
                     "password file reloaded"
                 ),
                 Err(e) => tracing::error!(
+                    event = "password_file_reload_failed",
                     error = %e,
                     "password file not reloaded; the previous one stays in force"
                 ),

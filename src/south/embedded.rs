@@ -63,6 +63,7 @@ use super::{
     INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
 };
 use crate::config::{ListenerTls, SouthAuth, SouthConfig};
+use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
@@ -117,13 +118,14 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
     let connect_hook = match &cfg.auth {
         SouthAuth::Password { file } => {
             let auth = Authenticator::load(file, cfg.connect_timeout)?;
-            info!(file = %file.display(), "devices authenticate with passwords");
+            info!(event = "south_auth_password", file = %file.display(), "devices authenticate with passwords");
             auth::reload_on_hangup(Some(auth.clone()));
             Some(auth.hook())
         }
         SouthAuth::None => {
             if !cfg.listen.ip().is_loopback() {
                 warn!(
+                    event = "south_auth_open",
                     listen = %cfg.listen,
                     "south.auth = \"none\" with south.allow_anonymous: ANY CLIENT THAT CAN \
                      REACH THIS PORT CAN ACT AS ANY DEVICE"
@@ -272,10 +274,13 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
         if holding && roomy(&tx) {
             holding = false;
             if rx.hold_remote(false).is_err() {
-                error!("embedded broker link lost");
+                error!(event = "embedded_broker_lost", "embedded broker link lost");
                 return;
             }
-            info!("the gateway caught up; devices' publishes are taken again");
+            info!(
+                event = "device_intake_resumed",
+                "the gateway caught up; devices' publishes are taken again"
+            );
         }
         match next {
             Ok(Some(Notification::Forward(f))) => {
@@ -284,9 +289,9 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
                 };
                 if !holding && full(&tx) {
                     holding = true;
-                    warn!("the gateway is behind its devices; their publishes are held back until it catches up");
+                    warn!(event = "device_intake_held", "the gateway is behind its devices; their publishes are held back until it catches up");
                     if rx.hold_remote(true).is_err() {
-                        error!("embedded broker link lost");
+                        error!(event = "embedded_broker_lost", "embedded broker link lost");
                         return;
                     }
                 }
@@ -306,19 +311,22 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
             }
             Ok(Some(Notification::Unschedule)) => {
                 if let Err(e) = rx.ready() {
-                    error!(error = %e, "embedded broker link lost");
+                    error!(event = "embedded_broker_lost", error = %e, "embedded broker link lost");
                     return;
                 }
             }
             Ok(Some(Notification::Disconnect(..))) => {
-                error!("embedded broker disconnected the gateway's link");
+                error!(
+                    event = "embedded_broker_lost",
+                    "embedded broker disconnected the gateway's link"
+                );
                 return;
             }
             Ok(_) => {}
             // Only a hold reads with a deadline.
             Err(e) if e.is_timeout() => {}
             Err(e) => {
-                error!(error = %e, "embedded broker link lost");
+                error!(event = "embedded_broker_lost", error = %e, "embedded broker link lost");
                 return;
             }
         }
@@ -334,7 +342,10 @@ fn link_filters(topics: &Topics) -> impl Iterator<Item = String> {
 fn south_message(f: Forward) -> Option<SouthMessage> {
     let Ok(topic) = String::from_utf8(f.publish.topic.to_vec()) else {
         // The broker only routes UTF-8 topics; this cannot happen.
-        warn!("dropping a device publish whose topic is not UTF-8");
+        warn!(
+            event = "device_publish_bad_utf8",
+            "dropping a device publish whose topic is not UTF-8"
+        );
         return None;
     };
     let property = |name: &str| {
@@ -357,6 +368,7 @@ fn south_message(f: Forward) -> Option<SouthMessage> {
         topic,
         payload: f.publish.payload,
         oversize,
+        received_ms: now_ms(),
         // The broker acknowledged it when the link took it.
         ack: Default::default(),
     })
@@ -373,7 +385,7 @@ fn send(mut link: LinkTx, mut rx: mpsc::Receiver<DirectPublish>) {
             }
         }
         if let Err(e) = link.deliver(batch) {
-            error!(error = %e, "embedded broker link lost; stopping sends to devices");
+            error!(event = "embedded_broker_lost", error = %e, "embedded broker link lost; stopping sends to devices");
             return;
         }
     }

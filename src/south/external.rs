@@ -25,6 +25,7 @@ use super::{
 };
 use crate::config::{ExternalSouth, SouthConfig};
 use crate::mqtt::{self, Event, Reconnect, Session};
+use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 
 /// Device messages received and not yet acknowledged, at most (the site
@@ -85,11 +86,11 @@ async fn receive(
             } => {
                 if refused.is_empty() {
                     info!(
-                        epoch,
-                        session_present, "south link up: taking device messages"
+                        event = "south_link_up",
+                        epoch, session_present, "south link up: taking device messages"
                     );
                 } else {
-                    error!(epoch, filters = ?refused, "south link up, but the site broker refused ferry's subscriptions: give ferry's user read access to them (docs/EXTERNAL.md)");
+                    error!(event = "south_subscriptions_refused", epoch, filters = ?refused, "south link up, but the site broker refused ferry's subscriptions: give ferry's user read access to them (docs/EXTERNAL.md)");
                 }
                 let _ = link.send(true);
                 continue;
@@ -106,6 +107,7 @@ async fn receive(
             oversize: m.oversize,
             // The site broker's ACL keeps devices to their own topics.
             publisher: None,
+            received_ms: now_ms(),
             ack: Ack(Some(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);

@@ -61,6 +61,9 @@ pub struct SouthMessage {
     /// (embedded mode): the client id that sent it. It was routed nowhere
     /// else, and is answered `rejected`, reason `unauthorized`.
     pub publisher: Option<String>,
+    /// When ferry took it from the broker (ms since the epoch): the
+    /// message's `received` time in `ferry trace`.
+    pub received_ms: i64,
     /// Pass to [`SouthSender::ack`] once the message is committed (or
     /// handed on, for a control message).
     pub ack: Ack,

@@ -68,8 +68,8 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcom
     let message_id = match existing {
         Some(id) => id,
         None => {
-            tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms) VALUES (?1, ?2, ?3, ?4)")?
-                .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms])?;
+            tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms, received_ms) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms, msg.received_ms])?;
             tx.last_insert_rowid()
         }
     };

@@ -144,6 +144,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX dead_letter_by_time ON dead_letter (at_ms);
     CREATE INDEX down_message_by_time ON down_message (stored_ms);
     "#,
+    // 8: when ferry received each message, for `ferry trace`'s `received`
+    // line. Rows from before have NULL: their receipt time is not known.
+    r#"
+    ALTER TABLE uplink ADD COLUMN received_ms INTEGER;        -- the device's publish reached ferry
+    ALTER TABLE down_message ADD COLUMN received_ms INTEGER;  -- the backend's publish reached ferry
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.
@@ -202,6 +208,7 @@ pub(super) fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         )));
     }
     info!(
+        event = "store_checked",
         took_ms = started.elapsed().as_millis() as u64,
         "store checked"
     );

@@ -80,8 +80,8 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result
     let body = Bytes::from(with_seq(&msg.body, seq));
     let inserted = tx
         .prepare_cached(
-            "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry)
-             VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8)
+            "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry, received_ms)
+             VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (device, msg_id) DO NOTHING",
         )?
         .execute(params![
@@ -93,6 +93,7 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result
             msg.stored_ms,
             msg.expires_ms,
             msg.no_retry,
+            msg.received_ms,
         ])?;
     if inserted == 0 {
         let dup =
@@ -174,11 +175,11 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>>
         .prepare_cached(
             "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL, done_ms = ?6
              WHERE device = ?1 AND msg_id = ?2 AND state = 'stored'
-             RETURNING id, seq, stored_ms",
+             RETURNING id, seq, stored_ms, attempts",
         )?
         .query_row(
             params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason, t.at_ms],
-            |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64), stored_ms: r.get(2)? }),
+            |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64), stored_ms: r.get(2)?, attempts: r.get(3)? }),
         )
         .optional()?;
     let Some(moved) = moved else { return Ok(None) };

@@ -102,12 +102,14 @@ impl Writer {
         };
         match self.budget.record(used) {
             Some(Change::Reached) => warn!(
+                event = "disk_budget_reached",
                 used_bytes = used,
                 max_db_bytes = self.budget.limit(),
                 total = DISK_BUDGET_REACHED.load(std::sync::atomic::Ordering::Relaxed),
                 "disk budget reached: new uplinks and downlinks are refused until delivered messages are pruned; nothing undelivered is deleted"
             ),
             Some(Change::Freed) => info!(
+                event = "disk_budget_freed",
                 used_bytes = used,
                 max_db_bytes = self.budget.limit(),
                 "disk budget: space freed, new messages are taken again"
@@ -160,6 +162,7 @@ impl Writer {
                     self.seqs.committed();
                     if let Some(since) = failing_since {
                         info!(
+                            event = "store_commits_again",
                             failed_for_ms = since.elapsed().as_millis() as u64,
                             batch = batch.len(),
                             "store commits again"
@@ -194,7 +197,7 @@ impl Writer {
                         Failure::Passing => {
                             let now = Instant::now();
                             if failing_since.is_none() || reported.elapsed() >= REPORT_EVERY {
-                                warn!(error = %e, batch = batch.len(), retry_in_ms = pause.as_millis() as u64, "store commit failed; the batch is held and tried again, nothing is answered meanwhile");
+                                warn!(event = "store_commit_retrying", error = %e, batch = batch.len(), retry_in_ms = pause.as_millis() as u64, "store commit failed; the batch is held and tried again, nothing is answered meanwhile");
                                 reported = now;
                             }
                             failing_since.get_or_insert(now);
@@ -203,7 +206,7 @@ impl Writer {
                         }
                         Failure::Fatal => {
                             let cause = format!("the database is damaged: {e}");
-                            error!(error = %e, "store stopped: the database is damaged");
+                            error!(event = "store_damaged", error = %e, "store stopped: the database is damaged");
                             let _ = self.stopped.set(cause.clone());
                             for op in batch.drain(..) {
                                 fail(op, &StoreError::Stopped(cause.clone()));
@@ -211,7 +214,7 @@ impl Writer {
                             return false;
                         }
                         Failure::Batch => {
-                            error!(error = %e, batch = batch.len(), "store commit failed; nothing in the batch is announced");
+                            error!(event = "store_commit_failed", error = %e, batch = batch.len(), "store commit failed; nothing in the batch is announced");
                             for op in batch.drain(..) {
                                 fail(op, &StoreError::Sqlite(clone_err(&e)));
                             }
@@ -281,7 +284,7 @@ fn apply_one(
         }),
         Op::Attempt(rec) => {
             if let Err(e) = settle(uplink::record_attempt(tx, rec))? {
-                warn!(error = %e, "attempt not recorded");
+                warn!(event = "uplink_attempt_not_recorded", error = %e, "attempt not recorded");
             }
             Ok(Box::new(|_| {}))
         }
@@ -362,7 +365,10 @@ fn test_wedge() -> Option<Instant> {
 }
 
 fn wedge() -> ! {
-    warn!("store writer wedged on purpose (TEST_FERRY_WEDGE_WRITER_AFTER_MS)");
+    warn!(
+        event = "store_writer_wedged",
+        "store writer wedged on purpose (TEST_FERRY_WEDGE_WRITER_AFTER_MS)"
+    );
     loop {
         std::thread::park();
     }
@@ -455,7 +461,7 @@ fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
         }
         DownOp::ReceiptsSent(ids) => {
             if let Err(e) = settle(outbox::delete(tx, ids))? {
-                warn!(error = %e, "acknowledged receipts not deleted; they will be sent again");
+                warn!(event = "receipts_not_deleted", error = %e, "acknowledged receipts not deleted; they will be sent again");
             }
             Ok(Box::new(|_| {}))
         }

@@ -131,7 +131,7 @@ pub async fn run(
                 }
             }
             _ = shutdown.begun() => {
-                info!(unanswered = unanswered.len(), "device intake stopped; answering what was taken");
+                info!(event = "device_intake_stopped", unanswered = unanswered.len(), "device intake stopped; answering what was taken");
                 break;
             }
             _ = sweep.tick() => {
@@ -247,15 +247,15 @@ async fn accept(
     }
     if let Some(size) = msg.oversize {
         let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-        warn!(topic = %msg.topic, bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
+        warn!(event = "device_publish_oversized", topic = %msg.topic, bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
     }
     if let Route::Control { device, kind } = route {
         if msg.oversize.is_some() {
-            warn!(device = %device, topic = %msg.topic, "oversized control message ignored");
+            warn!(event = "device_control_oversized", device = %device, topic = %msg.topic, "oversized control message ignored");
         } else if nested_deeper_than(&msg.payload, MAX_DEPTH) {
             // Ignored like any malformed control (controls get no receipts).
             let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-            warn!(device = %device, topic = %msg.topic, limit = MAX_DEPTH, total, "device control nested too deep; ignored");
+            warn!(event = "device_control_too_deep", device = %device, topic = %msg.topic, limit = MAX_DEPTH, total, "device control nested too deep; ignored");
         } else {
             forward(cfg, device, kind, msg.payload).await;
         }
@@ -357,7 +357,7 @@ fn judge(
         Route::Up { device, stream } => (device, stream),
         Route::Unauthorized { publisher, sender } => {
             let total = UNAUTHORIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-            warn!(publisher = %publisher, topic = %msg.topic, total, "device publish outside its own topics rejected");
+            warn!(event = "device_publish_unauthorized", publisher = %publisher, topic = %msg.topic, total, "device publish outside its own topics rejected");
             let mut rejection = Rejection::new(
                 RejectCode::Unauthorized,
                 format!("{publisher} may not publish on {}", msg.topic),
@@ -372,7 +372,7 @@ fn judge(
         }
         Route::BadTopic { error } => {
             let rejection = Rejection::new(RejectCode::BadTopic, error.to_string());
-            warn!(topic = %msg.topic, reason = %rejection.reason(), "device publish on a bad topic dead-lettered");
+            warn!(event = "device_publish_bad_topic", topic = %msg.topic, reason = %rejection.reason(), "device publish on a bad topic dead-lettered");
             return reject(store, None, rejection, msg);
         }
         Route::Control { .. } => unreachable!("controls are handed on before"),
@@ -390,7 +390,8 @@ fn judge(
     }
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
-            let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now_ms());
+            let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now_ms())
+                .received_at(msg.received_ms);
             let packet = north_packet_len(topics, &intake);
             if packet > cfg.max_north_packet {
                 let rejection = Rejection {
@@ -414,7 +415,7 @@ fn judge(
         Err(rejection) => {
             if rejection.code == RejectCode::NestedTooDeep {
                 let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-                warn!(device = %device, limit = MAX_DEPTH, total, "device envelope nested too deep");
+                warn!(event = "device_envelope_too_deep", device = %device, limit = MAX_DEPTH, total, "device envelope nested too deep");
             }
             reject(store, Some(device), rejection, msg)
         }
@@ -503,7 +504,7 @@ async fn answer_device(
             if e.is_fatal() {
                 return Err(e);
             }
-            warn!(device = %device, error = %e, "uplink not stored; the device will resend");
+            warn!(event = "uplink_not_stored", device = %device, error = %e, "uplink not stored; the device will resend");
             return Ok(true);
         }
         Answer::Rejected {
@@ -514,7 +515,7 @@ async fn answer_device(
             // "-": published on a topic that names no valid device.
             metrics::rejected(Direction::Up, rejection.code.as_str());
             let named = device.as_ref().map_or("-", DeviceId::as_str);
-            warn!(device = named, reason = %rejection.reason(), dead_letter, "uplink rejected");
+            warn!(event = "uplink_rejected", device = named, msg_id = rejection.msg_id.as_ref().map(MsgId::as_str), reason = %rejection.reason(), dead_letter, "uplink rejected");
             let Some(device) = device else {
                 return Ok(true);
             };
@@ -536,7 +537,7 @@ async fn answer_device(
             if e.is_fatal() {
                 return Err(e);
             }
-            warn!(error = %e, "rejected uplink could not be dead-lettered");
+            warn!(event = "uplink_reject_not_dead_lettered", error = %e, "rejected uplink could not be dead-lettered");
             return Ok(true);
         }
     };

@@ -280,6 +280,7 @@ impl Limits {
             Take::Pass { recovered, status } => {
                 if let Some(limited) = recovered {
                     info!(
+                        event = "device_rate_recovered",
                         device = %name(sender),
                         limited, "device back within south.rate_per_s"
                     );
@@ -290,6 +291,7 @@ impl Limits {
                 let total = RATE_LIMITED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
                 if first {
                     warn!(
+                        event = "device_rate_exceeded",
                         device = %name(sender),
                         rate_per_s = self.limit.per_s,
                         burst = self.limit.burst,
@@ -324,6 +326,7 @@ impl Limits {
                 let total = INFLIGHT_LIMITED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
                 if first {
                     warn!(
+                        event = "device_inflight_exceeded",
                         device = %name(sender),
                         max_inflight_per_device = self.max_in_flight,
                         total,
@@ -344,6 +347,7 @@ impl Limits {
     pub fn answered(&mut self, sender: &Sender) {
         if let Some(limited) = self.in_flight.answered(sender) {
             info!(
+                event = "device_inflight_recovered",
                 device = %name(sender),
                 limited, "device back under south.max_inflight_per_device"
             );
@@ -357,6 +361,7 @@ impl Limits {
         for swept in self.rate.sweep(now) {
             if swept.limited > 0 {
                 info!(
+                    event = "device_rate_recovered",
                     device = %name(&swept.sender),
                     limited = swept.limited,
                     "device back within south.rate_per_s"

@@ -140,7 +140,7 @@ pub async fn run_engine(
                 }
                 None => match shutdown.flush_by() {
                     Some(at) => {
-                        info!(in_flight = engine.scheduler.in_flight(), in_memory = engine.scheduler.in_memory(), "uplink engine flushing north");
+                        info!(event = "uplink_flush_started", in_flight = engine.scheduler.in_flight(), in_memory = engine.scheduler.in_memory(), "uplink engine flushing north");
                         flush_by = Some(at);
                         Vec::new()
                     }
@@ -149,13 +149,13 @@ pub async fn run_engine(
             },
             ev = north_events.recv() => match ev {
                 Some(NorthEvent::Up(epoch)) => {
-                    info!(epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");
+                    info!(event = "north_link_up", epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");
                     engine.epoch = Some(epoch);
                     engine.scheduler.on_link_up(epoch);
                     Vec::new()
                 }
                 Some(NorthEvent::Down) => {
-                    warn!("north link down: holding messages until it returns");
+                    warn!(event = "north_link_down", "north link down: holding messages until it returns");
                     engine.epoch = None;
                     engine.scheduler.on_link_down();
                     Vec::new()
@@ -194,7 +194,7 @@ pub async fn run_engine(
                 Vec::new()
             }
             _ = flush_over => {
-                info!(in_flight = engine.scheduler.in_flight(), "uplink flush time is up; what is in flight stays stored and is sent after the restart");
+                info!(event = "uplink_flush_timed_out", in_flight = engine.scheduler.in_flight(), "uplink flush time is up; what is in flight stays stored and is sent after the restart");
                 return Ok(());
             }
         };
@@ -210,7 +210,7 @@ pub async fn run_engine(
             }
         }
         if flush_by.is_some() && engine.flushed(&pending) {
-            info!("uplink engine flushed");
+            info!(event = "uplink_flushed", "uplink engine flushed");
             return Ok(());
         }
     }
@@ -272,7 +272,7 @@ impl Engine {
             }
         }
         if let Some(error) = first_error {
-            warn!(error = %error, malformed, "ignoring malformed backend acks");
+            warn!(event = "backend_acks_malformed", error = %error, malformed, "ignoring malformed backend acks");
         }
     }
 
@@ -322,7 +322,7 @@ impl Engine {
                         _ => {
                             metrics::dead_lettered(Direction::Up, 1);
                             let reason = reason.unwrap_or_default();
-                            warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = %reason, "uplink dead-lettered");
+                            warn!(event = "uplink_dead_lettered", device = %device, msg_id = %msg_id, seq = moved.seq.0, attempts = moved.attempts, reason = %reason, "uplink dead-lettered");
                             Receipt::failed(&msg_id, moved.seq, reason)
                         }
                     };
@@ -332,7 +332,7 @@ impl Engine {
                     debug!(device = %device, msg_id = %msg_id, to = %to, "no move: not stored (already final or unknown)")
                 }
                 Err(e) => {
-                    warn!(device = %device, msg_id = %msg_id, error = %e, "could not commit a transition; will read the device back");
+                    warn!(event = "uplink_transition_not_committed", device = %device, msg_id = %msg_id, error = %e, "could not commit a transition; will read the device back");
                     self.scheduler.on_store_failed(&device);
                 }
             },
@@ -341,7 +341,7 @@ impl Engine {
                     Ok(Some(dup)) => dup.receipt(),
                     Ok(None) => return Ok(()),
                     Err(e) => {
-                        warn!(device = %device, error = %e, "duplicate not answered; the device will resend");
+                        warn!(event = "uplink_duplicate_not_answered", device = %device, error = %e, "duplicate not answered; the device will resend");
                         return Ok(());
                     }
                 };
@@ -351,20 +351,24 @@ impl Engine {
                 metrics::expired(Direction::Up, expired.len() as u64);
                 metrics::dead_lettered(Direction::Up, expired.len() as u64);
                 for (device, msg_id, moved) in expired {
-                    warn!(device = %device, msg_id = %msg_id, seq = moved.seq.0, reason = EXPIRED_REASON, "uplink dead-lettered");
+                    warn!(event = "uplink_dead_lettered", device = %device, msg_id = %msg_id, seq = moved.seq.0, attempts = moved.attempts, reason = EXPIRED_REASON, "uplink dead-lettered");
                     self.scheduler.forget(&device, &msg_id);
                     let receipt = Receipt::failed(&msg_id, moved.seq, EXPIRED_REASON);
                     self.send_receipt(&device, receipt).await;
                 }
             }
-            Done::Expired(Err(e)) => warn!(error = %e, "uplink expiry sweep failed"),
+            Done::Expired(Err(e)) => {
+                warn!(event = "uplink_expiry_failed", error = %e, "uplink expiry sweep failed")
+            }
             Done::Replayed(Ok(msgs)) => {
                 for msg in msgs {
-                    info!(device = %msg.device, msg_id = %msg.msg_id, seq = msg.seq.0, "uplink replayed from the dead letters");
+                    info!(event = "uplink_replayed", device = %msg.device, msg_id = %msg.msg_id, seq = msg.seq.0, "uplink replayed from the dead letters");
                     self.scheduler.on_replayed(msg, Instant::now(), now_ms());
                 }
             }
-            Done::Replayed(Err(e)) => warn!(error = %e, "could not take the replays asked for"),
+            Done::Replayed(Err(e)) => {
+                warn!(event = "uplink_replay_failed", error = %e, "could not take the replays asked for")
+            }
             Done::Loaded {
                 device,
                 limit,
@@ -375,7 +379,7 @@ impl Engine {
                         .on_loaded(&device, msgs, limit, Instant::now(), now_ms())
                 }
                 Err(e) => {
-                    warn!(device = %device, error = %e, "could not read pending messages");
+                    warn!(event = "uplink_pending_not_read", device = %device, error = %e, "could not read pending messages");
                     self.scheduler.on_store_failed(&device);
                 }
             },

@@ -20,6 +20,9 @@ pub struct Intake {
     pub stream: String,
     /// The north body without `seq` ([`north_body`]).
     pub body: Bytes,
+    /// When ferry took the device's publish; [`Intake::new`] assumes
+    /// `stored_ms`, [`Intake::received_at`] says otherwise.
+    pub received_ms: i64,
     pub stored_ms: i64,
     pub expires_ms: Option<i64>,
     pub no_retry: bool,
@@ -51,7 +54,16 @@ impl Intake {
             device,
             stream,
             body,
+            received_ms: stored_ms,
             stored_ms,
+        }
+    }
+
+    /// The same message, taken from the device at `received_ms`.
+    pub fn received_at(self, received_ms: i64) -> Intake {
+        Intake {
+            received_ms,
+            ..self
         }
     }
 }
@@ -143,6 +155,8 @@ pub struct Moved {
     pub seq: Seq,
     /// When it was stored (for the delivery latency).
     pub stored_ms: i64,
+    /// Attempts counted when it moved.
+    pub attempts: u32,
 }
 
 /// A failed attempt that counted towards `retry.max_attempts`.

@@ -89,6 +89,7 @@ mod tests {
             payload: Default::default(),
             oversize: None,
             publisher: publisher.map(str::to_string),
+            received_ms: 0,
             ack: Default::default(),
         };
         let route = Route::of(&Topics::new("devices", "ferry/gw"), &msg);

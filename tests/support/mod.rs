@@ -108,7 +108,15 @@ pub fn write_file(dir: &Path, name: &str, contents: &str) -> PathBuf {
 
 /// How often ferry's log says it connected north.
 pub fn north_connects(log: &str) -> usize {
-    log.matches("connected link=north").count()
+    logged(log, "link_connected", "link=north")
+}
+
+/// Lines of the text log naming `event` and containing `with`.
+pub fn logged(log: &str, event: &str, with: &str) -> usize {
+    let name = format!("event=\"{event}\"");
+    log.lines()
+        .filter(|l| l.contains(&name) && l.contains(with))
+        .count()
 }
 
 /// Small readers of receipts (as JSON) and waits, shared by the suites.

@@ -13,6 +13,7 @@ pub(super) fn msg(id: &str, to: &[&str], cap: u64, expires_ms: Option<i64>) -> D
     DownIntake {
         msg_id: MsgId::new(id).unwrap(),
         body: Bytes::from(format!(r#"{{"msg_id":"{id}","payload":1}}"#)),
+        received_ms: 1,
         stored_ms: 1,
         expires_ms,
         to: to.iter().map(|d| dev(d)).collect(),

@@ -76,6 +76,7 @@ async fn an_unknown_delivery_state_fails_the_read_that_meets_it() {
         .down_intake(DownIntake {
             msg_id: MsgId::new("n-1").unwrap(),
             body: bytes::Bytes::from_static(b"{}"),
+            received_ms: 1,
             stored_ms: 1,
             expires_ms: None,
             to: vec![a.clone()],
