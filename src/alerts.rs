@@ -279,6 +279,7 @@ pub async fn run(
                 after_dead = after_dead.max(scan.max_dead_id);
                 for alert in monitor.check(Instant::now(), now_ms(), &scan) {
                     let total = ALERTS_RAISED.fetch_add(1, Ordering::Relaxed) + 1;
+                    crate::metrics::alert_raised(alert.kind.as_str());
                     warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %alert.detail, total, "alert raised");
                     match serde_json::to_vec(&alert) {
                         Ok(body) => outbox.push(Bytes::from(body)),

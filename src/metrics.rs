@@ -47,6 +47,12 @@ struct Dir {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Kind {
+    /// An alert's kind (`dead_letter`, `north_down`, ...).
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DirReason {
     direction: &'static str,
     /// The receipt's reason code (`malformed`, `rate`, ...): a short fixed
@@ -85,6 +91,7 @@ pub struct Metrics {
     dead_lettered: Family<Dir, Counter>,
     rejected: Family<DirReason, Counter>,
     expired: Family<Dir, Counter>,
+    alerts: Family<Kind, Counter>,
     backlog: Family<Dir, Gauge>,
     oldest_age: Family<Dir, Gauge<f64, AtomicU64>>,
     dead_letters: Gauge,
@@ -112,6 +119,7 @@ impl Metrics {
             dead_lettered: Family::default(),
             rejected: Family::default(),
             expired: Family::default(),
+            alerts: Family::default(),
             backlog: Family::default(),
             oldest_age: Family::default(),
             dead_letters: Gauge::default(),
@@ -165,6 +173,11 @@ impl Metrics {
             "messages_expired",
             "Messages whose expiry passed before delivery (up: also counted dead-lettered)",
             m.expired.clone(),
+        );
+        r.register(
+            "alerts_raised",
+            "Alerts raised, by kind (each is also a WARN alert_raised line and a message on the alerts topic)",
+            m.alerts.clone(),
         );
         r.register(
             "backlog_messages",
@@ -240,6 +253,9 @@ impl Metrics {
             let _ = m.delivery_seconds.get_or_create(&dir(d));
         }
         let _ = m.read.get_or_create(&dir(Direction::Down));
+        for kind in ["dead_letter", "north_down", "backlog_age", "disk_budget"] {
+            let _ = m.alerts.get_or_create(&Kind { kind });
+        }
         for (d, reasons) in [
             (
                 Direction::Up,
@@ -309,6 +325,11 @@ pub fn rejected(d: Direction, reason: &'static str) {
             reason,
         })
         .inc();
+}
+
+/// An alert of `kind` raised.
+pub fn alert_raised(kind: &'static str) {
+    get().alerts.get_or_create(&Kind { kind }).inc();
 }
 
 pub fn commit_took(t: Duration) {
@@ -383,7 +404,7 @@ pub fn render() -> String {
 struct Legacy;
 
 /// `(name, help, counter)`; names are under the `ferry_` prefix.
-fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 15] {
+fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 14] {
     use crate::{alerts, north, south, store, uplink};
     [
         ("devices_refused", "CONNECTs refused by device authentication", &south::auth::REFUSED),
@@ -395,7 +416,6 @@ fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 15] {
         ("oversized_from_upstream", "Upstream messages over north.max_packet_bytes", &north::OVERSIZED_FROM_UPSTREAM),
         ("nested_too_deep_from_backend", "Backend messages nested deeper than 32 levels", &crate::downlink::NESTED_TOO_DEEP_FROM_BACKEND),
         ("disk_budget_reached", "Times the store reached store.max_db_bytes", &store::budget::DISK_BUDGET_REACHED),
-        ("alerts_raised", "Alerts raised (each is also a WARN line and a message on the alerts topic)", &alerts::ALERTS_RAISED),
         ("alerts_dropped", "Alerts dropped: the in-memory queue was full or the upstream refused one", &alerts::ALERTS_DROPPED),
         ("broker_subscriptions_refused", "SUBSCRIBEs the embedded broker refused (not the device's own topics, or over the limit)", &rumqttd::counters::SUBSCRIPTIONS_REFUSED),
         ("broker_protocol_violations", "Connections the embedded broker closed for a protocol violation", &rumqttd::counters::PROTOCOL_VIOLATIONS),

@@ -214,6 +214,7 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
     );
     assert!(m.value("ferry_store_bytes") >= budget as f64, "{}", m.0);
     assert_eq!(m.value("ferry_store_budget_bytes"), budget as f64);
+
     // The alert: published north, with the figures.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -230,6 +231,12 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
             break;
         }
     }
+    assert_eq!(
+        ferry
+            .metrics()
+            .value(r#"ferry_alerts_raised_total{kind="disk_budget"}"#),
+        1.0
+    );
     // The pruner runs every second while at the budget, and may delete
     // nothing undelivered.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -460,6 +467,17 @@ async fn a_dead_letter_and_an_old_backlog_are_alerted_on_the_alerts_topic() {
     );
     assert!(dead["ts"].as_i64().is_some_and(|ts| ts > 0), "{dead}");
     assert!(ferry.log().contains("alert raised"), "{}", ferry.log_tail());
+    // Counted by kind.
+    let m = ferry.metrics();
+    assert_eq!(
+        m.value(r#"ferry_alerts_raised_total{kind="dead_letter"}"#),
+        1.0
+    );
+    assert!(m.value(r#"ferry_alerts_raised_total{kind="backlog_age"}"#) >= 1.0);
+    assert_eq!(
+        m.value(r#"ferry_alerts_raised_total{kind="north_down"}"#),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

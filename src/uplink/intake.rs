@@ -541,6 +541,11 @@ async fn answer_device(
             return Ok(true);
         }
     };
+    // Counted before the device can hear of it.
+    if new.is_some() {
+        metrics::stored(Direction::Up, 1);
+        metrics::stored_receipt_took(taken_at.elapsed());
+    }
     south
         .publish(
             &device,
@@ -548,10 +553,6 @@ async fn answer_device(
             Bytes::from(receipt.to_bytes()),
         )
         .await;
-    if new.is_some() {
-        metrics::stored(Direction::Up, 1);
-        metrics::stored_receipt_took(taken_at.elapsed());
-    }
     Ok(match new {
         Some(new) => engine.send(new).await.is_ok(),
         None => true,
