@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::live::{self, Link};
 use super::{sqlite, OpsError};
-use crate::store::DB_FILE;
+use crate::store::{figures, DB_FILE};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DeviceBacklog {
@@ -42,7 +42,9 @@ pub struct StatusView {
     pub uplink_backlog: i64,
     /// Age of the oldest of them, in seconds.
     pub uplink_oldest_age_s: Option<f64>,
-    /// Downlink deliveries stored and not yet confirmed by their device.
+    /// Downlink queue entries past their device's confirm cursor: stored
+    /// and not yet confirmed (an entry that expired or died ahead of the
+    /// cursor counts until the cursor passes it).
     pub downlink_backlog: i64,
     /// The devices with the most of them, most first.
     pub downlink_top: Vec<DeviceBacklog>,
@@ -65,37 +67,13 @@ pub fn status(
     now_ms: i64,
 ) -> Result<StatusView, OpsError> {
     let read = sqlite("cannot read the store's figures");
-    let (uplink_backlog, up_oldest): (i64, Option<i64>) = conn
-        .query_row(
-            "SELECT count(*), min(stored_ms) FROM uplink WHERE state = 'stored'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .map_err(&read)?;
-    let (downlink_backlog, down_oldest): (i64, Option<i64>) = conn
-        .query_row(
-            "SELECT count(*), min(m.stored_ms) FROM down_delivery d JOIN down_message m ON m.id = d.message_id
-             WHERE d.state = 'stored'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .map_err(&read)?;
-    let mut stmt = conn
-        .prepare(
-            "SELECT device, count(*) AS n FROM down_delivery WHERE state = 'stored'
-             GROUP BY device ORDER BY n DESC, device LIMIT ?1",
-        )
-        .map_err(&read)?;
-    let downlink_top = stmt
-        .query_map([top as i64], |r| {
-            Ok(DeviceBacklog {
-                device: r.get(0)?,
-                messages: r.get(1)?,
-            })
-        })
+    let backlog = figures::backlog(conn).map_err(&read)?;
+    let oldest = figures::oldest(conn).map_err(&read)?;
+    let downlink_top = figures::downlink_top(conn, top)
         .map_err(&read)?
-        .collect::<rusqlite::Result<_>>()
-        .map_err(&read)?;
+        .into_iter()
+        .map(|(device, messages)| DeviceBacklog { device, messages })
+        .collect();
     let dead_letters: i64 = conn
         .query_row("SELECT count(*) FROM dead_letter", [], |r| r.get(0))
         .map_err(read)?;
@@ -112,11 +90,11 @@ pub fn status(
         north: live.as_ref().map(|l| l.north),
         south: live.as_ref().map(|l| l.south),
         devices_online: live.as_ref().and_then(|l| l.devices_online),
-        uplink_backlog,
-        uplink_oldest_age_s: age_s(now_ms, up_oldest),
-        downlink_backlog,
+        uplink_backlog: backlog.uplinks as i64,
+        uplink_oldest_age_s: age_s(now_ms, oldest.uplink_ms),
+        downlink_backlog: backlog.downlinks as i64,
         downlink_top,
-        downlink_oldest_age_s: age_s(now_ms, down_oldest),
+        downlink_oldest_age_s: age_s(now_ms, oldest.downlink_ms),
         dead_letters,
         store: StoreSize {
             db_bytes,

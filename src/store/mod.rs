@@ -32,6 +32,7 @@
 
 pub mod budget;
 mod downlink;
+pub mod figures;
 mod outbox;
 pub mod prune;
 mod schema;

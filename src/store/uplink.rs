@@ -366,46 +366,9 @@ pub fn pending_devices(tx: &Transaction<'_>) -> Result<Vec<DeviceId>> {
     Ok(out)
 }
 
-/// What waits to be delivered in each direction.
-pub fn backlog(tx: &Transaction<'_>) -> Result<super::Backlog> {
-    let uplinks: i64 = tx
-        .prepare_cached("SELECT count(*) FROM uplink WHERE state = 'stored'")?
-        .query_row([], |r| r.get(0))?;
-    // A device's queue is seq 1..=down_seq; what is past its confirm
-    // cursor is not yet delivered (expired and dead entries included,
-    // which the cursor skips as it moves).
-    let downlinks: i64 = tx
-        .prepare_cached("SELECT coalesce(sum(max(down_seq - delivered_upto, 0)), 0) FROM devices")?
-        .query_row([], |r| r.get(0))?;
-    Ok(super::Backlog {
-        uplinks: uplinks.max(0) as u64,
-        downlinks: downlinks.max(0) as u64,
-    })
-}
-
 /// What the alerts look at (see [`super::AlertScan`]).
 pub fn alert_scan(tx: &Transaction<'_>, after_dead: i64, limit: usize) -> Result<super::AlertScan> {
-    // Each device's first stored message, found by a seek in the partial
-    // index of stored rows: one lookup per device, not a pass over the
-    // backlog (seqs are assigned in stored order).
-    let oldest_uplink_ms: Option<i64> = tx
-        .prepare_cached(
-            "SELECT min((SELECT u.stored_ms FROM uplink u
-                         WHERE u.device = v.device AND u.state = 'stored'
-                         ORDER BY u.seq LIMIT 1))
-             FROM devices v",
-        )?
-        .query_row([], |r| r.get(0))?;
-    // The delivery at each device's cursor, by primary key: one row per
-    // device, not a scan of the queues (CROSS JOIN keeps `devices` the
-    // outer loop, which the planner would otherwise swap).
-    let oldest_downlink_ms: Option<i64> = tx
-        .prepare_cached(
-            "SELECT min(d.at_ms) FROM devices v CROSS JOIN down_delivery d
-                 ON d.device = v.device AND d.seq = v.delivered_upto + 1
-             WHERE d.state = 'stored'",
-        )?
-        .query_row([], |r| r.get(0))?;
+    let oldest = super::figures::oldest(tx)?;
     let dead: Vec<super::DeadSummary> = tx
         .prepare_cached(
             "SELECT id, direction, device, msg_id, reason FROM dead_letter
@@ -432,9 +395,9 @@ pub fn alert_scan(tx: &Transaction<'_>, after_dead: i64, limit: usize) -> Result
             .query_row([last_seen], |r| r.get(0))?
     };
     Ok(super::AlertScan {
-        oldest_uplink_ms,
-        oldest_downlink_ms,
-        backlog: backlog(tx)?,
+        oldest_uplink_ms: oldest.uplink_ms,
+        oldest_downlink_ms: oldest.downlink_ms,
+        backlog: super::figures::backlog(tx)?,
         dead,
         more_dead: more_dead.max(0) as u64,
         max_dead_id,

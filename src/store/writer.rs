@@ -319,10 +319,13 @@ fn apply_one(
             _ => None,
         }),
         Op::Down(down) => apply_down(tx, down),
-        Op::Ping(_) => answer(uplink::backlog(tx), |op| match op {
-            Op::Ping(reply) => Some(reply),
-            _ => None,
-        }),
+        Op::Ping(_) => answer(
+            super::figures::backlog(tx).map_err(StoreError::from),
+            |op| match op {
+                Op::Ping(reply) => Some(reply),
+                _ => None,
+            },
+        ),
         Op::AlertScan {
             after_dead, limit, ..
         } => answer(uplink::alert_scan(tx, *after_dead, *limit), |op| match op {

@@ -1,0 +1,74 @@
+//! The store's figures that operators watch: backlogs and their oldest
+//! ages, for `STATUS=`, the alerts, `ferry status`, `/api/status` and
+//! `/metrics`. Each is a seek per device or a read of a partial index,
+//! never a pass over the deliveries or the uplinks kept for retention: a
+//! scrape of a store with a million undelivered uplinks stays cheap
+//! (docs/BENCHMARKS.md). Plain connections: the writer's transactions and
+//! the operators' read-only connections both use them.
+
+use rusqlite::{params, Connection, Result};
+
+use super::Backlog;
+
+/// What waits to be delivered in each direction.
+pub fn backlog(conn: &Connection) -> Result<Backlog> {
+    let uplinks: i64 = conn
+        .prepare_cached("SELECT count(*) FROM uplink WHERE state = 'stored'")?
+        .query_row([], |r| r.get(0))?;
+    // A device's queue is seq 1..=down_seq; what is past its confirm
+    // cursor is not yet delivered (expired and dead entries included,
+    // which the cursor skips as it moves).
+    let downlinks: i64 = conn
+        .prepare_cached("SELECT coalesce(sum(max(down_seq - delivered_upto, 0)), 0) FROM devices")?
+        .query_row([], |r| r.get(0))?;
+    Ok(Backlog {
+        uplinks: uplinks.max(0) as u64,
+        downlinks: downlinks.max(0) as u64,
+    })
+}
+
+/// When the oldest undelivered message of each direction was stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Oldest {
+    pub uplink_ms: Option<i64>,
+    pub downlink_ms: Option<i64>,
+}
+
+pub fn oldest(conn: &Connection) -> Result<Oldest> {
+    // Each device's first stored message, found by a seek in the partial
+    // index of stored rows: one lookup per device, not a pass over the
+    // backlog (seqs are assigned in stored order).
+    let uplink_ms: Option<i64> = conn
+        .prepare_cached(
+            "SELECT min((SELECT u.stored_ms FROM uplink u
+                         WHERE u.device = v.device AND u.state = 'stored'
+                         ORDER BY u.seq LIMIT 1))
+             FROM devices v",
+        )?
+        .query_row([], |r| r.get(0))?;
+    // The delivery at each device's cursor, by primary key: one row per
+    // device, not a scan of the queues (CROSS JOIN keeps `devices` the
+    // outer loop, which the planner would otherwise swap).
+    let downlink_ms: Option<i64> = conn
+        .prepare_cached(
+            "SELECT min(d.at_ms) FROM devices v CROSS JOIN down_delivery d
+                 ON d.device = v.device AND d.seq = v.delivered_upto + 1
+             WHERE d.state = 'stored'",
+        )?
+        .query_row([], |r| r.get(0))?;
+    Ok(Oldest {
+        uplink_ms,
+        downlink_ms,
+    })
+}
+
+/// The `top` devices with the most downlink queue entries past their
+/// confirm cursor, most first: (device, entries).
+pub fn downlink_top(conn: &Connection, top: usize) -> Result<Vec<(String, i64)>> {
+    conn.prepare_cached(
+        "SELECT device, down_seq - delivered_upto AS n FROM devices
+         WHERE n > 0 ORDER BY n DESC, device LIMIT ?1",
+    )?
+    .query_map(params![top as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+    .collect()
+}
