@@ -9,14 +9,13 @@
 //! writer can group many into one commit) and answered in the order the
 //! commits complete, which is the order they arrived. Nothing is answered
 //! before its commit; a store error answers nothing, and the device resends.
+//! The answering itself is in `answer.rs`.
 //!
 //! Once shutdown begins, intake takes no more device publishes (the devices
 //! send again what was not answered), answers what it took, and returns:
 //! the engine and the downlink task see their input close.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +26,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::answer::{finish, Answer, AnswerFuture, Taken};
 use super::limits::{Limits, Rate, Sender};
-use super::record::{Intake, IntakeOutcome, ToEngine};
+use super::record::{Intake, ToEngine};
 use super::route::Route;
 use crate::config::RateLimit;
 use crate::dead_letter::DeadLetter;
@@ -38,12 +38,10 @@ use crate::metrics::{self, Direction};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
-use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
 use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
-use crate::south::{Ack, Inbound, SouthMessage, SouthSender};
-use crate::state::MessageState;
+use crate::south::{Inbound, SouthMessage, SouthSender};
 use crate::store::{Store, StoreError};
 
 /// Messages sent to the store and not yet answered, at most, and their
@@ -72,26 +70,6 @@ pub struct IntakeConfig {
     /// `south.max_inflight_per_device`.
     pub max_inflight_per_device: usize,
 }
-
-/// A store answer and who it is for.
-enum Answer {
-    Stored {
-        device: DeviceId,
-        result: Result<IntakeOutcome, StoreError>,
-    },
-    Rejected {
-        device: Option<DeviceId>,
-        rejection: Rejection,
-        result: Result<i64, StoreError>,
-    },
-    /// Refused over a limit, before the store: nothing was kept.
-    Refused {
-        device: DeviceId,
-        rejection: Rejection,
-    },
-}
-
-type AnswerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// How often buckets that are full again are freed (and the statuses held
 /// for them passed on).
@@ -161,35 +139,6 @@ pub async fn run(
         finish(answer, taken, &topics, &south, &engine).await?;
     }
     Ok(())
-}
-
-/// What intake keeps of a message until it is answered.
-struct Taken {
-    /// Payload bytes (the unanswered messages' bytes are bounded).
-    size: usize,
-    /// The south broker's ack (external mode), sent after the answer.
-    ack: Ack,
-    /// Whom it counts against in flight.
-    in_flight: Option<Sender>,
-    /// When intake took it, for the `stored` receipt's latency.
-    at: Instant,
-}
-
-/// Answers the device, then acknowledges the message to the south broker
-/// (external mode): it is committed, or a store error refused it alone and
-/// the device, which got no receipt, resends it as it would a message lost
-/// on the way. Once the store is gone, nothing is acknowledged: the site
-/// broker sends it again to the next run. False once the engine is gone.
-async fn finish(
-    answer: Answer,
-    taken: Taken,
-    topics: &Topics,
-    south: &SouthSender,
-    engine: &mpsc::Sender<ToEngine>,
-) -> Result<bool, StoreError> {
-    let going = answer_device(answer, taken.at, topics, south, engine).await?;
-    south.ack(taken.ack);
-    Ok(going)
 }
 
 /// What intake does with one device publish.
@@ -462,99 +411,4 @@ fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
 /// The second topic level as written, for the dead-letter row of a bad topic.
 fn raw_device(topic: &str) -> Option<String> {
     topic.split('/').nth(1).map(str::to_string)
-}
-
-/// Sends the receipt a committed answer calls for. False once the engine
-/// is gone; an error once the store is.
-async fn answer_device(
-    answer: Answer,
-    taken_at: Instant,
-    topics: &Topics,
-    south: &SouthSender,
-    engine: &mpsc::Sender<ToEngine>,
-) -> Result<bool, StoreError> {
-    let (device, receipt, new) = match answer {
-        Answer::Stored {
-            device,
-            result: Ok(IntakeOutcome::Stored(msg)),
-        } => (
-            device,
-            Receipt::stored(&msg.msg_id, msg.seq),
-            Some(ToEngine::Stored(msg)),
-        ),
-        Answer::Stored {
-            device,
-            result: Ok(IntakeOutcome::Duplicate(dup)),
-        } => {
-            if dup.state == MessageState::Stored {
-                // The engine answers it (see `ToEngine::Duplicate`).
-                let dup = ToEngine::Duplicate {
-                    device,
-                    msg_id: dup.msg_id,
-                    seq: dup.seq,
-                };
-                return Ok(engine.send(dup).await.is_ok());
-            }
-            (device, dup.receipt(), None)
-        }
-        Answer::Stored {
-            device,
-            result: Err(e),
-        } => {
-            if e.is_fatal() {
-                return Err(e);
-            }
-            warn!(event = "uplink_not_stored", device = %device, error = %e, "uplink not stored; the device will resend");
-            return Ok(true);
-        }
-        Answer::Rejected {
-            device,
-            rejection,
-            result: Ok(dead_letter),
-        } => {
-            // "-": published on a topic that names no valid device.
-            metrics::rejected(Direction::Up, rejection.code.as_str());
-            let named = device.as_ref().map_or("-", DeviceId::as_str);
-            warn!(event = "uplink_rejected", device = named, msg_id = rejection.msg_id.as_ref().map(MsgId::as_str), reason = %rejection.reason(), dead_letter, "uplink rejected");
-            let Some(device) = device else {
-                return Ok(true);
-            };
-            (
-                device,
-                Receipt::rejected(rejection.msg_id.as_ref(), rejection.reason(), dead_letter),
-                None,
-            )
-        }
-        Answer::Refused { device, rejection } => {
-            metrics::rejected(Direction::Up, rejection.code.as_str());
-            (
-                device,
-                Receipt::refused(rejection.msg_id.as_ref(), rejection.reason()),
-                None,
-            )
-        }
-        Answer::Rejected { result: Err(e), .. } => {
-            if e.is_fatal() {
-                return Err(e);
-            }
-            warn!(event = "uplink_reject_not_dead_lettered", error = %e, "rejected uplink could not be dead-lettered");
-            return Ok(true);
-        }
-    };
-    // Counted before the device can hear of it.
-    if new.is_some() {
-        metrics::stored(Direction::Up, 1);
-        metrics::stored_receipt_took(taken_at.elapsed());
-    }
-    south
-        .publish(
-            &device,
-            topics.device_ack(&device),
-            Bytes::from(receipt.to_bytes()),
-        )
-        .await;
-    Ok(match new {
-        Some(new) => engine.send(new).await.is_ok(),
-        None => true,
-    })
 }

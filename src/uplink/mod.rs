@@ -19,6 +19,7 @@
 //! the flush deadline passes. It reads no more backlog: what is not
 //! delivered stays stored for the next run.
 
+mod answer;
 pub mod intake;
 pub mod limits;
 pub mod record;
