@@ -404,7 +404,7 @@ pub fn render() -> String {
 struct Legacy;
 
 /// `(name, help, counter)`; names are under the `ferry_` prefix.
-fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 14] {
+fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 15] {
     use crate::{alerts, north, south, store, uplink};
     [
         ("devices_refused", "CONNECTs refused by device authentication", &south::auth::REFUSED),
@@ -415,6 +415,7 @@ fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 14] {
         ("inflight_limited_from_devices", "Device uplinks over south.max_inflight_per_device", &uplink::limits::INFLIGHT_LIMITED_FROM_DEVICES),
         ("oversized_from_upstream", "Upstream messages over north.max_packet_bytes", &north::OVERSIZED_FROM_UPSTREAM),
         ("nested_too_deep_from_backend", "Backend messages nested deeper than 32 levels", &crate::downlink::NESTED_TOO_DEEP_FROM_BACKEND),
+        ("admin_connections_refused", "Admin HTTP connections closed at once: the server's connection limit was reached", &crate::admin::CONNECTIONS_REFUSED),
         ("disk_budget_reached", "Times the store reached store.max_db_bytes", &store::budget::DISK_BUDGET_REACHED),
         ("alerts_dropped", "Alerts dropped: the in-memory queue was full or the upstream refused one", &alerts::ALERTS_DROPPED),
         ("broker_subscriptions_refused", "SUBSCRIBEs the embedded broker refused (not the device's own topics, or over the limit)", &rumqttd::counters::SUBSCRIPTIONS_REFUSED),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::admin::{render_dom, text_of, Metrics};
+use crate::support::admin::{render_dom, text_of, try_get, Metrics};
 use crate::support::receipts::{eventually, ids_with};
 use crate::support::{
     boot_id, check_config, device_topics, ferry_command, north_topics, write_file, Backend,
@@ -420,4 +420,57 @@ async fn an_admin_port_in_use_stops_the_start_naming_the_key() {
         "{err}"
     );
     drop(taken);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_admin_connections_are_bounded_and_timed_out_and_devices_are_served_meanwhile() {
+    let mq = Mosquitto::start();
+    let gw = "gw-admin-flood";
+    let ferry = Ferry::start(FerryOpts::new(gw, mq.port));
+    let _backend = Backend::connect_auto_ack(mq.port, gw).await;
+    let mut device = Device::connect(ferry.south_port, "press-9").await;
+    let pid = ferry.pid().expect("running");
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let before = fds();
+    let port = ferry.admin_port.expect("admin on");
+    // 300 clients that connect and say nothing.
+    let idle: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = fds();
+    assert!(
+        held <= before + ferry::admin::MAX_CONNECTIONS + 8,
+        "ferry holds {held} descriptors, {before} before 300 idle admin clients"
+    );
+    // Devices are served meanwhile.
+    let id = format!("{}-flood", boot_id());
+    device.publish_envelope("t", &id, json!({"v": 1})).await;
+    let receipts = device
+        .receipts_until(SECS_10, |r| ids_with(r, "delivered").contains(&id))
+        .await;
+    assert!(
+        ids_with(&receipts, "delivered").contains(&id),
+        "{receipts:?}"
+    );
+    // The idle ones are closed after the header timeout (5 s); the admin
+    // server answers again, and counted what it turned away.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let m = loop {
+        if let Ok((200, body)) = try_get(&ferry.admin_url("/metrics")) {
+            break Metrics(body);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the admin server never answered again"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        m.value("ferry_admin_connections_refused_total")
+            >= (300 - ferry::admin::MAX_CONNECTIONS) as f64,
+        "{}",
+        m.0
+    );
+    drop(idle);
 }

@@ -23,6 +23,7 @@ mod api;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,10 +32,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use rusqlite::Connection;
 use serde::Serialize;
-use tokio::sync::{watch, Mutex};
-use tracing::info;
+use tokio::sync::{watch, Mutex, Semaphore};
+use tracing::{debug, info};
 
 use crate::health::Reports;
 use crate::ops::{self, OpsError};
@@ -185,12 +188,51 @@ pub async fn bind(
         .map_err(|source| BindError { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
     info!(event = "admin_listening", listen = %local, "admin server listening: /metrics, /healthz, /readyz, /api, /");
-    let app = router(admin);
-    Ok(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(event = "admin_stopped", error = %e, "admin server stopped");
-        }
-    })
+    Ok(serve(listener, router(admin)))
+}
+
+/// Connections served at once; past it a new one is closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Longest wait for a request's headers, the first or the next on a
+/// kept-alive connection: an idle or trickling client lets go of its slot.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a connection lives, however busy (a scraper reconnects).
+const CONNECTION_MAX: Duration = Duration::from_secs(300);
+
+/// Admin connections closed at once because [`MAX_CONNECTIONS`] were open.
+pub static CONNECTIONS_REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// The accept loop: HTTP/1.1 with every peer's resources bounded (a slot
+/// out of [`MAX_CONNECTIONS`], the header timeout, a connection's life), so
+/// no client of the admin port can starve the process of file descriptors
+/// or memory that the devices' listener needs.
+async fn serve(listener: tokio::net::TcpListener, app: Router) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, most likely: let some close.
+                debug!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            CONNECTIONS_REFUSED.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_MAX, connection).await;
+            drop(slot);
+        });
+    }
 }
 
 fn router(admin: Admin) -> Router {

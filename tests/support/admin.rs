@@ -40,18 +40,21 @@ impl Ferry {
 
 /// GET `url`: (status, body); an error status is an answer too.
 pub fn get(url: &str) -> (u16, String) {
-    super::blocking(|| get_now(url))
+    try_get(url).unwrap_or_else(|e| panic!("GET {url}: {e}"))
 }
 
-fn get_now(url: &str) -> (u16, String) {
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(20))
-        .build();
-    match agent.get(url).call() {
-        Ok(r) => (r.status(), r.into_string().expect("a UTF-8 body")),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-        Err(e) => panic!("GET {url}: {e}"),
-    }
+/// GET `url`, or why there was no answer (refused, closed, timed out).
+pub fn try_get(url: &str) -> Result<(u16, String), String> {
+    super::blocking(|| {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(20))
+            .build();
+        match agent.get(url).call() {
+            Ok(r) => Ok((r.status(), r.into_string().map_err(|e| e.to_string())?)),
+            Err(ureq::Error::Status(code, r)) => Ok((code, r.into_string().unwrap_or_default())),
+            Err(e) => Err(e.to_string()),
+        }
+    })
 }
 
 /// A `/metrics` answer.
