@@ -98,6 +98,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let (downlink_probe, downlink_probed) = health::probe("downlink");
     let (north_probe, north_probed) = health::probe("north session");
     north_tx.answer_probes(north_probed);
+    let mut probes = vec![engine_probe, downlink_probe, north_probe];
+    let (site_probe, site_probed) = health::probe("site session");
+    if south.outbound.answer_probes(site_probed) {
+        probes.push(site_probe);
+    }
     let downlink = Downlink::new(
         DownlinkSettings {
             cfg: cfg.downlink.clone(),
@@ -151,7 +156,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         systemd::Notifier::from_env(),
         systemd::watchdog_interval(),
         store.clone(),
-        vec![engine_probe, downlink_probe, north_probe],
+        probes,
         health_tx,
     ));
     let admin = admin.map(tokio::spawn);

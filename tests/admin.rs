@@ -14,7 +14,7 @@ use crate::support::admin::{render_dom, text_of, try_get, Metrics};
 use crate::support::receipts::{eventually, ids_with};
 use crate::support::{
     boot_id, check_config, device_topics, ferry_command, north_topics, write_file, Backend,
-    BareClient, Device, Ferry, FerryOpts, Mosquitto,
+    BareClient, Device, Ferry, FerryOpts, Mode, Mosquitto,
 };
 
 const SECS_10: Duration = Duration::from_secs(10);
@@ -473,4 +473,21 @@ async fn idle_admin_connections_are_bounded_and_timed_out_and_devices_are_served
         m.0
     );
     drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_in_external_mode_asks_the_site_session_and_a_site_outage_is_not_a_failure() {
+    let mq = Mosquitto::start();
+    let mut ferry = Ferry::start_in(Mode::External, FerryOpts::new("gw-health-ext", mq.port));
+    let healthy =
+        |ferry: &Ferry| ferry.admin_get("/healthz") == (200, r#"{"ok":true}"#.to_string());
+    eventually(SECS_10, "healthy", || healthy(&ferry)).await;
+    // The site broker goes away: the session reconnects with backoff,
+    // which is alive; checks run every 5 s.
+    ferry.site.as_mut().expect("a site broker").stop();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(healthy(&ferry), "{:?}", ferry.admin_get("/healthz"));
+    let status = ferry.admin_json("/api/status");
+    assert_eq!(status["south"]["up"], false, "{status}");
+    assert_eq!(ferry.admin_get("/readyz").0, 200);
 }

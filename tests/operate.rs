@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support::receipts::eventually;
-use crate::support::{self, boot_id, north_topics, Backend, BareClient, Device, Ferry, FerryOpts};
+use crate::support::{
+    self, boot_id, north_topics, Backend, BareClient, Device, Ferry, FerryOpts, Mode,
+};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -485,22 +487,33 @@ async fn a_dead_letter_and_an_old_backlog_are_alerted_on_the_alerts_topic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wedged_north_session_turns_healthz_unhealthy_naming_it() {
+    wedged_session_turns_healthz_unhealthy(Mode::Embedded, "NORTH", "north session").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_site_session_turns_healthz_unhealthy_naming_it() {
+    wedged_session_turns_healthz_unhealthy(Mode::External, "SOUTH", "site session").await;
+}
+
+/// Wedges one MQTT session's task 3 s after start (a debug-only hook) and
+/// waits for `/healthz` to name it.
+async fn wedged_session_turns_healthz_unhealthy(mode: Mode, which: &str, named: &str) {
     let mosquitto = support::Mosquitto::start();
     let dir = tempfile::tempdir().expect("temp dir");
     // Under a (silent) systemd with a 1 s watchdog: checks every 250 ms.
     let wedge_at = Duration::from_millis(3000);
-    let opts = support::FerryOpts::new("gw-north-wedge", mosquitto.port)
+    let opts = support::FerryOpts::new("gw-session-wedge", mosquitto.port)
         .with_env(
             "NOTIFY_SOCKET",
             dir.path().join("nobody").to_str().expect("utf-8 path"),
         )
         .with_env("WATCHDOG_USEC", "1000000")
         .with_env(
-            "TEST_FERRY_WEDGE_NORTH_AFTER_MS",
+            &format!("TEST_FERRY_WEDGE_{which}_AFTER_MS"),
             &wedge_at.as_millis().to_string(),
         );
     let start = Instant::now();
-    let ferry = support::Ferry::start(opts);
+    let ferry = support::Ferry::start_in(mode, opts);
     let (code, body) = ferry.admin_get("/healthz");
     assert!(
         start.elapsed() < wedge_at,
@@ -511,12 +524,12 @@ async fn a_wedged_north_session_turns_healthz_unhealthy_naming_it() {
     loop {
         let (code, body) = ferry.admin_get("/healthz");
         if code == 503 {
-            assert!(body.contains("north session"), "{body}");
+            assert!(body.contains(named), "{body}");
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "/healthz still {code} {body} after the north session wedged\n{}",
+            "/healthz still {code} {body} after the {named} wedged\n{}",
             ferry.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

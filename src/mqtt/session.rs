@@ -144,7 +144,7 @@ impl<T: Tag> Task<T> {
         let wedge_at = test_wedge(&self.opts.name);
         loop {
             if wedge_at.is_some_and(|at| Instant::now() >= at) {
-                warn!(event = "link_session_wedged", link = %self.opts.name, "session task wedged on purpose (TEST_FERRY_WEDGE_NORTH_AFTER_MS)");
+                warn!(event = "link_session_wedged", link = %self.opts.name, "session task wedged on purpose (TEST_FERRY_WEDGE_*_AFTER_MS)");
                 std::future::pending::<()>().await;
             }
             let connected = matches!(link, Link::Connected { .. });
@@ -503,17 +503,20 @@ impl Drop for PollerGuard {
     }
 }
 
-/// `TEST_FERRY_WEDGE_NORTH_AFTER_MS=N` (not `FERRY_*`: those are config
-/// keys) makes the north session's task stop for good at its first turn N
-/// ms after it started, as a task stuck in an await would. Release builds
-/// never read it.
+/// `TEST_FERRY_WEDGE_NORTH_AFTER_MS=N` (`TEST_FERRY_WEDGE_SOUTH_AFTER_MS`:
+/// the external south session) makes that session's task stop for good at
+/// its first turn N ms after it started, as a task stuck in an await
+/// would. Not `FERRY_*`: those are config keys. Release builds never read
+/// it.
 fn test_wedge(name: &str) -> Option<Instant> {
-    if !cfg!(debug_assertions) || name != "north" {
+    let var = match name {
+        "north" => "TEST_FERRY_WEDGE_NORTH_AFTER_MS",
+        "south" => "TEST_FERRY_WEDGE_SOUTH_AFTER_MS",
+        _ => return None,
+    };
+    if !cfg!(debug_assertions) {
         return None;
     }
-    let ms: u64 = std::env::var("TEST_FERRY_WEDGE_NORTH_AFTER_MS")
-        .ok()?
-        .parse()
-        .ok()?;
+    let ms: u64 = std::env::var(var).ok()?.parse().ok()?;
     Some(Instant::now() + std::time::Duration::from_millis(ms))
 }

@@ -85,6 +85,19 @@ enum Outbound {
 }
 
 impl SouthSender {
+    /// External mode: the session to the site broker answers `probed`'s
+    /// pings (see [`crate::health`]); true. The embedded broker runs on
+    /// threads of its own and is not probed: false.
+    pub fn answer_probes(&self, probed: crate::health::Probed) -> bool {
+        match &self.0 {
+            Outbound::External(session) => {
+                session.answer_probes(probed);
+                true
+            }
+            Outbound::Embedded(_) => false,
+        }
+    }
+
     /// Queues a publish to one device: dropped if it is not there to take
     /// it (the protocol repairs that: the device resends, or pulls). False
     /// once the south side is gone.
