@@ -201,6 +201,18 @@ async fn the_json_api_serves_the_cli_views_and_answers_bad_requests_with_a_statu
     assert_eq!(ferry.admin_json("/api/dlq?direction=down"), json!([]));
     let dl = rows[0]["id"].as_i64().expect("an id");
     let shown = ferry.admin_json(&format!("/api/dlq/{dl}"));
+    // The CLI's views, as the CLI prints them with --json.
+    assert_eq!(
+        shown,
+        crate::ops::cli_json(&ferry, &["dlq", "show", &dl.to_string()])
+    );
+    assert_eq!(
+        list,
+        crate::ops::cli_json(
+            &ferry,
+            &["dlq", "list", "--direction", "up", "--reason", "nacked"]
+        )
+    );
     assert!(
         shown["payload"]["data"]
             .as_str()
@@ -210,6 +222,10 @@ async fn the_json_api_serves_the_cli_views_and_answers_bad_requests_with_a_statu
     );
     assert_eq!(shown["seq"], m.seq().map_or(Value::Null, Value::from));
     let trace = ferry.admin_json(&format!("/api/trace/press-7/{id}"));
+    assert_eq!(
+        trace,
+        crate::ops::cli_json(&ferry, &["trace", "press-7", &id])
+    );
     let events: Vec<&str> = trace
         .as_array()
         .expect("an array")

@@ -28,7 +28,7 @@ fn cli(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 /// `ferry ARGS… --json`, which must succeed, parsed.
-fn cli_json(ferry: &Ferry, args: &[&str]) -> Value {
+pub(crate) fn cli_json(ferry: &Ferry, args: &[&str]) -> Value {
     let mut args = args.to_vec();
     args.push("--json");
     let (code, out, err) = cli(&ferry.config_path, &args);
