@@ -250,13 +250,20 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             } else {
                 for r in &results {
                     match &r.refused {
-                        None => println!(
-                            "{}: replayed {}/{} seq {}",
-                            r.id,
-                            opt(&r.device),
-                            opt(&r.msg_id),
-                            r.seq.unwrap_or_default()
-                        ),
+                        None => match r.seq {
+                            Some(seq) => println!(
+                                "{}: replayed {}/{} seq {seq}",
+                                r.id,
+                                opt(&r.device),
+                                opt(&r.msg_id)
+                            ),
+                            None => println!(
+                                "{}: replayed {}/{}: the gateway sends it to the device under a new seq",
+                                r.id,
+                                opt(&r.device),
+                                opt(&r.msg_id)
+                            ),
+                        },
                         Some(why) => println!("{}: not replayed: {why}", r.id),
                     }
                 }

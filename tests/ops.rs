@@ -490,3 +490,130 @@ async fn status_follows_the_external_south_link() {
     let (_, text, _) = cli(&ferry.config_path, &["status"]);
     assert!(text.contains("south: down since"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downlink_its_device_nacked_is_replayed_under_a_new_seq_with_its_msg_id() {
+    use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
+    use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions, InboxMessage};
+
+    let mq = Mosquitto::start();
+    let gw = "gw-ops-down-replay";
+    let ferry = Ferry::start(FerryOpts::new(gw, mq.port));
+    let mut backend = BackendClient::connect(BackendOptions::new("127.0.0.1", mq.port, gw));
+    let mut device =
+        DeviceClient::connect(DeviceOptions::new("127.0.0.1", ferry.south_port, "panel-2"));
+    // The next inbox messages the device is handed.
+    async fn inbox(device: &mut DeviceClient) -> Vec<InboxMessage> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, device.events.recv()).await {
+                Ok(Some(DeviceEvent::Inbox { messages, .. })) if !messages.is_empty() => {
+                    return messages
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => panic!("no inbox batch"),
+            }
+        }
+    }
+    // The next receipt for `id` with `status`; its seq.
+    async fn receipt(backend: &mut BackendClient, id: &str, status: &str) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, backend.events.recv()).await {
+                Ok(Some(BackendEvent::Receipt(r)))
+                    if r.msg_id.as_deref() == Some(id) && r.status == status =>
+                {
+                    return r.seq.expect("a seq");
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => panic!("no `{status}` receipt for {id}"),
+            }
+        }
+    }
+
+    let id = format!("{}-cmd", boot_id());
+    backend.send_down(
+        &["panel-2"],
+        json!({"msg_id": id, "payload": "unknown command"}),
+    );
+    let batch = inbox(&mut device).await;
+    assert_eq!(batch[0].msg_id, id);
+    let old = batch[0].seq;
+    device.nack(old, "unknown command");
+    assert_eq!(receipt(&mut backend, &id, "failed").await, old);
+    let rows = wait_for(SECS_10, || {
+        let l = cli_json(&ferry, &["dlq", "list", "--direction", "down"]);
+        (l.as_array()?.len() == 1).then_some(l)
+    })
+    .await
+    .expect("the nack dead-lettered");
+    assert_eq!(rows[0]["replayable"], true, "{rows}");
+    let dl = rows[0]["id"].as_i64().expect("an id").to_string();
+
+    // The device's firmware is fixed: the operator replays it.
+    let (code, out, err) = cli(&ferry.config_path, &["dlq", "replay", &dl]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("new seq"), "{out}");
+    let again = inbox(&mut device).await;
+    assert_eq!(again[0].msg_id, id, "handed again, same msg_id");
+    let new = again[0].seq;
+    assert!(new > old, "under a new seq: {new} after {old}");
+    assert_eq!(receipt(&mut backend, &id, "stored").await, new);
+    device.confirm(new);
+    assert_eq!(receipt(&mut backend, &id, "delivered").await, new);
+
+    assert_eq!(cli_json(&ferry, &["dlq", "list"]), json!([]));
+    let trace = cli_json(&ferry, &["trace", "panel-2", &id]);
+    let events: Vec<&str> = trace
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert_eq!(
+        events,
+        ["received", "stored", "dead", "replayed", "delivered"],
+        "{trace}"
+    );
+    let log = ferry.log();
+    for event in ["downlink_dead_lettered", "downlink_replayed"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("event=\"{event}\"")) && l.contains(&id)),
+            "no {event} line for {id}\n{}",
+            ferry.log_tail()
+        );
+    }
+    // Replayed once: a second replay finds nothing.
+    let (code, out, _) = cli(&ferry.config_path, &["dlq", "replay", &dl]);
+    assert_eq!(code, Some(1), "{out}");
+
+    // A nack ahead of the cursor: not replayable until the device has
+    // confirmed past it (its cursor would otherwise run into a gap).
+    let (a, b) = (format!("{id}-a"), format!("{id}-b"));
+    backend.send_down(&["panel-2"], json!({"msg_id": a, "payload": 1}));
+    let first = inbox(&mut device).await;
+    backend.send_down(&["panel-2"], json!({"msg_id": b, "payload": 2}));
+    let ahead = receipt(&mut backend, &b, "stored").await;
+    assert_eq!(ahead, first.last().expect("a message").seq + 1);
+    device.nack(ahead, "unknown command");
+    let row = wait_for(SECS_10, || {
+        let l = cli_json(&ferry, &["dlq", "list", "--direction", "down"]);
+        l.as_array()?.first().cloned()
+    })
+    .await
+    .expect("the nack ahead dead-lettered");
+    assert_eq!(row["replayable"], false, "{row}");
+    let (code, out, _) = cli(
+        &ferry.config_path,
+        &[
+            "dlq",
+            "replay",
+            &row["id"].as_i64().expect("id").to_string(),
+        ],
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("has not confirmed past"), "{out}");
+}

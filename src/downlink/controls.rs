@@ -12,6 +12,7 @@ use super::{DeviceControl, Done, Downlink};
 use crate::ids::DeviceId;
 use crate::protocol::control::{parse_control, Control};
 use crate::protocol::now_ms;
+use crate::state::DeliveryState;
 use crate::store::StoreError;
 
 impl Downlink {
@@ -80,6 +81,13 @@ impl Downlink {
         moved: CursorMove,
     ) -> Result<(), StoreError> {
         super::intake::count_events(&moved.events);
+        for e in moved
+            .events
+            .iter()
+            .filter(|e| e.state == DeliveryState::Dead)
+        {
+            warn!(event = "downlink_dead_lettered", device = %e.device, msg_id = %e.msg_id, seq = e.seq.0, reason = e.reason.as_deref().unwrap_or(""), "downlink delivery dead-lettered: its device nacked it");
+        }
         for ms in &moved.delivered_after_ms {
             crate::metrics::delivery_took(crate::metrics::Direction::Down, *ms);
         }

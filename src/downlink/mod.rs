@@ -405,6 +405,12 @@ impl Downlink {
                     );
                 }
                 self.send_receipts(swept.receipts);
+                let mut actions = Vec::new();
+                for e in &swept.replayed {
+                    info!(event = "downlink_replayed", device = %e.device, msg_id = %e.msg_id, seq = e.seq.0, "downlink replayed from the dead letters under a new seq");
+                    actions.extend(self.scheduler.on_queued(&e.device, e.seq));
+                }
+                self.execute(actions).await?;
             }
             Done::Outbox {
                 from,

@@ -122,6 +122,9 @@ pub struct CursorMove {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Swept {
     pub events: Vec<DeliveryEvent>,
+    /// Deliveries `ferry dlq replay` sent again, `stored` under a new seq
+    /// (taken in the same pass).
+    pub replayed: Vec<DeliveryEvent>,
     /// Their receipts, committed in the outbox.
     pub receipts: Vec<OutboxReceipt>,
 }

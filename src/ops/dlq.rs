@@ -6,10 +6,9 @@
 //! its msg_id, seq and body, its history gets a `replayed` line, a
 //! `replay_request` tells the running gateway to load it, and the dead
 //! letter is removed (a new one is written if it dies again). Anything
-//! else is refused with the reason: a message rejected at the door (never
-//! stored), or a downlink a device nacked (the device's cursor is past its
-//! seq and a device drops what it confirmed, so it cannot be handed again
-//! under the same identity; the backend sends it again as a new message).
+//! else is refused with the reason (a message rejected at the door was
+//! never stored) except a downlink delivery its device nacked: that one goes
+//! again under a new seq, through the gateway (see `down.rs`).
 
 use base64::Engine as _;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -62,7 +61,10 @@ const ROW_SQL: &str = "SELECT d.id, d.device, d.msg_id, d.direction, d.reason, d
         coalesce((SELECT min(h.at_ms) FROM uplink_history h
                   WHERE h.uplink_id = d.uplink_id AND h.state = 'stored' AND h.detail LIKE 'attempt %'), d.at_ms),
         d.at_ms,
-        d.uplink_id IS NOT NULL AND coalesce((SELECT u.state = 'dead' FROM uplink u WHERE u.id = d.uplink_id), 0)
+        (d.uplink_id IS NOT NULL AND coalesce((SELECT u.state = 'dead' FROM uplink u WHERE u.id = d.uplink_id), 0))
+        OR (d.direction = 'down' AND d.topic LIKE 'seq %' AND coalesce((
+            SELECT x.state = 'dead' AND v.delivered_upto >= x.seq FROM down_delivery x JOIN devices v ON v.device = x.device
+            WHERE x.device = d.device AND x.seq = CAST(substr(d.topic, 5) AS INTEGER)), 0))
     FROM dead_letter d";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeadLetterRow> {
@@ -209,6 +211,8 @@ pub struct Replayed {
     pub replayed: bool,
     pub device: Option<String>,
     pub msg_id: Option<String>,
+    /// An uplink's seq (kept); `None` for a downlink delivery, whose new
+    /// seq the gateway gives when it takes the replay.
     pub seq: Option<i64>,
     /// Why it was not replayed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -235,6 +239,7 @@ struct Found {
     direction: String,
     reason: String,
     uplink_id: Option<i64>,
+    topic: Option<String>,
 }
 
 /// Sends dead letter `id` back into the pipeline (see the module doc), in
@@ -246,7 +251,7 @@ pub fn replay(conn: &mut Connection, id: i64, now_ms: i64) -> Result<Replayed, O
         .map_err(&write)?;
     let found = tx
         .query_row(
-            "SELECT device, msg_id, direction, reason, uplink_id FROM dead_letter WHERE id = ?1",
+            "SELECT device, msg_id, direction, reason, uplink_id, topic FROM dead_letter WHERE id = ?1",
             [id],
             |r| {
                 Ok(Found {
@@ -255,6 +260,7 @@ pub fn replay(conn: &mut Connection, id: i64, now_ms: i64) -> Result<Replayed, O
                     direction: r.get(2)?,
                     reason: r.get(3)?,
                     uplink_id: r.get(4)?,
+                    topic: r.get(5)?,
                 })
             },
         )
@@ -274,16 +280,38 @@ pub fn replay(conn: &mut Connection, id: i64, now_ms: i64) -> Result<Replayed, O
         direction,
         reason,
         uplink_id,
+        topic,
     }) = found
     else {
         return Ok(refused(None, None, format!("no dead letter {id}")));
     };
-    let Some(uplink_id) = uplink_id else {
-        let why = if direction == "down" {
-            format!("a downlink dead letter ({reason}): refused at the door or nacked by its device, whose cursor is past its seq, so it cannot be handed again under the same identity; the backend must send it again as a new message (dlq show has the payload)")
-        } else {
-            format!("rejected at the door ({reason}): it was never stored, so there is nothing to resend; the device must send it again")
+    if direction == "down" {
+        let why = match down::seq_of(topic.as_deref()) {
+            Some(seq) => down::check(&tx, device.as_deref(), seq, now_ms).map_err(&write)?,
+            None => Some(format!("refused at the door ({reason}): it was never stored; the backend must send it again")),
         };
+        if let Some(why) = why {
+            return Ok(refused(device, msg_id, why));
+        }
+        tx.execute(
+            "INSERT INTO down_replay_request (dead_letter_id, at_ms) VALUES (?1, ?2)
+             ON CONFLICT (dead_letter_id) DO NOTHING",
+            params![id, now_ms],
+        )
+        .map_err(&write)?;
+        tx.commit().map_err(write)?;
+        // The new seq is the gateway's to give, when it takes the request.
+        return Ok(Replayed {
+            id,
+            replayed: true,
+            device,
+            msg_id,
+            seq: None,
+            refused: None,
+        });
+    }
+    let Some(uplink_id) = uplink_id else {
+        let why = format!("rejected at the door ({reason}): it was never stored, so there is nothing to resend; the device must send it again");
         return Ok(refused(device, msg_id, why));
     };
     // Fresh attempts; no ttl, or an expired message would die again at once.
@@ -350,5 +378,6 @@ pub fn purge(conn: &Connection, before_ms: i64) -> Result<u64, OpsError> {
     }
 }
 
+mod down;
 #[cfg(test)]
 mod tests;

@@ -107,12 +107,16 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
         let before = out.len();
         let lines = stmt
             .query_map(params![device, seq], |r| {
+                let state: String = r.get(1)?;
+                let detail: Option<String> = r.get(2)?;
+                let replayed = state == "stored"
+                    && detail.as_deref().is_some_and(|d| d.starts_with("replayed"));
                 Ok(TraceEvent {
                     at_ms: r.get(0)?,
                     direction: "down",
-                    event: r.get(1)?,
+                    event: if replayed { "replayed".into() } else { state },
                     seq: Some(seq),
-                    detail: r.get(2)?,
+                    detail,
                 })
             })
             .map_err(&read)?;

@@ -150,6 +150,19 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE uplink ADD COLUMN received_ms INTEGER;        -- the device's publish reached ferry
     ALTER TABLE down_message ADD COLUMN received_ms INTEGER;  -- the backend's publish reached ferry
     "#,
+    // 9: replays of downlink deliveries a device nacked, asked for by
+    // `ferry dlq replay`.
+    r#"
+    -- Written by the CLI once it checked the delivery can go again (dead,
+    -- behind its device's cursor, its message kept and not past its ttl);
+    -- taken by the gateway's writer, which moves the delivery to a new seq
+    -- at the head of the device's queue and deletes the dead letter, in one
+    -- transaction. A gateway that is not running takes it at its start.
+    CREATE TABLE down_replay_request (
+        dead_letter_id  INTEGER PRIMARY KEY,
+        at_ms           INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.

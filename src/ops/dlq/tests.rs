@@ -125,7 +125,7 @@ fn replay_stores_the_message_again_with_fresh_attempts_once() {
 }
 
 #[test]
-fn a_rejected_or_downlink_dead_letter_is_not_replayed_and_says_why() {
+fn a_dead_letter_rejected_at_the_door_is_not_replayed_and_says_why() {
     let (_dir, mut conn) = store();
     let r = replay(&mut conn, 2, 9000).unwrap();
     assert!(!r.replayed);
@@ -133,8 +133,16 @@ fn a_rejected_or_downlink_dead_letter_is_not_replayed_and_says_why() {
         r.refused.as_deref().unwrap().contains("never stored"),
         "{r:?}"
     );
+    // A backend envelope refused at the door: the backend sends it again.
     let r = replay(&mut conn, 3, 9000).unwrap();
-    assert!(r.refused.as_deref().unwrap().contains("downlink"), "{r:?}");
+    assert!(!r.replayed);
+    assert!(
+        r.refused
+            .as_deref()
+            .unwrap()
+            .contains("backend must send it again"),
+        "{r:?}"
+    );
     assert_eq!(list(&conn, &Filter::default()).unwrap().len(), 3);
 }
 
