@@ -93,6 +93,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             }
         });
     }
+    let live_presence = live.clone();
     let presence = south.presence.map(|p| report_presence(p, live));
     let (engine_probe, engine_probed) = health::probe("uplink engine");
     let (downlink_probe, downlink_probed) = health::probe("downlink");
@@ -143,6 +144,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         controls: controls_tx,
         rate: cfg.south.rate,
         max_inflight_per_device: cfg.south.max_inflight_per_device,
+        presence: matches!(cfg.south.mode, SouthMode::External(_)).then(|| live_presence.clone()),
     };
     let mut engine_task = tokio::spawn(run_engine(
         engine,

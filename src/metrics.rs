@@ -196,7 +196,7 @@ impl Metrics {
         );
         r.register(
             "devices_online",
-            "Devices connected to the embedded broker (external mode: not known, always 0)",
+            "Devices online: connected to the embedded broker, or (external mode) whose last status message said online",
             m.devices_online.clone(),
         );
         r.register(

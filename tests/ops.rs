@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{boot_id, ferry_command, Backend, Device, Ferry, FerryOpts, Mode, Mosquitto};
+use crate::support::{
+    boot_id, device_topics, ferry_command, Backend, BareClient, Device, Ferry, FerryOpts, Mode,
+    Mosquitto,
+};
 
 const SECS_10: Duration = Duration::from_secs(10);
 
@@ -472,12 +475,26 @@ async fn status_follows_the_external_south_link() {
     .await
     .expect("south up in the status");
     assert_eq!(up["south_mode"], "external", "{up}");
-    assert_eq!(
-        up["devices_online"],
-        Value::Null,
-        "not known in external mode: {up}"
-    );
+    assert_eq!(up["devices_online"], 0, "{up}");
     let since = up["south"]["since_ms"].as_i64().expect("since_ms");
+    // Presence behind a site broker: the devices' own status messages.
+    let panel = BareClient::device(&ferry, "panel-9").await;
+    wait_for(SECS_10, || {
+        (cli_json(&ferry, &["status"])["devices_online"] == 1).then_some(())
+    })
+    .await
+    .expect("panel-9 online once it said so");
+    panel
+        .publish(
+            &device_topics("panel-9").status(),
+            json!({"online": false}).to_string(),
+        )
+        .await;
+    wait_for(SECS_10, || {
+        (cli_json(&ferry, &["status"])["devices_online"] == 0).then_some(())
+    })
+    .await
+    .expect("panel-9 offline once it said so");
 
     ferry.site.as_mut().expect("the site broker").stop();
     let down = wait_for(SECS_10, || {

@@ -39,8 +39,10 @@ pub struct LiveStatus {
     /// Embedded: the listener, up since start. External: ferry's session
     /// to the site broker (up once subscribed).
     pub south: Link,
-    /// Devices connected (embedded mode; `None` in external mode, where
-    /// the gateway learns presence only from the devices' own messages).
+    /// Devices online: connected to the embedded broker, or (external
+    /// mode) whose last status message said online (retained on the site
+    /// broker, so it is known again after a restart). `None` in a file an
+    /// older ferry wrote in external mode.
     pub devices_online: Option<usize>,
     pub updated_ms: i64,
 }
@@ -79,7 +81,7 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
             up: embedded,
             since_ms: now,
         },
-        devices_online: embedded.then_some(0),
+        devices_online: Some(0),
         updated_ms: now,
     };
     let path = data_dir.join(STATUS_FILE);

@@ -35,6 +35,7 @@ use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Direction};
+use crate::ops::live::{LiveEvent, LiveSender};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
@@ -69,6 +70,9 @@ pub struct IntakeConfig {
     pub rate: RateLimit,
     /// `south.max_inflight_per_device`.
     pub max_inflight_per_device: usize,
+    /// External mode: devices' statuses also go to the status file (the
+    /// only word of their presence there).
+    pub presence: Option<LiveSender>,
 }
 
 /// How often buckets that are full again are freed (and the statuses held
@@ -279,6 +283,15 @@ fn refuse(sender: Sender, code: RejectCode, detail: String, msg: &SouthMessage) 
 
 /// Hands a control message to the downlink.
 async fn forward(cfg: &IntakeConfig, device: DeviceId, kind: ControlKind, payload: Bytes) {
+    if let (Some(live), ControlKind::Status) = (&cfg.presence, kind) {
+        if let Ok(Control::Status { online }) = parse_control(kind, &payload) {
+            let _ = live.send(if online {
+                LiveEvent::DeviceOnline(device.clone())
+            } else {
+                LiveEvent::DeviceOffline(device.clone())
+            });
+        }
+    }
     let control = DeviceControl {
         device,
         kind,
