@@ -306,7 +306,16 @@ async fn the_status_page_shows_the_gateways_figures_in_headless_chromium() {
         "{api}"
     );
 
-    let dom = render_dom(&ferry.admin_url("/"), Duration::from_secs(5));
+    // 7 s of the page's (virtual) time: it loads, then refreshes itself
+    // every 2 s.
+    let dom = render_dom(&ferry.admin_url("/"), Duration::from_secs(7));
+    let refreshes: u32 = dom
+        .split("data-refreshes=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(refreshes >= 3, "refreshed {refreshes} times in 7 s:\n{dom}");
     assert!(
         dom.contains("data-loaded=\"true\""),
         "the page's script never rendered:\n{dom}"
