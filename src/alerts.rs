@@ -12,10 +12,12 @@
 //!
 //! Delivery: alerts wait in memory while the link is down and are sent
 //! when it is up; one the upstream has not acknowledged when the link
-//! drops is sent again. They are not durable: a restart loses the queue
-//! (the conditions themselves are still in the store and raise their
-//! alerts again if they last), and past [`MAX_QUEUED`] waiting the oldest
-//! are dropped and counted.
+//! drops is sent again. A restart loses the queue, but nothing in it for
+//! good: the store marks how far the dead letters' alerts were
+//! acknowledged (`alert_mark`), and the next run raises those past the
+//! mark again; the other conditions are still in the store and raise
+//! their alerts again if they last. Past [`MAX_QUEUED`] waiting the oldest
+//! are dropped, counted and logged.
 //!
 //! What to raise is decided by [`Monitor`], free of I/O and clocks.
 
@@ -72,6 +74,10 @@ pub struct Alert {
     pub kind: AlertKind,
     pub detail: String,
     pub ts: i64,
+    /// A dead-letter alert: the dead-letter ids it stands for, `(after,
+    /// upto]`. Not published; marks them alerted once acknowledged.
+    #[serde(skip)]
+    pub covers: Option<(i64, i64)>,
 }
 
 /// `[alerts]`, checked.
@@ -120,6 +126,7 @@ impl Monitor {
             kind,
             detail,
             ts: now_ms,
+            covers: None,
         };
         if let Some(since) = self.down_since {
             let down = now.saturating_duration_since(since);
@@ -169,41 +176,66 @@ impl Monitor {
         } else if !scan.over_budget {
             self.budget_raised = false;
         }
+        let mut after = scan.after_dead;
         for d in &scan.dead {
-            out.push(alert(
-                AlertKind::DeadLetter,
-                format!(
-                    "dead letter {} ({}): device {}, msg_id {}: {}",
-                    d.id,
-                    d.direction,
-                    d.device.as_deref().unwrap_or("?"),
-                    d.msg_id.as_deref().unwrap_or("?"),
-                    d.reason
-                ),
-            ));
+            out.push(Alert {
+                covers: Some((after, d.id)),
+                ..alert(
+                    AlertKind::DeadLetter,
+                    format!(
+                        "dead letter {} ({}): device {}, msg_id {}: {}",
+                        d.id,
+                        d.direction,
+                        d.device.as_deref().unwrap_or("?"),
+                        d.msg_id.as_deref().unwrap_or("?"),
+                        d.reason
+                    ),
+                )
+            });
+            after = d.id;
         }
         if scan.more_dead > 0 {
-            out.push(alert(
-                AlertKind::DeadLetter,
-                format!("{} more dead letters since the last check", scan.more_dead),
-            ));
+            out.push(Alert {
+                covers: Some((after, scan.max_dead_id)),
+                ..alert(
+                    AlertKind::DeadLetter,
+                    format!("{} more dead letters since the last check", scan.more_dead),
+                )
+            });
         }
         out
     }
 }
 
-/// Alerts not yet acknowledged by the upstream.
+/// One alert waiting for the upstream's acknowledgement.
+#[derive(Debug)]
+struct Queued {
+    id: u64,
+    body: Bytes,
+    /// The dead letters it stands for (see [`Alert::covers`]).
+    covers: Option<(i64, i64)>,
+}
+
+/// Alerts not yet acknowledged by the upstream, and how far the dead
+/// letters are alerted.
 #[derive(Debug, Default)]
 struct Outbox {
     next_id: u64,
-    queued: VecDeque<(u64, Bytes)>,
-    in_flight: BTreeMap<u64, Bytes>,
+    queued: VecDeque<Queued>,
+    in_flight: BTreeMap<u64, Queued>,
+    /// Dead-letter alerts not yet settled: `upto` → `after`.
+    unsettled: BTreeMap<i64, i64>,
+    /// The highest dead-letter id any alert stood for.
+    raised_upto: i64,
 }
 
 impl Outbox {
-    fn push(&mut self, body: Bytes) {
+    fn push(&mut self, body: Bytes, covers: Option<(i64, i64)>) {
         if self.queued.len() + self.in_flight.len() >= MAX_QUEUED {
-            self.queued.pop_front();
+            if let Some(dropped) = self.queued.pop_front() {
+                // Counted and logged: not sent again after a restart.
+                self.settle(&dropped);
+            }
             let total = ALERTS_DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
             warn!(
                 event = "alert_dropped",
@@ -212,15 +244,44 @@ impl Outbox {
                 "alert queue full while north is down; the oldest alert was dropped"
             );
         }
+        if let Some((after, upto)) = covers {
+            self.unsettled.insert(upto, after);
+            self.raised_upto = self.raised_upto.max(upto);
+        }
         self.next_id += 1;
-        self.queued.push_back((self.next_id, body));
+        self.queued.push_back(Queued {
+            id: self.next_id,
+            body,
+            covers,
+        });
     }
 
     /// The link dropped: what was not acknowledged goes again, first.
     fn link_down(&mut self) {
         let again = std::mem::take(&mut self.in_flight);
-        for (id, body) in again.into_iter().rev() {
-            self.queued.push_front((id, body));
+        for (_, q) in again.into_iter().rev() {
+            self.queued.push_front(q);
+        }
+    }
+
+    /// Alert `id` was acknowledged (or refused, and logged): done.
+    fn done(&mut self, id: u64) {
+        if let Some(q) = self.in_flight.remove(&id) {
+            self.settle(&q);
+        }
+    }
+
+    fn settle(&mut self, q: &Queued) {
+        if let Some((_, upto)) = q.covers {
+            self.unsettled.remove(&upto);
+        }
+    }
+
+    /// Every dead letter up to this id has had its alert settled.
+    fn dead_alerted(&self) -> i64 {
+        match self.unsettled.first_key_value() {
+            Some((_, after)) => *after,
+            None => self.raised_upto,
         }
     }
 }
@@ -237,11 +298,14 @@ pub async fn run(
     let mut monitor = Monitor::new(cfg, Instant::now());
     let mut outbox = Outbox::default();
     let mut epoch: Option<u64> = None;
-    // Dead letters from before this run were someone's news already.
+    // Dead letters whose alerts were acknowledged, in this run or an
+    // earlier one, were someone's news already; the rest are raised again.
     let mut after_dead = match store.alert_scan(i64::MAX, 0).await {
-        Ok(scan) => scan.max_dead_id,
+        Ok(scan) => scan.dead_alerted,
         Err(_) => return,
     };
+    outbox.raised_upto = after_dead;
+    let mut marked = after_dead;
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -257,11 +321,9 @@ pub async fn run(
                     monitor.link_down(Instant::now());
                     outbox.link_down();
                 }
-                Some(NorthEvent::Published(Tag::Alert(id))) => {
-                    outbox.in_flight.remove(&id);
-                }
+                Some(NorthEvent::Published(Tag::Alert(id))) => outbox.done(id),
                 Some(NorthEvent::Refused(Tag::Alert(id))) => {
-                    outbox.in_flight.remove(&id);
+                    outbox.done(id);
                     warn!(event = "alert_refused", alert = id, "the upstream refused an alert; dropped");
                 }
                 Some(_) => {}
@@ -282,21 +344,28 @@ pub async fn run(
                     crate::metrics::alert_raised(alert.kind.as_str());
                     warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %alert.detail, total, "alert raised");
                     match serde_json::to_vec(&alert) {
-                        Ok(body) => outbox.push(Bytes::from(body)),
+                        Ok(body) => outbox.push(Bytes::from(body), alert.covers),
                         Err(e) => debug!(error = %e, "alert not serialized"),
                     }
                 }
             }
         }
         if let Some(e) = epoch {
-            while let Some((id, body)) = outbox.queued.pop_front() {
-                if !north.publish(topic.clone(), body.clone(), Tag::Alert(id), e) {
+            while let Some(q) = outbox.queued.pop_front() {
+                if !north.publish(topic.clone(), q.body.clone(), Tag::Alert(q.id), e) {
                     // The session's queue is full: next turn.
-                    outbox.queued.push_front((id, body));
+                    outbox.queued.push_front(q);
                     break;
                 }
-                outbox.in_flight.insert(id, body);
+                outbox.in_flight.insert(q.id, q);
             }
+        }
+        let alerted = outbox.dead_alerted();
+        if alerted > marked {
+            if store.dead_alerted(alerted).is_err() {
+                return;
+            }
+            marked = alerted;
         }
     }
 }
@@ -319,6 +388,54 @@ mod tests {
 
     fn kinds(alerts: &[Alert]) -> Vec<AlertKind> {
         alerts.iter().map(|a| a.kind).collect()
+    }
+
+    #[test]
+    fn dead_letters_count_as_alerted_up_to_the_first_alert_not_yet_settled() {
+        let mut scan = scan();
+        scan.after_dead = 4;
+        scan.dead = (5..=7)
+            .map(|id| crate::store::DeadSummary {
+                id,
+                direction: "up".into(),
+                device: Some("d".into()),
+                msg_id: Some(format!("m{id}")),
+                reason: "nacked: x".into(),
+            })
+            .collect();
+        scan.more_dead = 3;
+        scan.max_dead_id = 10;
+        let mut m = Monitor::new(cfg(), Instant::now());
+        let alerts = m.check(Instant::now(), 0, &scan);
+        let covers: Vec<_> = alerts.iter().filter_map(|a| a.covers).collect();
+        assert_eq!(covers, [(4, 5), (5, 6), (6, 7), (7, 10)]);
+
+        let mut outbox = Outbox {
+            raised_upto: 4,
+            ..Outbox::default()
+        };
+        for a in &alerts {
+            outbox.push(Bytes::from_static(b"{}"), a.covers);
+        }
+        assert_eq!(outbox.dead_alerted(), 4);
+        // Sent, then acknowledged out of order.
+        let ids: Vec<u64> = outbox.queued.iter().map(|q| q.id).collect();
+        while let Some(q) = outbox.queued.pop_front() {
+            outbox.in_flight.insert(q.id, q);
+        }
+        outbox.done(ids[1]);
+        assert_eq!(outbox.dead_alerted(), 4, "5 is not acknowledged yet");
+        outbox.done(ids[0]);
+        assert_eq!(outbox.dead_alerted(), 6);
+        // A drop at the link: what was in flight goes again, unsettled.
+        outbox.link_down();
+        assert_eq!(outbox.dead_alerted(), 6);
+        while let Some(q) = outbox.queued.pop_front() {
+            outbox.in_flight.insert(q.id, q);
+        }
+        outbox.done(ids[3]);
+        outbox.done(ids[2]);
+        assert_eq!(outbox.dead_alerted(), 10);
     }
 
     #[tokio::test(start_paused = true)]
@@ -410,12 +527,12 @@ mod tests {
     fn alerts_not_acknowledged_when_the_link_drops_go_again_first() {
         let mut o = Outbox::default();
         for b in ["a", "b", "c"] {
-            o.push(Bytes::from(b));
+            o.push(Bytes::from(b), None);
         }
-        let (id, body) = o.queued.pop_front().unwrap();
-        o.in_flight.insert(id, body);
+        let q = o.queued.pop_front().unwrap();
+        o.in_flight.insert(q.id, q);
         o.link_down();
-        let order: Vec<u64> = o.queued.iter().map(|(id, _)| *id).collect();
+        let order: Vec<u64> = o.queued.iter().map(|q| q.id).collect();
         assert_eq!(order, [1, 2, 3]);
         assert!(o.in_flight.is_empty());
     }

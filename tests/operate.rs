@@ -545,3 +545,60 @@ async fn wedged_session_turns_healthz_unhealthy(mode: Mode, which: &str, named: 
         ferry.log_tail()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_alert_not_acknowledged_before_a_crash_is_sent_after_the_restart_and_only_once(
+) {
+    let mut mosquitto = support::Mosquitto::start();
+    let gw = "gw-alerts-crash";
+    let mut ferry = Ferry::start(FerryOpts::new(gw, mosquitto.port));
+    let device = Device::connect(ferry.south_port, "press-4").await;
+    // North goes away; a malformed publish is dead-lettered meanwhile, its
+    // alert raised (checks every 5 s) and queued in memory.
+    mosquitto.stop();
+    device.publish_raw(&device.up_topic("t"), "{broken").await;
+    eventually(Duration::from_secs(20), "the alert raised", || {
+        ferry
+            .log()
+            .contains("event=\"alert_raised\" kind=\"dead_letter\"")
+    })
+    .await;
+    let dead: i64 = ferry.query_i64("SELECT max(id) FROM dead_letter", []);
+    // The crash loses the queue.
+    ferry.kill();
+    mosquitto.restart();
+    let mut watcher = BareClient::connect(
+        mosquitto.port,
+        "alerts-watcher",
+        vec![format!("ferry/{gw}/alerts")],
+    )
+    .await;
+    ferry.restart();
+    let named = format!("dead letter {dead} ");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let a = watcher
+            .next_json(left)
+            .await
+            .unwrap_or_else(|| panic!("no alert for dead letter {dead}\n{}", ferry.log_tail()));
+        if a["kind"] == "dead_letter" && a["detail"].as_str().unwrap_or("").contains(&named) {
+            break;
+        }
+    }
+    // Acknowledged now: the mark moved, and the next run does not raise it
+    // again.
+    eventually(Duration::from_secs(10), "the alert marked", || {
+        ferry.query_i64(
+            "SELECT value FROM alert_mark WHERE name = 'dead_letters_alerted'",
+            [],
+        ) >= dead
+    })
+    .await;
+    ferry.restart();
+    let again = watcher.next_json(Duration::from_secs(7)).await;
+    assert!(
+        again.as_ref().is_none_or(|a| a["kind"] != "dead_letter"),
+        "alerted twice: {again:?}"
+    );
+}

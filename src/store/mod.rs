@@ -141,6 +141,8 @@ enum Op {
     Ping(Reply<Backlog>),
     /// One batch of retention.
     Prune(prune::Cutoffs, Reply<prune::Pruned>),
+    /// Every dead letter up to this id had its alert acknowledged.
+    DeadAlerted(i64),
     /// What the alerts look at: dead letters after an id, backlog ages.
     AlertScan {
         after_dead: i64,
@@ -163,6 +165,11 @@ pub struct AlertScan {
     pub more_dead: u64,
     /// The newest dead letter's id (0 if none).
     pub max_dead_id: i64,
+    /// The id asked for: `dead` are past it.
+    pub after_dead: i64,
+    /// Every dead letter up to this id had its alert acknowledged by the
+    /// upstream, in this run or an earlier one (`alert_mark`).
+    pub dead_alerted: i64,
     /// Filled in from the budget, not by the writer.
     pub over_budget: bool,
     pub used_bytes: u64,
@@ -354,6 +361,15 @@ impl Store {
         cutoffs: prune::Cutoffs,
     ) -> impl Future<Output = Result<prune::Pruned, StoreError>> + Send + 'static {
         self.call(move |reply| Op::Prune(cutoffs, reply))
+    }
+
+    /// Records that every dead letter up to `id` had its alert
+    /// acknowledged upstream (never moves back); fire and forget: lost in a
+    /// crash, those alerts are only sent again.
+    pub fn dead_alerted(&self, id: i64) -> Result<(), StoreError> {
+        self.tx
+            .send(Op::DeadAlerted(id))
+            .map_err(|_| closed(&self.stopped))
     }
 
     /// Dead letters with an id past `after_dead` (at most `limit`), the

@@ -163,6 +163,41 @@ const MIGRATIONS: &[&str] = &[
         at_ms           INTEGER NOT NULL
     );
     "#,
+    // 10: dead-letter alerts that survive a restart.
+    r#"
+    -- Dead-letter ids are never reused (AUTOINCREMENT): the alerts find new
+    -- dead letters by id, and a replay or purge that deleted the newest
+    -- one would otherwise hand its id to the next, which no alert would
+    -- then name.
+    CREATE TABLE dead_letter_new (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms       INTEGER NOT NULL,
+        direction   TEXT NOT NULL,              -- up | down
+        device      TEXT,                       -- as written, even if invalid
+        msg_id      TEXT,
+        uplink_id   INTEGER,
+        reason      TEXT NOT NULL,              -- "code: detail"
+        attempts    INTEGER NOT NULL DEFAULT 0,
+        last_error  TEXT,
+        topic       TEXT,
+        raw         BLOB NOT NULL
+    );
+    INSERT INTO dead_letter_new (id, at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw)
+        SELECT id, at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw FROM dead_letter;
+    DROP TABLE dead_letter;
+    ALTER TABLE dead_letter_new RENAME TO dead_letter;
+    CREATE INDEX dead_letter_by_device ON dead_letter (device, msg_id);
+    CREATE INDEX dead_letter_by_time ON dead_letter (at_ms);
+    -- Every dead letter with an id up to `value` had its alert acknowledged
+    -- by the upstream; at start the alerts go on from there. Dead letters
+    -- from before this migration count as alerted.
+    CREATE TABLE alert_mark (
+        name    TEXT PRIMARY KEY,
+        value   INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO alert_mark (name, value)
+        SELECT 'dead_letters_alerted', coalesce(max(id), 0) FROM dead_letter;
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.

@@ -277,3 +277,25 @@ async fn closed_resolves_once_the_last_handle_is_gone_and_what_was_queued_is_com
         .unwrap();
     assert_eq!(n, 100);
 }
+
+#[tokio::test]
+async fn dead_letter_ids_are_never_reused_after_the_newest_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    let dl = || crate::dead_letter::DeadLetter {
+        direction: "up",
+        device: Some("a".into()),
+        msg_id: None,
+        topic: "devices/a/up/t".into(),
+        reason: "malformed: x".into(),
+        raw: bytes::Bytes::from_static(b"{"),
+        at_ms: 1,
+    };
+    let first = store.reject(dl()).await.unwrap();
+    // A replay or a purge deletes the newest dead letter.
+    let conn = rusqlite::Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
+    conn.execute("DELETE FROM dead_letter WHERE id = ?1", [first])
+        .unwrap();
+    let second = store.reject(dl()).await.unwrap();
+    assert!(second > first, "id {first} handed out again as {second}");
+}

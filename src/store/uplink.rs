@@ -394,7 +394,14 @@ pub fn alert_scan(tx: &Transaction<'_>, after_dead: i64, limit: usize) -> Result
         tx.prepare_cached("SELECT count(*) FROM dead_letter WHERE id > ?1")?
             .query_row([last_seen], |r| r.get(0))?
     };
+    let dead_alerted: i64 = tx
+        .prepare_cached("SELECT value FROM alert_mark WHERE name = 'dead_letters_alerted'")?
+        .query_row([], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
     Ok(super::AlertScan {
+        after_dead,
+        dead_alerted,
         oldest_uplink_ms: oldest.uplink_ms,
         oldest_downlink_ms: oldest.downlink_ms,
         backlog: super::figures::backlog(tx)?,
@@ -403,4 +410,14 @@ pub fn alert_scan(tx: &Transaction<'_>, after_dead: i64, limit: usize) -> Result
         max_dead_id,
         ..Default::default()
     })
+}
+
+/// Every dead letter up to `id` had its alert acknowledged (the mark never
+/// moves back).
+pub fn dead_alerted(tx: &Transaction<'_>, id: i64) -> Result<()> {
+    tx.prepare_cached(
+        "UPDATE alert_mark SET value = max(value, ?1) WHERE name = 'dead_letters_alerted'",
+    )?
+    .execute([id])?;
+    Ok(())
 }

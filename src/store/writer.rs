@@ -282,6 +282,12 @@ fn apply_one(
             Op::Transition(_, reply) => Some(reply),
             _ => None,
         }),
+        Op::DeadAlerted(id) => {
+            if let Err(e) = settle(uplink::dead_alerted(tx, *id))? {
+                debug!(error = %e, "alert mark not moved; those alerts go again after a restart");
+            }
+            Ok(Box::new(|_| {}))
+        }
         Op::Attempt(rec) => {
             if let Err(e) = settle(uplink::record_attempt(tx, rec))? {
                 warn!(event = "uplink_attempt_not_recorded", error = %e, "attempt not recorded");
@@ -486,7 +492,7 @@ fn fail(op: Op, e: &StoreError) {
         Op::Intake(_, r) => err(r, e),
         Op::Reject(_, r) => err(r, e),
         Op::Transition(_, r) => err(r, e),
-        Op::Attempt(_) => {}
+        Op::Attempt(_) | Op::DeadAlerted(_) => {}
         Op::Pending { reply, .. } => err(reply, e),
         Op::PendingDevices(r) => err(r, e),
         Op::Lookup { reply, .. } => err(reply, e),
