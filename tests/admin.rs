@@ -226,12 +226,7 @@ async fn the_json_api_serves_the_cli_views_and_answers_bad_requests_with_a_statu
         trace,
         crate::ops::cli_json(&ferry, &["trace", "press-7", &id])
     );
-    let events: Vec<&str> = trace
-        .as_array()
-        .expect("an array")
-        .iter()
-        .filter_map(|e| e["event"].as_str())
-        .collect();
+    let events = crate::ops::event_names(&trace);
     assert!(events.contains(&"stored"), "{trace}");
     assert!(events.iter().any(|e| e.starts_with("dead")), "{trace}");
     let status = ferry.admin_json("/api/status");

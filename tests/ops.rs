@@ -39,6 +39,16 @@ pub(crate) fn cli_json(ferry: &Ferry, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("ferry {args:?} printed {out:?}: {e}"))
 }
 
+/// The `event` of each line of a trace (`ferry trace --json`), in order.
+pub(crate) fn event_names(trace: &Value) -> Vec<&str> {
+    trace
+        .as_array()
+        .unwrap_or_else(|| panic!("a trace is an array: {trace}"))
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect()
+}
+
 /// Asks `probe` every 100 ms until it returns `Some`, for `timeout` at most.
 async fn wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
@@ -150,12 +160,7 @@ async fn a_nacked_uplink_is_listed_and_replay_delivers_it_with_the_same_identity
     assert_eq!(cli_json(&ferry, &["dlq", "list"]), json!([]));
 
     let trace = cli_json(&ferry, &["trace", "press-7", &id]);
-    let events: Vec<&str> = trace
-        .as_array()
-        .expect("an array")
-        .iter()
-        .filter_map(|e| e["event"].as_str())
-        .collect();
+    let events = event_names(&trace);
     assert_eq!(
         events,
         [
@@ -206,7 +211,7 @@ async fn trace_shows_every_retry_with_its_reason() {
     .await
     .expect("two failed attempts in the trace");
     let events = trace.as_array().expect("an array");
-    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    let names = event_names(&trace);
     assert_eq!(
         names,
         [
@@ -583,12 +588,7 @@ async fn a_downlink_its_device_nacked_is_replayed_under_a_new_seq_with_its_msg_i
 
     assert_eq!(cli_json(&ferry, &["dlq", "list"]), json!([]));
     let trace = cli_json(&ferry, &["trace", "panel-2", &id]);
-    let events: Vec<&str> = trace
-        .as_array()
-        .expect("an array")
-        .iter()
-        .filter_map(|e| e["event"].as_str())
-        .collect();
+    let events = event_names(&trace);
     assert_eq!(
         events,
         ["received", "stored", "dead", "replayed", "delivered"],
