@@ -18,9 +18,12 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::budget::{self, Budget, Change, DISK_BUDGET_REACHED};
-use super::{downlink, outbox, prune, uplink, DownOp, Op, Reply, StoreError};
+use super::{prune, uplink, DownOp, Op, Reply, StoreError};
 use crate::health::Heartbeat;
 use crate::uplink::record::EXPIRED_REASON;
+use down::apply_down;
+
+mod down;
 
 /// Pauses between attempts at a batch whose commit failed for a passing
 /// reason: 100 ms doubling to 5 s.
@@ -380,106 +383,6 @@ fn wedge() -> ! {
     );
     loop {
         std::thread::park();
-    }
-}
-
-fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
-    /// An answer that takes the reply out of the down op it was made for.
-    fn answer<T: Send + 'static>(
-        r: Result<T, StoreError>,
-        take: fn(DownOp) -> Option<Reply<T>>,
-    ) -> rusqlite::Result<Answer> {
-        let v = settle(r)?;
-        Ok(Box::new(move |op| {
-            if let Op::Down(down) = op {
-                if let Some(reply) = take(down) {
-                    let _ = reply.send(v);
-                }
-            }
-        }))
-    }
-    match op {
-        DownOp::Intake(msg, _) => answer(downlink::intake(tx, msg), |op| match op {
-            DownOp::Intake(_, reply) => Some(reply),
-            _ => None,
-        }),
-        DownOp::Batch {
-            device,
-            after,
-            limit,
-            now_ms,
-            ..
-        } => answer(
-            downlink::read_batch(tx, device, *after, *limit, *now_ms),
-            |op| match op {
-                DownOp::Batch { reply, .. } => Some(reply),
-                _ => None,
-            },
-        ),
-        DownOp::Advance {
-            device,
-            upto,
-            read,
-            now_ms,
-            ..
-        } => answer(
-            downlink::advance(tx, device, *upto, *read, *now_ms),
-            |op| match op {
-                DownOp::Advance { reply, .. } => Some(reply),
-                _ => None,
-            },
-        ),
-        DownOp::Nack {
-            device,
-            seq,
-            reason,
-            now_ms,
-            ..
-        } => answer(
-            downlink::nack(tx, device, *seq, reason, *now_ms),
-            |op| match op {
-                DownOp::Nack { reply, .. } => Some(reply),
-                _ => None,
-            },
-        ),
-        DownOp::Cursors { device, .. } => answer(downlink::cursors(tx, device), |op| match op {
-            DownOp::Cursors { reply, .. } => Some(reply),
-            _ => None,
-        }),
-        DownOp::Sweep { now_ms, .. } => {
-            answer(downlink::sweep_expired(tx, *now_ms), |op| match op {
-                DownOp::Sweep { reply, .. } => Some(reply),
-                _ => None,
-            })
-        }
-        DownOp::Reject { dl, receipt, .. } => {
-            answer(outbox::reject(tx, dl, receipt), |op| match op {
-                DownOp::Reject { reply, .. } => Some(reply),
-                _ => None,
-            })
-        }
-        DownOp::Refuse { receipt, .. } => answer(outbox::put(tx, receipt), |op| match op {
-            DownOp::Refuse { reply, .. } => Some(reply),
-            _ => None,
-        }),
-        DownOp::OutboxPage { from, limit, .. } => {
-            answer(outbox::page(tx, *from, *limit), |op| match op {
-                DownOp::OutboxPage { reply, .. } => Some(reply),
-                _ => None,
-            })
-        }
-        DownOp::ReceiptsSent(ids) => {
-            if let Err(e) = settle(outbox::delete(tx, ids))? {
-                warn!(event = "receipts_not_deleted", error = %e, "acknowledged receipts not deleted; they will be sent again");
-            }
-            Ok(Box::new(|_| {}))
-        }
-        DownOp::ReceiptDead { id, dl, .. } => {
-            answer(outbox::dead_letter(tx, *id, dl), |op| match op {
-                DownOp::ReceiptDead { reply, .. } => Some(reply),
-                _ => None,
-            })
-        }
     }
 }
 
