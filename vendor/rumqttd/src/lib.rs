@@ -33,6 +33,7 @@ pub use self::router::shared_subs::Strategy;
 
 mod link;
 pub mod protocol;
+pub mod refusals;
 mod router;
 mod segments;
 mod server;
@@ -69,6 +70,15 @@ pub mod counters {
     pub static TLS_HANDSHAKES_FAILED: AtomicU64 = AtomicU64::new(0);
     /// CONNECTs refused because the client id is not the certificate's CN.
     pub static CERTIFICATE_ID_REFUSED: AtomicU64 = AtomicU64::new(0);
+    /// CONNECTs refused because their will is on a topic the client may
+    /// not publish on.
+    pub static WILLS_REFUSED: AtomicU64 = AtomicU64::new(0);
+    /// CONNECTs refused because the client id is longer than
+    /// `max_client_id_len`, or the whole CONNECT over the size limit.
+    pub static CLIENT_IDS_REFUSED: AtomicU64 = AtomicU64::new(0);
+    /// CONNECTs refused because the broker had no room
+    /// (`max_connections`).
+    pub static CONNECTIONS_FULL: AtomicU64 = AtomicU64::new(0);
 }
 
 /// ferry: what a connect hook is told about a CONNECT (see
@@ -235,6 +245,11 @@ pub struct ConnectionSettings {
     /// can choose the code.
     #[serde(skip)]
     pub connect_hook: Option<ConnectHook>,
+    /// ferry: longest client id accepted, in bytes; a longer one gets
+    /// CONNACK 2 (identifier rejected), as does a CONNECT over
+    /// `max_payload_size` whose client id is longer. 0 = no limit.
+    #[serde(default)]
+    pub max_client_id_len: usize,
 }
 
 /// ferry: where a publish outside its client's own topics goes instead
@@ -309,6 +324,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("max_keep_alive", &self.max_keep_alive)
             .field("oversize_head", &self.oversize_head)
             .field("connect_hook", &self.connect_hook.is_some())
+            .field("max_client_id_len", &self.max_client_id_len)
             .finish()
     }
 }

@@ -61,6 +61,8 @@ pub struct LinkBuilder<'a> {
     topic_alias_max: u16,
     // ferry: false by default (local links are never held back)
     holdable: bool,
+    // ferry: 0 by default (a will is published as soon as its connection ends)
+    will_delay: u32,
 }
 
 impl<'a> LinkBuilder<'a> {
@@ -75,7 +77,15 @@ impl<'a> LinkBuilder<'a> {
             dynamic_filters: false,
             topic_alias_max: 0,
             holdable: false,
+            will_delay: 0,
         }
+    }
+
+    /// ferry: seconds from the connection's end to its will's publication
+    /// (MQTT 5's will delay, at most the session expiry).
+    pub fn will_delay(mut self, secs: u32) -> Self {
+        self.will_delay = secs;
+        self
     }
 
     /// ferry: this connection's publishes may be held back (remote clients).
@@ -131,6 +141,8 @@ impl<'a> LinkBuilder<'a> {
             .last_will(self.last_will, self.last_will_properties)
             .topic_alias_max(self.topic_alias_max);
         connection.holdable = self.holdable;
+        connection.will_delay = self.will_delay;
+        let incarnation = connection.incarnation;
         let incoming = Incoming::new(connection.client_id.to_owned());
         let (outgoing, link_rx) = Outgoing::new(connection.client_id.to_owned());
         let outgoing_data_buffer = outgoing.buffer();
@@ -160,7 +172,8 @@ impl<'a> LinkBuilder<'a> {
             _message => return Err(LinkError::NotConnectionAck),
         };
 
-        let tx = LinkTx::new(id, self.router_tx.clone(), incoming_data_buffer);
+        let mut tx = LinkTx::new(id, self.router_tx.clone(), incoming_data_buffer);
+        tx.incarnation = incarnation;
         let rx = LinkRx::new(id, self.router_tx, link_rx, outgoing_data_buffer);
         Ok((tx, rx, notification))
     }
@@ -168,6 +181,8 @@ impl<'a> LinkBuilder<'a> {
 
 pub struct LinkTx {
     pub(crate) connection_id: ConnectionId,
+    /// ferry: the connection this link is, among all that held its slot.
+    pub(crate) incarnation: crate::router::Incarnation,
     router_tx: Sender<(ConnectionId, Event)>,
     recv_buffer: Arc<Mutex<VecDeque<Packet>>>,
 }
@@ -180,6 +195,7 @@ impl LinkTx {
     ) -> LinkTx {
         LinkTx {
             connection_id,
+            incarnation: 0,
             router_tx,
             recv_buffer,
         }

@@ -26,6 +26,10 @@ pub enum Error {
     Protocol(#[from] protocol::Error),
     #[error["Keep alive timeout"]]
     KeepAlive(#[from] Elapsed),
+    /// ferry: a CONNECT over the size limit, read off the wire and
+    /// discarded; its client id was this long.
+    #[error("CONNECT of {size} bytes over the limit (client id of {client_id_len} bytes)")]
+    ConnectTooLarge { size: usize, client_id_len: usize },
 }
 
 /// Network transforms packets <-> frames efficiently. It takes
@@ -51,6 +55,8 @@ pub struct Network<P> {
     oversize_head: usize,
     /// ferry: bytes of a skipped oversized packet still to discard.
     skip: usize,
+    /// ferry: the oversized CONNECT being skipped, reported once it is.
+    skipped_connect: Option<Error>,
 }
 
 impl<P: Protocol> Network<P> {
@@ -75,6 +81,7 @@ impl<P: Protocol> Network<P> {
             protocol,
             oversize_head: 0,
             skip: 0,
+            skipped_connect: None,
         }
     }
 
@@ -181,10 +188,57 @@ impl<P: Protocol> Network<P> {
         }
     }
 
+    /// ferry: a CONNECT over the size limit (its fixed header is
+    /// buffered): skipped on the wire, so that the client, which is still
+    /// writing it, can read the refusal instead of a reset; `Ok(n)` while
+    /// `n` more bytes are needed to read its client id's length.
+    fn oversized_connect(&mut self) -> Result<usize, Error> {
+        let mut remaining = 0usize;
+        let mut fixed = 1;
+        loop {
+            let Some(&b) = self.read.get(fixed) else {
+                return Ok(1);
+            };
+            remaining |= ((b & 0x7f) as usize) << (7 * (fixed - 1));
+            fixed += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+            if fixed > 4 {
+                return Err(Error::Protocol(protocol::Error::MalformedRemainingLength));
+            }
+        }
+        // Protocol name (length-prefixed), level, flags, keep-alive, then
+        // the client id's length.
+        let at = |i: usize| self.read.get(fixed + i).copied();
+        let (Some(n0), Some(n1)) = (at(0), at(1)) else {
+            return Ok(fixed + 2 - self.read.len());
+        };
+        let id_at = 2 + u16::from_be_bytes([n0, n1]) as usize + 4;
+        if id_at + 2 > remaining {
+            return Err(Error::Protocol(protocol::Error::MalformedPacket));
+        }
+        let (Some(c0), Some(c1)) = (at(id_at), at(id_at + 1)) else {
+            return Ok(fixed + id_at + 2 - self.read.len());
+        };
+        self.skip = fixed + remaining;
+        self.skipped_connect = Some(Error::ConnectTooLarge {
+            size: remaining,
+            client_id_len: u16::from_be_bytes([c0, c1]) as usize,
+        });
+        self.discard();
+        Ok(0)
+    }
+
     /// Waits on network for 1 packet
     pub async fn read(&mut self) -> Result<Packet, Error> {
         loop {
             self.discard();
+            if self.skip == 0 {
+                if let Some(refused) = self.skipped_connect.take() {
+                    return Err(refused);
+                }
+            }
             let required = if self.skip > 0 {
                 1
             } else {
@@ -195,6 +249,14 @@ impl<P: Protocol> Network<P> {
                 ) {
                     Ok(packet) => return Ok(packet),
                     Err(protocol::Error::InsufficientBytes(required)) => required,
+                    Err(protocol::Error::PayloadSizeLimitExceeded(_))
+                        if self.read.first().is_some_and(|b| b >> 4 == 1) =>
+                    {
+                        match self.oversized_connect()? {
+                            0 => continue,
+                            required => required,
+                        }
+                    }
                     Err(protocol::Error::PayloadSizeLimitExceeded(_)) if self.oversize_head > 0 => {
                         match self.oversized()? {
                             Ok(packet) => return Ok(packet),

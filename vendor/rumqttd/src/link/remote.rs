@@ -10,12 +10,13 @@ use flume::{RecvError, SendError, Sender, TrySendError};
 use std::cmp::min;
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use subtle::ConstantTimeEq;
 use tokio::time::error::Elapsed;
 use tokio::{select, time};
-use tracing::{debug, trace, Span};
+use tracing::{debug, trace, warn, Span};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -46,6 +47,10 @@ pub enum Error {
     /// ferry: the connect hook refused the CONNECT (and said why).
     #[error("CONNECT refused")]
     Refused,
+    /// ferry: a second CONNECT on an established connection, a protocol
+    /// violation (MQTT 3.1.1 §3.1.0-2): the connection is closed.
+    #[error("second CONNECT on one connection")]
+    SecondConnect,
     #[error("Channel try send error")]
     TrySend(#[from] TrySendError<(ConnectionId, Event)>),
     #[error("Link error = {0}")]
@@ -106,6 +111,7 @@ impl<P: Protocol> RemoteLink<P> {
             .dynamic_filters(dynamic_filters)
             .topic_alias_max(topic_alias_max.unwrap_or(0))
             .holdable(true)
+            .will_delay(will_delay_interval)
             .build();
         let (link_tx, link_rx, notification) = match built {
             Ok(link) => link,
@@ -152,6 +158,11 @@ impl<P: Protocol> RemoteLink<P> {
         &self.connect.client_id
     }
 
+    /// ferry: which connection this is, among all that held its slot.
+    pub(crate) fn incarnation(&self) -> crate::router::Incarnation {
+        self.link_tx.incarnation
+    }
+
     /// ferry: sends a publish outside the client's own topics to the
     /// quarantine topic instead, naming the publisher and its topic.
     fn quarantine(&self, packets: &mut VecDeque<Packet>, from: usize) {
@@ -166,7 +177,11 @@ impl<P: Protocol> RemoteLink<P> {
             if crate::own_publish_topic(prefix, client_id, &topic) {
                 continue;
             }
-            debug!(client_id, topic, "publish outside the client's own topics quarantined");
+            debug!(
+                client_id = %crate::refusals::Clip(client_id),
+                topic = %crate::refusals::Clip(&topic),
+                "publish outside the client's own topics quarantined"
+            );
             let props = props.get_or_insert_with(Default::default);
             props
                 .user_properties
@@ -187,17 +202,29 @@ impl<P: Protocol> RemoteLink<P> {
             select! {
                 o = self.network.read() => {
                     let packet = o?;
-                    let len = {
+                    let (len, second_connect) = {
                         let mut buffer = self.link_tx.buffer();
                         let from = buffer.len();
                         buffer.push_back(packet);
                         self.network.readv(&mut buffer)?;
                         self.quarantine(&mut buffer, from);
-                        buffer.len()
+                        // ferry: what came before a second CONNECT is
+                        // handled; the CONNECT and what follows it are not.
+                        let second = buffer
+                            .iter()
+                            .skip(from)
+                            .position(|p| matches!(p, Packet::Connect(..)));
+                        if let Some(at) = second {
+                            buffer.truncate(from + at);
+                        }
+                        (buffer.len(), second.is_some())
                     };
 
                     trace!("Packets read from network, count = {}", len);
                     self.link_tx.notify().await?;
+                    if second_connect {
+                        return Err(Error::SecondConnect);
+                    }
                 }
                 // Receive from router when previous when state isn't in collision
                 // due to previously received data request
@@ -242,14 +269,68 @@ where
         let packet = network.read().await?;
         Ok::<_, network::Error>(packet)
     })
-    .await??;
+    .await?;
+    // ferry: a CONNECT too large to read is answered, not reset: CONNACK 2
+    // when its client id is over the limit, 5 when the rest of it is.
+    let packet = match packet {
+        Err(network::Error::ConnectTooLarge {
+            size,
+            client_id_len,
+        }) => {
+            let id_too_long = config.max_client_id_len > 0 && client_id_len > config.max_client_id_len;
+            let code = if id_too_long {
+                ConnectReturnCode::ClientIdentifierNotValid
+            } else {
+                ConnectReturnCode::NotAuthorized
+            };
+            crate::counters::CLIENT_IDS_REFUSED.fetch_add(1, Ordering::Relaxed);
+            if crate::refusals::admit(peer.ip()) {
+                warn!(
+                    event = "connect_too_large",
+                    %peer,
+                    size,
+                    client_id_len,
+                    limit = config.max_payload_size,
+                    "CONNECT refused: over the packet size limit"
+                );
+            }
+            let ack = ConnAck {
+                session_present: false,
+                code,
+            };
+            network.write(Packet::ConnAck(ack, None)).await?;
+            return Err(Error::Refused);
+        }
+        other => other?,
+    };
 
     let (connect, _props, login) = match packet {
         Packet::Connect(ref connect, ref props, _, _, ref login) => (connect, props, login),
         packet => return Err(Error::NotConnectPacket(packet)),
     };
 
-    Span::current().record("client_id", &connect.client_id);
+    Span::current().record("client_id", crate::refusals::Clip(&connect.client_id).to_string());
+
+    // ferry: a client id over the limit is refused before anything else
+    // looks at it (CONNACK 2, identifier rejected).
+    if config.max_client_id_len > 0 && connect.client_id.len() > config.max_client_id_len {
+        crate::counters::CLIENT_IDS_REFUSED.fetch_add(1, Ordering::Relaxed);
+        if crate::refusals::admit(peer.ip()) {
+            warn!(
+                event = "client_id_too_long",
+                %peer,
+                client_id = %crate::refusals::Clip(&connect.client_id),
+                limit = config.max_client_id_len,
+                "CONNECT refused: client id too long"
+            );
+        }
+        let ack = ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::ClientIdentifierNotValid,
+        };
+        network.write(Packet::ConnAck(ack, None)).await?;
+        return Err(Error::Refused);
+    }
 
     handle_auth(config.clone(), login.as_ref(), &connect.client_id).await?;
 
@@ -373,6 +454,8 @@ mod tests {
             dynamic_filters: false,
             max_keep_alive: 0,
             oversize_head: 0,
+            isolation: None,
+            max_client_id_len: 0,
         }
     }
 

@@ -4,8 +4,18 @@ use crate::protocol::LastWillProperties;
 use crate::Filter;
 use crate::{protocol::LastWill, Topic};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ConnectionEvents;
+
+/// ferry: which connection an event is about, never reused. A slot id
+/// ([`crate::ConnectionId`]) is taken again by the next connection once
+/// its holder is gone, so an event from a connection that already left
+/// (its late "gone" notice, its delayed will) must name its incarnation,
+/// or it would hit whoever holds the slot now.
+pub type Incarnation = u64;
+
+static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
 
 /// Used to register a new connection with the router
 /// Connection messages encompasses a handle for router to
@@ -37,6 +47,11 @@ pub struct Connection {
     pub(crate) subscription_qos: HashMap<Filter, u8>,
     /// ferry: a remote client whose publishes may be held back.
     pub(crate) holdable: bool,
+    /// ferry: this connection, as no other connection ever is.
+    pub(crate) incarnation: Incarnation,
+    /// ferry: seconds between the connection's end and its will (MQTT 5's
+    /// will delay, at most its session expiry); 0 publishes it at once.
+    pub(crate) will_delay: u32,
 }
 
 impl Connection {
@@ -72,6 +87,8 @@ impl Connection {
             subscription_ids: HashMap::new(),
             subscription_qos: HashMap::new(),
             holdable: false,
+            incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
+            will_delay: 0,
         }
     }
 

@@ -26,7 +26,7 @@ pub(crate) mod shared_subs;
 mod waiters;
 
 pub use alertlog::Alert;
-pub use connection::Connection;
+pub use connection::{Connection, Incarnation};
 pub use routing::Router;
 pub use waiters::Waiters;
 
@@ -53,8 +53,9 @@ pub enum Event {
     Ready,
     /// Data for native commitlog
     DeviceData,
-    /// Disconnection request
-    Disconnect,
+    /// ferry: the connection with this incarnation is gone (its network
+    /// closed or failed). Ignored when the slot holds a newer connection.
+    Disconnect(Incarnation),
     /// Shadow
     Shadow(ShadowRequest),
     /// Collect and send alerts to all alerts links
@@ -63,8 +64,12 @@ pub enum Event {
     SendMeters,
     /// Get metrics of a connection or all connections
     PrintStatus(Print),
-    /// Publish Will message
-    PublishWill((String, Option<String>)),
+    /// ferry: publish the delayed will of this client's connection with
+    /// this incarnation, if it is still waiting (see `Router::handle_last_will`).
+    PublishWill {
+        client_id: String,
+        incarnation: Incarnation,
+    },
     /// ferry: publishes for named clients, delivered to their connections
     /// directly, never through a commit log (see `LinkTx::deliver`).
     Direct(Vec<DirectPublish>),

@@ -24,8 +24,10 @@ use super::iobufs::{Incoming, Outgoing};
 use super::logs::{AckLog, DataLog};
 use super::scheduler::{ScheduleReason, Scheduler};
 use super::shared_subs::SharedGroup;
+mod wills;
+
 use super::{
-    packetid, ClientEvent, Connection, DataRequest, DirectPublish, Event, FilterIdx, Meter, Notification, Print,
+    packetid, ClientEvent, Connection, Incarnation, DataRequest, DirectPublish, Event, FilterIdx, Meter, Notification, Print,
     RouterMeter, ShadowRequest, MAX_CHANNEL_CAPACITY, MAX_SCHEDULE_ITERATIONS,
 };
 
@@ -100,8 +102,9 @@ pub struct Router {
     cache: Option<VecDeque<Packet>>,
     /// Shared subscriptions map <group-name, group>
     shared_subscriptions: HashMap<String, SharedGroup>,
-    /// Will messages per client_id
-    last_wills: HashMap<String, (LastWill, Option<LastWillProperties>)>,
+    /// ferry: wills of connections that are gone, waiting for their
+    /// delay, by client id (see `wills.rs`).
+    last_wills: HashMap<String, wills::DelayedWill>,
     /// ferry: every remote client's publishes are held back.
     hold_remote: bool,
     /// ferry: direct publishes for clients not connected or not subscribed.
@@ -275,7 +278,18 @@ impl Router {
             Event::NewMeter(tx) => self.handle_new_meter(tx),
             Event::NewAlert(tx) => self.handle_new_alert(tx),
             Event::DeviceData => self.handle_device_payload(id),
-            Event::Disconnect => self.handle_disconnection(id, None),
+            // ferry: only if the slot still holds that connection.
+            Event::Disconnect(incarnation) => {
+                if self
+                    .connections
+                    .get(id)
+                    .is_some_and(|c| c.incarnation == incarnation)
+                {
+                    self.handle_disconnection(id, None)
+                } else {
+                    debug!(id, incarnation, "connection already gone");
+                }
+            }
             Event::Ready => self.scheduler.reschedule(id, ScheduleReason::Ready),
             Event::Shadow(request) => {
                 retrieve_shadow(&mut self.datalog, &mut self.obufs[id], request)
@@ -287,11 +301,10 @@ impl Router {
                 self.send_meters();
             }
             Event::PrintStatus(metrics) => print_status(self, metrics),
-            Event::PublishWill((client_id, _tenant_id)) => self.handle_last_will(
+            Event::PublishWill {
                 client_id,
-                #[cfg(feature = "validate-tenant-prefix")]
-                _tenant_id,
-            ),
+                incarnation,
+            } => self.handle_last_will(client_id, incarnation),
             Event::Direct(publishes) => self.handle_direct(publishes),
             Event::HoldRemote(hold) => self.hold_all(hold),
         }
@@ -307,8 +320,19 @@ impl Router {
         mut outgoing: Outgoing,
     ) {
         let client_id = outgoing.client_id.clone();
+        // ferry: refused with CONNACK 2 (identifier rejected), which the
+        // connection's task logs, not a silently closed socket.
         if let Err(err) = validate_clientid(&client_id) {
-            warn!("Invalid client_id: {}", err);
+            debug!("Invalid client_id: {}", err);
+            let ack = ConnAck {
+                session_present: false,
+                code: ConnectReturnCode::ClientIdentifierNotValid,
+            };
+            outgoing
+                .data_buffer
+                .lock()
+                .push_back(Notification::DeviceAck(super::Ack::ConnAck(usize::MAX, ack, None)));
+            outgoing.handle.try_send(()).ok();
             return;
         };
 
@@ -334,7 +358,8 @@ impl Router {
         if self.connections.len() >= self.config.max_connections {
             // ferry: refuse with a CONNACK the client can read (3, server
             // unavailable), not a silently closed socket.
-            warn!(
+            // ferry: logged, with the peer, by the connection's task.
+            debug!(
                 max_connections = self.config.max_connections,
                 "no space for new connection; CONNECT refused"
             );
@@ -402,12 +427,9 @@ impl Router {
             connection.events.events.pop_front();
         }
 
-        if let Some(will) = connection.last_will.take() {
-            self.last_wills.insert(
-                client_id.clone(),
-                (will, connection.last_will_properties.take()),
-            );
-        }
+        // ferry: the will stays with its connection (see `wills.rs`); an
+        // earlier connection's delayed will is settled now.
+        self.resolve_delayed_will(&client_id, clean_session);
 
         let connection_id = self.connections.insert(connection);
         assert_eq!(self.ibufs.insert(incoming), connection_id);
@@ -515,6 +537,9 @@ impl Router {
 
         // Remove connection from router
         let mut connection = self.connections.remove(id);
+        // ferry: a connection that left without DISCONNECT leaves its will,
+        // published once the connection is cleaned up.
+        let will = wills::GoneWill::take(&mut connection);
         let _incoming = self.ibufs.remove(id);
         let outgoing = self.obufs.remove(id);
         let mut tracker = self.scheduler.remove(id);
@@ -603,6 +628,9 @@ impl Router {
             self.graveyard.save_metrics(id, connection.events);
         }
         self.router_meters.total_connections -= 1;
+        if let Some(will) = will {
+            self.will_of_gone(will);
+        }
     }
 
     /// Handles new incoming data on a topic
@@ -1130,8 +1158,11 @@ impl Router {
                     let span = tracing::info_span!("disconnect");
                     let _guard = span.enter();
                     disconnect = true;
-                    // delete the last will message
-                    self.last_wills.remove(&client_id);
+                    // ferry: delete this connection's will (and no other).
+                    if let Some(connection) = self.connections.get_mut(id) {
+                        connection.last_will = None;
+                        connection.last_will_properties = None;
+                    }
                     break;
                 }
                 incoming => {
@@ -1379,63 +1410,6 @@ impl Router {
                 self.datalog.remove_filter(&data_filter);
             }
         }
-    }
-
-    pub fn handle_last_will(
-        &mut self,
-        client_id: String,
-        #[cfg(feature = "validate-tenant-prefix")] tenant_id: Option<String>,
-    ) {
-        #[cfg(feature = "validate-tenant-prefix")]
-        let tenant_prefix = tenant_id.map(|id| format!("/tenants/{id}/"));
-
-        let Some((will, will_props)) = self.last_wills.remove(&client_id) else {
-            return;
-        };
-
-        let publish = Publish {
-            dup: false,
-            qos: will.qos,
-            retain: will.retain,
-            topic: will.topic,
-            pkid: 0,
-            payload: will.message,
-        };
-
-        let properties = will_props.map(|props| PublishProperties {
-            payload_format_indicator: props.payload_format_indicator,
-            message_expiry_interval: props.message_expiry_interval,
-            response_topic: props.response_topic,
-            correlation_data: props.correlation_data,
-            user_properties: props.user_properties,
-            content_type: props.content_type,
-            ..Default::default()
-        });
-
-        match append_will_message(
-            publish,
-            properties,
-            &mut self.datalog,
-            &mut self.notifications,
-            #[cfg(feature = "validate-tenant-prefix")]
-            tenant_prefix,
-        ) {
-            Ok(_offset) => {
-                // Prepare all the consumers which are waiting for new data
-                while let Some((id, request)) = self.notifications.pop_front() {
-                    self.scheduler.track(id, request);
-                    self.scheduler.reschedule(id, ScheduleReason::FreshData);
-                }
-            }
-            Err(e) => {
-                // Disconnect on bad publishes
-                warn!(
-                    reason = ?e, "Failed to append to commitlog"
-                );
-                self.router_meters.failed_publishes += 1;
-                // Removed disconnect = true from here because we disconnect anyways
-            }
-        };
     }
 
     fn send_meters(&mut self) {
@@ -2045,7 +2019,6 @@ fn validate_subscription(
 }
 
 fn validate_clientid(client_id: &str) -> Result<(), RouterError> {
-    trace!("Validating Client ID = {}", client_id,);
     // Ensure that only client devices of the tenant can
     if "+$#/".chars().any(|c| client_id.contains(c)) {
         return Err(RouterError::InvalidClientId(client_id.to_string()));

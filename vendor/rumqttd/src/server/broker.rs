@@ -10,6 +10,7 @@ use crate::protocol::{Packet, Protocol};
 #[cfg(any(feature = "use-rustls", feature = "use-native-tls"))]
 use crate::server::tls::{self, TLSAcceptor};
 use crate::protocol::{ConnAck, ConnectReturnCode};
+use crate::refusals::{self, Clip};
 use crate::{meters, ConnectionSettings, Meter};
 use flume::{RecvError, SendError, Sender};
 use std::collections::HashMap;
@@ -340,17 +341,10 @@ pub enum LinkType {
     Remote,
 }
 
-#[derive(PartialEq)]
-enum AwaitingWill {
-    Cancel,
-    Fire,
-}
-
 pub struct Server<P> {
     config: ServerSettings,
     router_tx: Sender<(ConnectionId, Event)>,
     protocol: P,
-    awaiting_will_handler: Arc<Mutex<HashMap<String, Sender<AwaitingWill>>>>,
 }
 
 impl<P: Protocol + Clone + Send + 'static> Server<P> {
@@ -363,7 +357,6 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
             config,
             router_tx,
             protocol,
-            awaiting_will_handler: Arc::new(Mutex::new(HashMap::default())),
         }
     }
 
@@ -431,7 +424,6 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
                     config.clone(),
                     self.router_tx.clone(),
                     self.protocol.clone(),
-                    self.awaiting_will_handler.clone(),
                 )
                 .instrument(span),
             );
@@ -532,7 +524,6 @@ async fn connection<P: Protocol>(
     config: Arc<ConnectionSettings>,
     router_tx: Sender<(ConnectionId, Event)>,
     protocol: P,
-    will_handlers: Arc<Mutex<HashMap<String, Sender<AwaitingWill>>>>,
 ) {
     let peer = accepted.peer;
     let shaken = time::timeout_at(accepted.connect_by, handshake(&acceptor, stream, peer));
@@ -577,7 +568,6 @@ async fn connection<P: Protocol>(
         router_tx,
         network,
         protocol,
-        will_handlers,
         accepted,
     )
     .await
@@ -612,7 +602,6 @@ async fn remote<P: Protocol>(
     router_tx: Sender<(ConnectionId, Event)>,
     stream: Box<dyn N>,
     protocol: P,
-    will_handlers: Arc<Mutex<HashMap<String, Sender<AwaitingWill>>>>,
     // ferry: the peer, the CONNECT's deadline, the certificate's identity.
     accepted: Accepted,
 ) {
@@ -650,9 +639,18 @@ async fn remote<P: Protocol>(
             debug!("CONNECT refused");
             return;
         }
+        // ferry: said in a bounded line (the error's text, never the packet
+        // it carries), and only so often per peer.
         Err(e) => {
             crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
-            warn!(error=?e, "Error while handling MQTT connect packet");
+            if refusals::admit(accepted.peer.ip()) {
+                warn!(
+                    event = "connect_malformed",
+                    peer = %accepted.peer,
+                    error = %Clip(&e.to_string()),
+                    "Error while handling MQTT connect packet"
+                );
+            }
             return;
         }
     };
@@ -675,13 +673,46 @@ async fn remote<P: Protocol>(
     // ferry: a client certificate names the one client id it may use.
     if let Err(why) = cert_allows(&accepted.identity, &client_id) {
         crate::counters::CERTIFICATE_ID_REFUSED.fetch_add(1, Ordering::Relaxed);
-        warn!(peer = %accepted.peer, client_id, why, "CONNECT refused: not the client its certificate names");
+        if refusals::admit(accepted.peer.ip()) {
+            warn!(
+                event = "certificate_id_refused",
+                peer = %accepted.peer,
+                client_id = %Clip(&client_id),
+                why = %Clip(&why),
+                "CONNECT refused: not the client its certificate names"
+            );
+        }
         let ack = ConnAck {
             session_present: false,
             code: ConnectReturnCode::NotAuthorized,
         };
         let _ = network.write(Packet::ConnAck(ack, None)).await;
         return;
+    }
+
+    // ferry: a will obeys the rules of the client's publishes: under
+    // isolation, only on its own topics. Checked here, at CONNECT, because
+    // the router publishes a will with no client's packet to check.
+    if let (Some(prefix), Packet::Connect(_, _, Some(will), _, _)) = (&isolation, &connect_packet) {
+        let topic = String::from_utf8_lossy(&will.topic);
+        if !crate::own_publish_topic(prefix, &client_id, &topic) {
+            crate::counters::WILLS_REFUSED.fetch_add(1, Ordering::Relaxed);
+            if refusals::admit(accepted.peer.ip()) {
+                warn!(
+                    event = "will_refused",
+                    peer = %accepted.peer,
+                    client_id = %Clip(&client_id),
+                    topic = %Clip(&topic),
+                    "CONNECT refused: its will is on a topic the client may not publish on"
+                );
+            }
+            let ack = ConnAck {
+                session_present: false,
+                code: ConnectReturnCode::NotAuthorized,
+            };
+            let _ = network.write(Packet::ConnAck(ack, None)).await;
+            return;
+        }
     }
 
     let mut assigned_client_id = None;
@@ -698,23 +729,6 @@ async fn remote<P: Protocol>(
         client_id = format!("{tenant_id}.{client_id}");
     }
 
-    if let Some(sender) = will_handlers.lock().unwrap().remove(&client_id) {
-        let awaiting_will = if clean_session {
-            AwaitingWill::Fire
-        } else {
-            AwaitingWill::Cancel
-        };
-        // ferry: the old connection's will handler may be gone already;
-        // that is no reason to panic a connection task.
-        let _ = sender.try_send(awaiting_will);
-    }
-
-    let (will_tx, will_rx) = flume::bounded::<AwaitingWill>(1);
-    will_handlers
-        .lock()
-        .unwrap()
-        .insert(client_id.clone(), will_tx);
-
     // Start the link
     let mut link = match RemoteLink::new(
         router_tx.clone(),
@@ -727,10 +741,37 @@ async fn remote<P: Protocol>(
     .await
     {
         Ok(l) => l,
+        // ferry: the router refused it (no room, or a client id it cannot
+        // take); the client got the CONNACK saying so.
+        Err(remote::Error::Link(local::LinkError::Refused(ack))) => {
+            let full = ack.code == ConnectReturnCode::ServiceUnavailable;
+            let counter = if full {
+                &crate::counters::CONNECTIONS_FULL
+            } else {
+                &crate::counters::CLIENT_IDS_REFUSED
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if !refusals::admit(accepted.peer.ip()) {
+            } else if full {
+                warn!(
+                    event = "connections_full",
+                    peer = %accepted.peer,
+                    client_id = %Clip(&client_id),
+                    "no room for another connection (max_connections); CONNECT refused"
+                );
+            } else {
+                warn!(
+                    event = "client_id_refused",
+                    peer = %accepted.peer,
+                    client_id = %Clip(&client_id),
+                    code = ?ack.code,
+                    "CONNECT refused: the client id cannot be taken"
+                );
+            }
+            return;
+        }
         Err(e) => {
-            // ferry: a refused CONNECT (e.g. no room) is logged where it is
-            // refused; here it is only the end of this task.
-            info!(error=?e, "Remote link error");
+            info!(error = %e, "Remote link error");
             return;
         }
     };
@@ -761,41 +802,36 @@ async fn remote<P: Protocol>(
         // Any other error
         Err(e) => {
             crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
-            warn!(error=?e, "disconnected");
+            if refusals::admit(accepted.peer.ip()) {
+                warn!(
+                    event = "client_protocol_violation",
+                    peer = %accepted.peer,
+                    client_id = %Clip(&client_id),
+                    error = %Clip(&e.to_string()),
+                    "disconnected"
+                );
+            }
         }
     };
 
+    // ferry: the router ignores this if the connection's slot holds a
+    // newer connection by now (a reconnect under the same id took it over).
+    let incarnation = link.incarnation();
     if send_disconnect {
-        let disconnect = Event::Disconnect;
-        let message = (connection_id, disconnect);
-        router_tx.send(message).ok();
+        router_tx.send((connection_id, Event::Disconnect(incarnation))).ok();
     }
 
     // this is important to stop the connection
     drop(link);
 
-    let publish_will = match tokio::time::timeout(
-        Duration::from_secs(will_delay_interval as u64),
-        will_rx.recv_async(),
-    )
-    .await
-    {
-        Ok(w) => w.is_ok_and(|k| k == AwaitingWill::Fire),
-        Err(_) => {
-            // no need to keep the sender after timeout
-            will_handlers.lock().unwrap().remove(&client_id);
-            // as will delay interval has passed, publish the will message
-            true
-        }
-    };
-
-    if publish_will {
-        let message = Event::PublishWill((client_id, tenant_id));
-        // is this connection_id really correct at this point?
-        // as we have disconnected already, some other connection
-        // might be using this connection ID!
-        // It won't matter in this case as we don't use it
-        // but might affect logs?
+    // ferry: a will with a delay waits for it in the router (a will
+    // without one was published as the router saw the connection go).
+    if will_delay_interval > 0 {
+        time::sleep(Duration::from_secs(will_delay_interval.into())).await;
+        let message = Event::PublishWill {
+            client_id,
+            incarnation,
+        };
         router_tx.send((connection_id, message)).ok();
     }
 }
