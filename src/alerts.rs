@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::clip::Clip;
 use crate::north::{NorthEvent, NorthSender, Tag};
 use crate::protocol::now_ms;
 use crate::shutdown::Shutdown;
@@ -342,7 +343,7 @@ pub async fn run(
                 for alert in monitor.check(Instant::now(), now_ms(), &scan) {
                     let total = ALERTS_RAISED.fetch_add(1, Ordering::Relaxed) + 1;
                     crate::metrics::alert_raised(alert.kind.as_str());
-                    warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %alert.detail, total, "alert raised");
+                    warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %Clip(&alert.detail), total, "alert raised");
                     match serde_json::to_vec(&alert) {
                         Ok(body) => outbox.push(Bytes::from(body), alert.covers),
                         Err(e) => debug!(error = %e, "alert not serialized"),

@@ -7,7 +7,8 @@
 //!   docs/PROTOCOL.md — identifiers, the message state machine, resend
 //!   delays, and every wire type (both directions, Serialize and
 //!   Deserialize) with its topic builders. [`dead_letter`] is the
-//!   record of a message given up on; [`deadlines`] is every timer.
+//!   record of a message given up on; [`deadlines`] is every timer;
+//!   [`clip`] bounds every peer-chosen string a log line holds.
 //! - [`store`]: SQLite owned by one writer thread, group commit, migrations;
 //!   every call one future of `Result<T, StoreError>`. It persists the
 //!   pipelines' records (`uplink::record`, `downlink::record`) and never
@@ -66,6 +67,7 @@ pub mod admin;
 pub mod alerts;
 pub mod backoff;
 pub mod client;
+pub mod clip;
 pub mod config;
 pub mod dead_letter;
 pub mod deadlines;

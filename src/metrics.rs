@@ -432,10 +432,10 @@ pub fn render() -> String {
 struct Legacy;
 
 /// `(name, help, counter)`; names are under the `ferry_` prefix.
-fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 15] {
+fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 18] {
     use crate::{alerts, north, south, store, uplink};
     [
-        ("devices_refused", "CONNECTs refused by device authentication", &south::auth::REFUSED),
+        ("devices_refused", "CONNECTs refused by the connect hook: a client id that is no device id, or device authentication", &south::auth::REFUSED),
         ("oversized_from_devices", "Device publishes over south.max_payload_bytes", &uplink::intake::OVERSIZED_FROM_DEVICES),
         ("unauthorized_from_devices", "Device publishes outside the device's own topics", &uplink::intake::UNAUTHORIZED_FROM_DEVICES),
         ("nested_too_deep_from_devices", "Device messages nested deeper than 32 levels", &uplink::intake::NESTED_TOO_DEEP_FROM_DEVICES),
@@ -450,6 +450,9 @@ fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 15] {
         ("broker_protocol_violations", "Connections the embedded broker closed for a protocol violation", &rumqttd::counters::PROTOCOL_VIOLATIONS),
         ("broker_tls_handshakes_failed", "TLS handshakes that failed or timed out on the embedded listener", &rumqttd::counters::TLS_HANDSHAKES_FAILED),
         ("broker_certificate_id_refused", "CONNECTs whose client id was not the certificate's CN", &rumqttd::counters::CERTIFICATE_ID_REFUSED),
+        ("broker_wills_refused", "CONNECTs refused because their will was on a topic the device may not publish on", &rumqttd::counters::WILLS_REFUSED),
+        ("broker_client_ids_refused", "CONNECTs refused for a client id over 64 bytes (or one the broker cannot take), or a CONNECT too large to read", &rumqttd::counters::CLIENT_IDS_REFUSED),
+        ("broker_connections_full", "CONNECTs refused because south.max_connections devices were connected", &rumqttd::counters::CONNECTIONS_FULL),
     ]
 }
 

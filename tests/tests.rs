@@ -34,6 +34,7 @@ mod config;
 mod downlink;
 mod edges;
 mod external;
+mod hostile;
 mod isolation;
 mod lifecycle;
 mod limits;

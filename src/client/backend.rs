@@ -319,7 +319,7 @@ impl Task {
         match event {
             Ok(event) => self.events.send(event).is_ok(),
             Err(e) => {
-                warn!(event = "client_message_ignored", topic, error = %e, "not one of the protocol's messages; ignored");
+                warn!(event = "client_message_ignored", topic = %crate::clip::Clip(topic), error = %crate::clip::display(&e), "not one of the protocol's messages; ignored");
                 true
             }
         }

@@ -330,7 +330,7 @@ impl Task {
         let receipt = match serde_json::from_slice::<Receipt>(payload) {
             Ok(r) => r,
             Err(e) => {
-                warn!(event = "client_receipt_ignored", error = %e, "a receipt that is not one of the protocol's; ignored");
+                warn!(event = "client_receipt_ignored", error = %crate::clip::display(&e), "a receipt that is not one of the protocol's; ignored");
                 return true;
             }
         };

@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use super::record::{reason, CursorMove};
 use super::{DeviceControl, Done, Downlink};
+use crate::clip::{self, Clip};
 use crate::ids::DeviceId;
 use crate::protocol::control::{parse_control, Control};
 use crate::protocol::now_ms;
@@ -20,7 +21,7 @@ impl Downlink {
         let control = match parse_control(c.kind, &c.payload) {
             Ok(control) => control,
             Err(e) => {
-                warn!(event = "device_control_malformed", device = %c.device, error = %e, "ignoring a malformed control message");
+                warn!(event = "device_control_malformed", device = %c.device, error = %clip::display(&e), "ignoring a malformed control message");
                 return Ok(());
             }
         };
@@ -86,7 +87,7 @@ impl Downlink {
             .iter()
             .filter(|e| e.state == DeliveryState::Dead)
         {
-            warn!(event = "downlink_dead_lettered", device = %e.device, msg_id = %e.msg_id, seq = e.seq.0, reason = e.reason.as_deref().unwrap_or(""), "downlink delivery dead-lettered: its device nacked it");
+            warn!(event = "downlink_dead_lettered", device = %e.device, msg_id = %e.msg_id, seq = e.seq.0, reason = %Clip(e.reason.as_deref().unwrap_or("")), "downlink delivery dead-lettered: its device nacked it");
         }
         for ms in &moved.delivered_after_ms {
             crate::metrics::delivery_took(crate::metrics::Direction::Down, *ms);

@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 
 use super::record::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
 use super::{Done, Downlink};
+use crate::clip::Clip;
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Direction};
@@ -80,7 +81,7 @@ impl Downlink {
                         budget.limit()
                     )),
                 };
-                debug!(topic, msg_id = %env.msg_id, "downlink refused: disk budget reached");
+                debug!(topic = %Clip(topic), msg_id = %env.msg_id, "downlink refused: disk budget reached");
                 let refused = self.store.refuse_downlink(receipt);
                 self.pending.push(Box::pin(async move {
                     Done::Rejected {
@@ -138,7 +139,7 @@ impl Downlink {
                     raw: payload,
                     at_ms: stored_ms,
                 };
-                warn!(event = "downlink_rejected", device = dl.device.as_deref(), msg_id = dl.msg_id.as_deref(), topic, reason = %reason, "downlink rejected");
+                warn!(event = "downlink_rejected", device = %Clip(dl.device.as_deref().unwrap_or("")), msg_id = %Clip(dl.msg_id.as_deref().unwrap_or("")), topic = %Clip(topic), reason = %Clip(&reason), "downlink rejected");
                 let receipt = NorthReceipt {
                     msg_id: dl.msg_id.clone(),
                     device: dl.device.clone(),

@@ -224,7 +224,7 @@ impl Downlink {
                         self.receipts.link_down();
                     }
                     Some(NorthEvent::Downlink { topic, .. }) if flush_by.is_some() => {
-                        debug!(topic = %topic, "downlink left unacknowledged while shutting down; the upstream sends it again");
+                        debug!(topic = %crate::clip::Clip(&topic), "downlink left unacknowledged while shutting down; the upstream sends it again");
                     }
                     Some(NorthEvent::Downlink { topic, payload, token, oversize, received_ms }) => self.on_downlink(&topic, payload, token, oversize, received_ms).await?,
                     Some(NorthEvent::Published(Tag::Receipts(id))) => self.on_receipts_published(id)?,

@@ -13,6 +13,7 @@ use tracing::{error, warn};
 
 use super::record::{reason, OutboxReceipt};
 use super::{Done, Downlink, Timer};
+use crate::clip::Clip;
 use crate::dead_letter::DeadLetter;
 use crate::north::Tag;
 use crate::protocol::now_ms;
@@ -106,7 +107,7 @@ impl Downlink {
         let named: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
         let field = |k: &str| named.get(k).and_then(|v| v.as_str()).map(str::to_string);
         let (device, msg_id) = (field("device"), field("msg_id"));
-        error!(event = "receipt_dead_lettered", device = device.as_deref(), msg_id = msg_id.as_deref(), status = field("status").as_deref(), attempts = self.settings.max_attempts, reason = %reason, "receipt north dead-lettered");
+        error!(event = "receipt_dead_lettered", device = %Clip(device.as_deref().unwrap_or("")), msg_id = %Clip(msg_id.as_deref().unwrap_or("")), status = %Clip(field("status").as_deref().unwrap_or("")), attempts = self.settings.max_attempts, reason = %reason, "receipt north dead-lettered");
         let dl = DeadLetter {
             direction: "down",
             device,

@@ -27,6 +27,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::clip::Clip;
 use crate::config::NorthConfig;
 use crate::ids::{DeviceId, Seq};
 pub use crate::mqtt::AckToken;
@@ -212,7 +213,7 @@ impl Router {
     fn route(&self, m: Message) -> Option<NorthEvent> {
         if let Some(size) = m.oversize {
             let total = OVERSIZED_FROM_UPSTREAM.fetch_add(1, Ordering::Relaxed) + 1;
-            warn!(event = "north_message_oversized", topic = %truncate(&m.topic, 200), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
+            warn!(event = "north_message_oversized", topic = %Clip(&m.topic), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
         }
         if self.topics.is_north_down(&m.topic) {
             return Some(NorthEvent::Downlink {
@@ -227,16 +228,7 @@ impl Router {
         if m.topic == self.topics.north_ack() {
             return m.oversize.is_none().then_some(NorthEvent::Ack(m.payload));
         }
-        debug!(topic = %truncate(&m.topic, 200), "ignoring a north publish on an unknown topic");
+        debug!(topic = %Clip(&m.topic), "ignoring a north publish on an unknown topic");
         None
     }
-}
-
-/// At most `max` bytes of `s`, cut at a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }

@@ -5,7 +5,8 @@
 //!   the password matches that device's line. Anything else is refused
 //!   with a CONNACK (4, bad username or password; 5, not authorized, for a
 //!   client id that is not the username), logged with the client id and
-//!   the peer's address, and counted ([`REFUSED`]).
+//!   the peer's address, and counted ([`REFUSED`]) by the broker's connect
+//!   hook (`admission.rs`).
 //! - argon2 is slow on purpose (~20 ms of CPU and 19 MiB per check), so a
 //!   reconnect storm of thousands of devices, or a stranger guessing, must
 //!   not take the pipeline's CPU or the box's memory: verifications run on
@@ -24,9 +25,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -34,7 +34,6 @@ use argon2::password_hash::rand_core::{OsRng, RngCore};
 use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
 use argon2::Argon2;
 use rumqttd::protocol::ConnectReturnCode;
-use rumqttd::{ConnectHook, ConnectInfo};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
@@ -271,7 +270,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    fn code(self) -> ConnectReturnCode {
+    pub(super) fn code(self) -> ConnectReturnCode {
         match self {
             Refusal::NotItself => ConnectReturnCode::NotAuthorized,
             Refusal::Busy => ConnectReturnCode::ServiceUnavailable,
@@ -429,39 +428,6 @@ impl Authenticator {
         h.update(self.key);
         h.update(password.as_bytes());
         h.finalize().into()
-    }
-
-    /// The broker's connect hook: decides, logs and counts each refusal.
-    pub fn hook(self: &Arc<Self>) -> ConnectHook {
-        let auth = self.clone();
-        Arc::new(move |info: ConnectInfo| {
-            let auth = auth.clone();
-            Box::pin(async move {
-                let result = auth
-                    .check(
-                        &info.client_id,
-                        info.username.as_deref(),
-                        info.password.as_deref(),
-                    )
-                    .await;
-                if let Err(refusal) = result {
-                    REFUSED.fetch_add(1, Ordering::Relaxed);
-                    refused(&info.client_id, info.peer, refusal);
-                }
-                result.map_err(Refusal::code)
-            })
-        })
-    }
-}
-
-fn refused(client_id: &str, peer: SocketAddr, reason: Refusal) {
-    match reason {
-        // Load, not a credential: in a reconnect storm of thousands of
-        // devices this is most connects for a while, and each comes back.
-        Refusal::Busy => {
-            info!(event = "device_refused_busy", client_id, %peer, %reason, "device refused for now")
-        }
-        _ => warn!(event = "device_refused", client_id, %peer, %reason, "device refused"),
     }
 }
 

@@ -33,9 +33,9 @@
 //! - With TLS, the handshake runs in the connection's own task, and with
 //!   the CONNECT must finish within `south.connect_timeout_ms`: a client
 //!   that never finishes it delays no one (patch 40).
-//! - The link's client id is the empty string. rumqttd renames any device
-//!   that connects with an empty id (`rumqtt-{uuid}`), so no device can take
-//!   the link over.
+//! - The link's client id is the empty string, which is no device id: a
+//!   CONNECT with it is refused (CONNACK 2, `admission.rs`), so no device
+//!   can take the link over.
 //! - Sends go through one thread that owns the `LinkTx`, whose sends are
 //!   blocking channel sends that must never run on a tokio worker.
 
@@ -56,6 +56,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, error, info, warn};
 
+use super::admission;
 use super::auth::{self, Authenticator};
 use super::presence;
 use super::{
@@ -115,12 +116,12 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         source,
     })?;
 
-    let connect_hook = match &cfg.auth {
+    let authenticator = match &cfg.auth {
         SouthAuth::Password { file } => {
             let auth = Authenticator::load(file, cfg.connect_timeout)?;
             info!(event = "south_auth_password", file = %file.display(), "devices authenticate with passwords");
             auth::reload_on_hangup(Some(auth.clone()));
-            Some(auth.hook())
+            Some(auth)
         }
         SouthAuth::None => {
             if !cfg.listen.ip().is_loopback() {
@@ -135,6 +136,8 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             None
         }
     };
+    // A client id must be a device id; with passwords, the password match.
+    let connect_hook = Some(admission::hook(authenticator));
 
     let filters: HashMap<String, rumqttd::SegmentConfig> = link_filters(topics)
         .map(|filter| {
@@ -217,6 +220,9 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             // A device publishes on its own topics only; anything else
             // reaches the gateway quarantined, to be answered `rejected`.
             isolation: Some(topics.south_prefix().to_string()),
+            // A longer client id is no device id: CONNACK 2, also when the
+            // CONNECT is too large to read.
+            max_client_id_len: admission::MAX_CLIENT_ID,
         },
     };
     let mut server = Server::new(settings, router_tx, V4);

@@ -18,6 +18,7 @@
 //! while the pipeline is behind — the device (or the site broker) is held
 //! back instead.
 
+pub mod admission;
 pub mod auth;
 pub mod embedded;
 pub mod external;

@@ -10,8 +10,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::intake::Lines;
 use super::limits::Sender;
 use super::record::{IntakeOutcome, ToEngine};
+use crate::clip::Clip;
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Direction};
 use crate::protocol::envelope::Rejection;
@@ -64,8 +66,9 @@ pub(super) async fn finish(
     topics: &Topics,
     south: &SouthSender,
     engine: &mpsc::Sender<ToEngine>,
+    lines: &mut Lines,
 ) -> Result<bool, StoreError> {
-    let going = answer_device(answer, taken.at, topics, south, engine).await?;
+    let going = answer_device(answer, taken.at, topics, south, engine, lines).await?;
     south.ack(taken.ack);
     Ok(going)
 }
@@ -78,6 +81,7 @@ async fn answer_device(
     topics: &Topics,
     south: &SouthSender,
     engine: &mpsc::Sender<ToEngine>,
+    lines: &mut Lines,
 ) -> Result<bool, StoreError> {
     let (device, receipt, new) = match answer {
         Answer::Stored {
@@ -121,7 +125,9 @@ async fn answer_device(
             // "-": published on a topic that names no valid device.
             metrics::rejected(Direction::Up, rejection.code.as_str());
             let named = device.as_ref().map_or("-", DeviceId::as_str);
-            warn!(event = "uplink_rejected", device = named, msg_id = rejection.msg_id.as_ref().map(MsgId::as_str), reason = %rejection.reason(), dead_letter, "uplink rejected");
+            if lines.admit(&device, Instant::now()) {
+                warn!(event = "uplink_rejected", device = named, msg_id = rejection.msg_id.as_ref().map(MsgId::as_str), reason = %Clip(&rejection.reason()), dead_letter, "uplink rejected");
+            }
             let Some(device) = device else {
                 return Ok(true);
             };

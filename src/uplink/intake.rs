@@ -30,6 +30,7 @@ use super::answer::{finish, Answer, AnswerFuture, Taken};
 use super::limits::{Limits, Rate, Sender};
 use super::record::{Intake, ToEngine};
 use super::route::Route;
+use crate::clip::{self, Clip, LogBudget};
 use crate::config::RateLimit;
 use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
@@ -95,6 +96,8 @@ pub async fn run(
     let mut sizes: VecDeque<Taken> = VecDeque::new();
     let mut bytes = 0usize;
     let mut limits = Limits::new(cfg.rate, cfg.max_inflight_per_device);
+    // Lines about one device's bad publishes, at most so many a minute.
+    let mut lines = Lines::default();
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -108,7 +111,7 @@ pub async fn run(
                 if let Some(sender) = &taken.in_flight {
                     limits.answered(sender);
                 }
-                if !finish(answer, taken, &topics, &south, &engine).await? {
+                if !finish(answer, taken, &topics, &south, &engine, &mut lines).await? {
                     return Ok(());
                 }
             }
@@ -120,11 +123,12 @@ pub async fn run(
                 for (device, online) in limits.sweep(Instant::now()) {
                     forward(&cfg, device, ControlKind::Status, status_body(online)).await;
                 }
+                summarise_lines(&mut lines);
             }
             msg = inbound.recv(), if room => match msg {
                 Some(msg) => {
                     let (size, ack, at) = (msg.payload.len(), msg.ack, Instant::now());
-                    match accept(&cfg, &topics, &store, &mut limits, msg).await {
+                    match accept(&cfg, &topics, &store, &mut limits, &mut lines, msg).await {
                         Verdict::Answer { answer, in_flight } => {
                             unanswered.push_back(answer);
                             sizes.push_back(Taken { size, ack, in_flight, at });
@@ -140,9 +144,27 @@ pub async fn run(
     // Answer what was already sent to the store before stopping.
     while let Some(answer) = unanswered.next().await {
         let taken = sizes.pop_front().expect("one per unanswered message");
-        finish(answer, taken, &topics, &south, &engine).await?;
+        finish(answer, taken, &topics, &south, &engine, &mut lines).await?;
     }
     Ok(())
+}
+
+/// Log lines about device publishes, per sender (see [`LogBudget`]).
+pub(super) type Lines = LogBudget<Sender>;
+
+/// Says how many lines about each device were left out in the windows
+/// that are over.
+fn summarise_lines(lines: &mut Lines) {
+    for (sender, suppressed) in lines.sweep(Instant::now()) {
+        let device = sender.flatten();
+        warn!(
+            event = "device_lines_suppressed",
+            device = device.as_ref().map_or("-", DeviceId::as_str),
+            suppressed,
+            window_s = clip::WINDOW.as_secs(),
+            "more bad publishes from this device than are logged one by one; all are answered and counted"
+        );
+    }
 }
 
 /// What intake does with one device publish.
@@ -164,6 +186,7 @@ async fn accept(
     topics: &Topics,
     store: &Store,
     limits: &mut Limits,
+    lines: &mut Lines,
     msg: SouthMessage,
 ) -> Verdict {
     let route = Route::of(topics, &msg);
@@ -200,15 +223,21 @@ async fn accept(
     }
     if let Some(size) = msg.oversize {
         let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-        warn!(event = "device_publish_oversized", topic = %msg.topic, bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
+        if lines.admit(&sender, Instant::now()) {
+            warn!(event = "device_publish_oversized", topic = %Clip(&msg.topic), bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
+        }
     }
     if let Route::Control { device, kind } = route {
         if msg.oversize.is_some() {
-            warn!(event = "device_control_oversized", device = %device, topic = %msg.topic, "oversized control message ignored");
+            if lines.admit(&sender, Instant::now()) {
+                warn!(event = "device_control_oversized", device = %device, topic = %Clip(&msg.topic), "oversized control message ignored");
+            }
         } else if nested_deeper_than(&msg.payload, MAX_DEPTH) {
             // Ignored like any malformed control (controls get no receipts).
             let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-            warn!(event = "device_control_too_deep", device = %device, topic = %msg.topic, limit = MAX_DEPTH, total, "device control nested too deep; ignored");
+            if lines.admit(&sender, Instant::now()) {
+                warn!(event = "device_control_too_deep", device = %device, topic = %Clip(&msg.topic), limit = MAX_DEPTH, total, "device control nested too deep; ignored");
+            }
         } else {
             forward(cfg, device, kind, msg.payload).await;
         }
@@ -229,7 +258,7 @@ async fn accept(
         return refuse(sender, RejectCode::Rate, limits.in_flight_detail(), &msg);
     }
     Verdict::Answer {
-        answer: judge(cfg, topics, store, route, &msg),
+        answer: judge(cfg, topics, store, route, lines, &msg),
         in_flight: Some(sender),
     }
 }
@@ -313,13 +342,16 @@ fn judge(
     topics: &Topics,
     store: &Store,
     route: Route,
+    lines: &mut Lines,
     msg: &SouthMessage,
 ) -> AnswerFuture {
     let (device, stream) = match route {
         Route::Up { device, stream } => (device, stream),
         Route::Unauthorized { publisher, sender } => {
             let total = UNAUTHORIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
-            warn!(event = "device_publish_unauthorized", publisher = %publisher, topic = %msg.topic, total, "device publish outside its own topics rejected");
+            if lines.admit(&sender, Instant::now()) {
+                warn!(event = "device_publish_unauthorized", publisher = %Clip(&publisher.to_string()), topic = %Clip(&msg.topic), total, "device publish outside its own topics rejected");
+            }
             let mut rejection = Rejection::new(
                 RejectCode::Unauthorized,
                 format!("{publisher} may not publish on {}", msg.topic),
@@ -334,7 +366,9 @@ fn judge(
         }
         Route::BadTopic { error } => {
             let rejection = Rejection::new(RejectCode::BadTopic, error.to_string());
-            warn!(event = "device_publish_bad_topic", topic = %msg.topic, reason = %rejection.reason(), "device publish on a bad topic dead-lettered");
+            if lines.admit(&None, Instant::now()) {
+                warn!(event = "device_publish_bad_topic", topic = %Clip(&msg.topic), reason = %Clip(&rejection.reason()), "device publish on a bad topic dead-lettered");
+            }
             return reject(store, None, rejection, msg);
         }
         Route::Control { .. } => unreachable!("controls are handed on before"),

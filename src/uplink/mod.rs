@@ -35,6 +35,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::clip::{self, Clip};
 use crate::deadlines::sleep_until;
 use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
@@ -273,7 +274,7 @@ impl Engine {
             }
         }
         if let Some(error) = first_error {
-            warn!(event = "backend_acks_malformed", error = %error, malformed, "ignoring malformed backend acks");
+            warn!(event = "backend_acks_malformed", error = %clip::display(&error), malformed, "ignoring malformed backend acks");
         }
     }
 
@@ -323,7 +324,7 @@ impl Engine {
                         _ => {
                             metrics::dead_lettered(Direction::Up, 1);
                             let reason = reason.unwrap_or_default();
-                            warn!(event = "uplink_dead_lettered", device = %device, msg_id = %msg_id, seq = moved.seq.0, attempts = moved.attempts, reason = %reason, "uplink dead-lettered");
+                            warn!(event = "uplink_dead_lettered", device = %device, msg_id = %msg_id, seq = moved.seq.0, attempts = moved.attempts, reason = %Clip(&reason), "uplink dead-lettered");
                             Receipt::failed(&msg_id, moved.seq, reason)
                         }
                     };
@@ -429,7 +430,7 @@ impl Engine {
                 retry_in,
                 error,
             } => {
-                debug!(uplink_id = id, attempts, retry_in_ms = retry_in.as_millis() as u64, error = %error, "uplink attempt failed");
+                debug!(uplink_id = id, attempts, retry_in_ms = retry_in.as_millis() as u64, error = %clip::display(&error), "uplink attempt failed");
                 metrics::retried(Direction::Up, 1);
                 let rec = AttemptRecord {
                     id,

@@ -18,6 +18,7 @@
 //! deadline or panics with the logs that explain why.
 #![allow(dead_code)]
 
+pub mod access;
 pub mod admin;
 pub mod certs;
 pub mod clients;

@@ -106,17 +106,26 @@ impl RawMqtt {
         keep_alive: u16,
         login: Option<(&str, &str)>,
     ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
-        let mut raw = RawMqtt {
-            stream,
-            buf: bytes::BytesMut::new(),
-            next_pkid: 0,
-        };
         let mut connect = rumqttc::Connect::new(client_id);
         connect.keep_alive = keep_alive;
         connect.clean_session = true;
         if let Some((username, password)) = login {
             connect.set_login(username, password);
         }
+        RawMqtt::try_connect_packet(stream, connect).await
+    }
+
+    /// `connect` (any CONNECT: a will, a long id) on an open stream; the
+    /// CONNACK, or why there is none.
+    pub async fn try_connect_packet(
+        stream: Box<dyn RawStream>,
+        connect: rumqttc::Connect,
+    ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
+        let mut raw = RawMqtt {
+            stream,
+            buf: bytes::BytesMut::new(),
+            next_pkid: 0,
+        };
         // A broker that refuses the client (a TLS certificate it does not
         // take) may close the socket before the CONNECT is written.
         raw.try_send(rumqttc::Packet::Connect(connect))

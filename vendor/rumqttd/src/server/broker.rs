@@ -379,6 +379,15 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
         let mut count: usize = 0;
 
         let config = Arc::new(self.config.connections.clone());
+        // ferry: refusals left out of the log are summarised even when the
+        // peer stops coming (see `refusals`).
+        task::spawn(async {
+            let mut tick = time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                refusals::flush();
+            }
+        });
         info!(
             config = self.config.name,
             listen_addr = self.config.listen.to_string(),

@@ -1,0 +1,218 @@
+//! CONNECTs a device firmware should never send, each answered the way
+//! MQTT 3.1.1 says, and none able to grow ferry's log without bound:
+//! - a client id that can be no device id (too long, a wildcard or a
+//!   slash, empty) gets CONNACK 2, also when the CONNECT is too large to
+//!   read (skipped on the wire, not a reset);
+//! - a second CONNECT on one connection closes it (§3.1.0-2), after what
+//!   came before it was handled;
+//! - 2,000 refused CONNECTs with a 60,000-byte client id, and 400
+//!   publishes on a 60,000-byte topic, add a few kB to the log and are all
+//!   counted in /metrics.
+
+use std::time::Duration;
+
+use rumqttc::{ConnectReturnCode, Packet};
+use serde_json::json;
+
+use crate::support::access::{Access, AuthMode};
+use crate::support::receipts::eventually;
+use crate::support::{boot_id, device_topics, Ferry, FerryOpts, Mosquitto, RawMqtt};
+
+/// The log level ferry ships with.
+const SHIPPED_LOG_LEVEL: &str = "info,rumqttd=warn";
+
+/// A CONNECT with `client_id` (and a password as long, in password mode)
+/// on a fresh socket: the CONNACK's code, or why there is none.
+async fn connack_for(
+    access: &Access,
+    port: u16,
+    client_id: &str,
+) -> Result<ConnectReturnCode, String> {
+    let mut connect = rumqttc::Connect::new(client_id);
+    connect.keep_alive = 30;
+    if access.mode == AuthMode::Password {
+        connect.set_login(client_id, client_id);
+    }
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    RawMqtt::try_connect_packet(Box::new(stream), connect)
+        .await
+        .map(|(_, ack)| ack.code)
+}
+
+macro_rules! anonymous_and_with_passwords {
+    ($name:ident) => {
+        mod $name {
+            use crate::support::access::AuthMode;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn anonymous() {
+                super::$name(AuthMode::Anonymous).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn with_passwords() {
+                super::$name(AuthMode::Password).await
+            }
+        }
+    };
+}
+
+anonymous_and_with_passwords!(a_client_id_that_can_be_no_device_id_gets_connack_2);
+
+async fn a_client_id_that_can_be_no_device_id_gets_connack_2(mode: AuthMode) {
+    let access = Access::new(mode);
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(access.opts(FerryOpts::new("gw-ids", mq.port), &["id-ok"]));
+    let ids = [
+        "x".repeat(65_535),
+        "x".repeat(60_000),
+        "x".repeat(65),
+        "a/b".to_string(),
+        "a+".to_string(),
+        String::new(),
+    ];
+    for id in &ids {
+        let got = connack_for(&access, ferry.south_port, id).await;
+        assert_eq!(
+            got,
+            Ok(ConnectReturnCode::BadClientId),
+            "a client id of {} bytes ({:?}...)",
+            id.len(),
+            &id[..id.len().min(8)]
+        );
+    }
+    // The one limit is the id, not its neighbours: a device id of 64
+    // bytes still connects.
+    let longest = "d".repeat(64);
+    let got = connack_for(&access, ferry.south_port, &longest).await;
+    let expected = match mode {
+        // Not in the password file: refused for that, not for its id.
+        AuthMode::Password => ConnectReturnCode::BadUserNamePassword,
+        _ => ConnectReturnCode::Success,
+    };
+    assert_eq!(got, Ok(expected));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connect_closes_the_connection_after_what_came_before_it() {
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-second", mq.port));
+    let topics = device_topics("second-1");
+    let mut raw = RawMqtt::connect(ferry.south_port, "second-1", 30).await;
+    let msg_id = format!("{}-before", boot_id());
+    let up = raw.publish(
+        &topics.up("t"),
+        json!({"msg_id": msg_id, "payload": 1}).to_string(),
+    );
+    // Encoded apart (rumqttc writes a CONNECT's flags at an offset from
+    // the start of the buffer), written in one go.
+    let mut bytes = bytes::BytesMut::new();
+    up.write(&mut bytes, usize::MAX).expect("encode");
+    let mut again = bytes::BytesMut::new();
+    Packet::Connect(rumqttc::Connect::new("second-1"))
+        .write(&mut again, usize::MAX)
+        .expect("encode");
+    bytes.extend_from_slice(&again);
+    raw.write_raw(&bytes).await.expect("written");
+    assert!(
+        raw.closed_within(Duration::from_secs(5)).await,
+        "a second CONNECT closes the connection"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the uplink before it stored",
+        || ferry.query_i64("SELECT COUNT(*) FROM uplink WHERE device = 'second-1'", []) == 1,
+    )
+    .await;
+    // The device comes back on a new connection as usual.
+    RawMqtt::connect(ferry.south_port, "second-1", 30).await;
+}
+
+anonymous_and_with_passwords!(
+    two_thousand_refused_connects_with_a_huge_client_id_add_little_to_the_log_and_are_all_counted
+);
+
+async fn two_thousand_refused_connects_with_a_huge_client_id_add_little_to_the_log_and_are_all_counted(
+    mode: AuthMode,
+) {
+    let access = Access::new(mode);
+    let mq = Mosquitto::start();
+    let opts = FerryOpts::new("gw-noisy", mq.port).with(|c| {
+        c.log.level = SHIPPED_LOG_LEVEL.into();
+        c.admin.listen = "127.0.0.1:0".into();
+    });
+    let ferry = Ferry::start(access.opts(opts, &["noisy-ok"]));
+    let before = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len());
+    let id = "n".repeat(60_000);
+    let mut refused = 0;
+    for _ in 0..2000 {
+        if connack_for(&access, ferry.south_port, &id).await == Ok(ConnectReturnCode::BadClientId) {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 2000, "every one answered CONNACK 2");
+    let metrics = ferry.metrics();
+    assert_eq!(
+        metrics.value("ferry_broker_client_ids_refused_total"),
+        2000.0,
+        "all counted"
+    );
+    let grown = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len()) - before;
+    assert!(
+        grown < 64 * 1024,
+        "2,000 refusals grew the log by {grown} bytes\n{}",
+        ferry.log_tail()
+    );
+    let log = ferry.log();
+    assert!(
+        log.contains("…(60000 bytes)") || log.contains("client_id_len=60000"),
+        "the lines that are logged name the id's length\n{}",
+        ferry.log_tail()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_hundred_publishes_on_a_huge_topic_add_little_to_the_log_and_are_all_answered() {
+    let mq = Mosquitto::start();
+    let opts = FerryOpts::new("gw-topics", mq.port).with(|c| {
+        c.log.level = SHIPPED_LOG_LEVEL.into();
+    });
+    let ferry = Ferry::start(opts);
+    let before = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len());
+    let topics = device_topics("topic-j");
+    let mut raw = RawMqtt::connect(ferry.south_port, "topic-j", 30).await;
+    raw.subscribe(&[topics.ack()]).await;
+    let stream = "s".repeat(60_000);
+    let boot = boot_id();
+    for i in 0..400 {
+        let p = raw.publish(
+            &topics.up(&stream),
+            json!({"msg_id": format!("{boot}-{i}"), "payload": i}).to_string(),
+        );
+        raw.send(p).await;
+    }
+    let mut rejected = 0;
+    raw.read_publishes(Duration::from_secs(30), |p| {
+        let r: serde_json::Value = serde_json::from_slice(&p.payload).unwrap_or_default();
+        rejected += usize::from(r["status"] == "rejected");
+        rejected == 400
+    })
+    .await;
+    assert_eq!(rejected, 400, "every publish answered `rejected`");
+    assert_eq!(
+        ferry.query_i64(
+            "SELECT COUNT(*) FROM dead_letter WHERE device = 'topic-j'",
+            []
+        ),
+        400,
+        "and dead-lettered"
+    );
+    let grown = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len()) - before;
+    assert!(
+        grown < 64 * 1024,
+        "400 rejected publishes grew the log by {grown} bytes\n{}",
+        ferry.log_tail()
+    );
+}
