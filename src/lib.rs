@@ -40,6 +40,8 @@
 //! - [`gateway`]: `run()`, wiring the pieces together: device control
 //!   messages go from the uplink intake to the downlink task; the north
 //!   session's events are split between the two pipelines.
+//! - [`signals`]: SIGHUP, SIGTERM and SIGINT counted from `ferry run`'s
+//!   first instruction, so an early one is applied, never fatal.
 //! - [`shutdown`]: the signal `run()` gives once, seen by every part, and
 //!   the grace it spends in pipeline order: intake stops, what it took is
 //!   committed and answered, north is flushed and left, the store closes.
@@ -85,6 +87,7 @@ pub mod ops;
 pub mod protocol;
 pub mod retention;
 pub mod shutdown;
+pub mod signals;
 pub mod south;
 pub mod state;
 pub mod store;

@@ -50,8 +50,56 @@ enum Command {
     Ops(ops_cli::OpsCommand),
 }
 
+/// Holds SIGHUP, SIGTERM and SIGINT back (blocked, so they stay pending)
+/// from before `main`, until `main` knows what it runs: `ferry run` counts
+/// them ([`ferry::signals`]), a CLI command takes their default action.
+/// Runs as the binary's constructor, before any thread exists, so every
+/// thread would inherit the mask; `main` lifts it before starting any.
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static HOLD_SIGNALS: extern "C" fn() = hold_signals;
+
+#[cfg(target_os = "linux")]
+extern "C" fn hold_signals() {
+    set_signals_held(true);
+}
+
+/// Blocks (or unblocks) SIGHUP, SIGTERM and SIGINT on this thread.
+fn set_signals_held(held: bool) {
+    #[cfg(unix)]
+    // SAFETY: a sigset_t on the stack, filled by sigemptyset/sigaddset
+    // before pthread_sigmask reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGHUP, libc::SIGTERM, libc::SIGINT] {
+            libc::sigaddset(&mut set, signal);
+        }
+        let how = if held {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = Cli::try_parse();
+    // `ferry run` counts the signals that came so far and come later; any
+    // other command takes them as a command line tool does.
+    if let Ok(Cli {
+        command: Command::Run { .. },
+    }) = &cli
+    {
+        if let Err(e) = ferry::signals::install() {
+            eprintln!("ferry: cannot handle signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    set_signals_held(false);
+    let cli = match cli {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
@@ -216,20 +264,36 @@ fn init_logging(level: &str, format: LogFormat) {
     let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
+/// Resolves on SIGTERM or SIGINT, also one that came before it was first
+/// polled (counted by [`ferry::signals`] since the start).
 async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or(()),
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{signal, SignalKind};
+        let streams = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        );
+        // After listening, so none falls between the two.
+        if ferry::signals::terminated() {
+            return;
+        }
+        match streams {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => loop {
+                // The counters still see them.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                if ferry::signals::terminated() {
+                    return;
+                }
+            },
         }
     }
     #[cfg(not(unix))]
-    ctrl_c.await.unwrap_or(());
+    tokio::signal::ctrl_c().await.unwrap_or(());
 }

@@ -432,9 +432,10 @@ impl Authenticator {
 }
 
 /// Answers every SIGHUP until the runtime ends: re-reads the password file
-/// when there is one. Without a handler SIGHUP would end the process, and
-/// `systemctl reload` sends it.
-pub fn reload_on_hangup(auth: Option<Arc<Authenticator>>) {
+/// when there is one. `systemctl reload` sends it. `seen`: SIGHUPs counted
+/// ([`crate::signals::hangups`]) before the file was read; one that came
+/// after, before this listens, is applied at once.
+pub fn reload_on_hangup(auth: Option<Arc<Authenticator>>, seen: u64) {
     #[cfg(unix)]
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -445,7 +446,12 @@ pub fn reload_on_hangup(auth: Option<Arc<Authenticator>>) {
             );
             return;
         };
-        while hangups.recv().await.is_some() {
+        // Listening now; what came since the file was read is applied once.
+        let mut early = crate::signals::hangups() > seen;
+        loop {
+            if !std::mem::take(&mut early) && hangups.recv().await.is_none() {
+                return;
+            }
             let Some(auth) = &auth else {
                 info!(
                     event = "reload_skipped",

@@ -116,11 +116,13 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
         source,
     })?;
 
+    // A SIGHUP from here on, before the reload task listens, is applied.
+    let hangups = crate::signals::hangups();
     let authenticator = match &cfg.auth {
         SouthAuth::Password { file } => {
             let auth = Authenticator::load(file, cfg.connect_timeout)?;
             info!(event = "south_auth_password", file = %file.display(), "devices authenticate with passwords");
-            auth::reload_on_hangup(Some(auth.clone()));
+            auth::reload_on_hangup(Some(auth.clone()), hangups);
             Some(auth)
         }
         SouthAuth::None => {
@@ -132,7 +134,7 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
                      REACH THIS PORT CAN ACT AS ANY DEVICE"
                 );
             }
-            auth::reload_on_hangup(None);
+            auth::reload_on_hangup(None, hangups);
             None
         }
     };

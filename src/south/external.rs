@@ -34,7 +34,7 @@ const INFLIGHT: u16 = 1024;
 
 pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South {
     // The site broker authenticates devices; SIGHUP has nothing to reload.
-    super::auth::reload_on_hangup(None);
+    super::auth::reload_on_hangup(None, crate::signals::hangups());
     let opts = mqtt::Options {
         name: "south".into(),
         host: site.host.clone(),

@@ -7,4 +7,5 @@
 mod connects;
 mod paths;
 mod reconnects;
+mod signals;
 mod wills;

@@ -175,6 +175,83 @@ impl Ferry {
     }
 
     fn spawn(&mut self) {
+        let ups_before = self.spawn_child();
+        self.wait_ready(ups_before);
+    }
+
+    /// Starts it again (killing it first), sends it `sig` `after` it was
+    /// spawned, while it starts, and waits for it to serve as
+    /// [`Ferry::start`] does (panicking if the signal ended it).
+    pub fn restart_signalled(&mut self, sig: libc::c_int, after: Duration) {
+        self.kill();
+        let ups_before = self.spawn_child();
+        self.wait_own_code();
+        std::thread::sleep(after);
+        signal(self.child.as_ref().expect("child"), sig);
+        self.wait_ready(ups_before);
+    }
+
+    /// Starts it again (killing it first), sends it `sig` `after` it was
+    /// spawned, and waits up to `timeout` for it to exit: how it exited,
+    /// `None` if it still ran (it is then killed).
+    pub fn restart_until_exit(
+        &mut self,
+        sig: libc::c_int,
+        after: Duration,
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        self.kill();
+        self.spawn_child();
+        self.wait_own_code();
+        let mut child = self.child.take().expect("child");
+        std::thread::sleep(after);
+        signal(&child, sig);
+        blocking(|| {
+            if wait_exit(&mut child, timeout) {
+                child.try_wait().ok().flatten()
+            } else {
+                kill_and_reap(&mut child);
+                None
+            }
+        })
+    }
+
+    /// Waits until the spawned process runs its own first instruction: its
+    /// constructor blocks SIGHUP (`/proc/PID/status`, `SigBlk`) or a handler
+    /// catches it (`SigCgt`). Before that the kernel and the dynamic loader
+    /// run (about a millisecond), where no program can handle a signal.
+    /// Panics if that is only once the store is open (`store_checked`
+    /// logged): then SIGHUP was not held from the start.
+    fn wait_own_code(&self) {
+        let log_before = self.log().len();
+        let pid = self.pid().expect("spawned");
+        let hup = 1u64 << (libc::SIGHUP - 1);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let mask = |field: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                    .unwrap_or(0)
+            };
+            if (mask("SigBlk:") | mask("SigCgt:")) & hup != 0 {
+                let log = self.log();
+                assert!(
+                    !log[log_before.min(log.len())..].contains("store_checked"),
+                    "ferry (pid {pid}) opened its store before it held SIGHUP"
+                );
+                return;
+            }
+            std::thread::yield_now();
+        }
+        panic!("ferry (pid {pid}) never held or caught SIGHUP");
+    }
+
+    /// Spawns `ferry run`; how often the log said the south side was up
+    /// before.
+    fn spawn_child(&mut self) -> usize {
         let ups_before = south_ups(&self.log());
         let mut log = OpenOptions::new()
             .create(true)
@@ -194,6 +271,11 @@ impl Ferry {
             .spawn()
             .expect("spawn ferry");
         self.child = Some(child);
+        ups_before
+    }
+
+    /// Waits until devices can be served (see [`Ferry::south_ready`]).
+    fn wait_ready(&mut self, ups_before: usize) {
         let port = self.south_port;
         let started = Instant::now();
         blocking(|| loop {
