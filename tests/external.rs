@@ -232,6 +232,25 @@ async fn the_site_brokers_acl_keeps_a_device_out_of_another_devices_topics() {
         let _ = forger.recv(Duration::from_millis(200)).await;
     }
 
+    // And as its last will on each, its socket then dropped without a
+    // DISCONNECT: the site ACL holds wills to the same topics.
+    for (topic, body) in &attempts {
+        let mut connect = rumqttc::Connect::new("intruder");
+        connect.keep_alive = 30;
+        connect.set_login("intruder", "pw-intruder");
+        connect.last_will = Some(rumqttc::LastWill::new(
+            topic,
+            body.clone(),
+            rumqttc::QoS::AtLeastOnce,
+            false,
+        ));
+        let site = ferry.site.as_ref().unwrap().port;
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", site))
+            .await
+            .expect("tcp to the site broker");
+        drop(RawMqtt::try_connect_packet(Box::new(stream), connect).await);
+    }
+
     // Then it subscribes to them (after the forgeries: the site broker
     // takes a second connection of one client id over).
     let mut intruder = RawMqtt::connect(ferry.south_port, "intruder", 30).await;
