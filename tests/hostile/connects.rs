@@ -5,9 +5,9 @@
 //!   read (skipped on the wire, not a reset);
 //! - a second CONNECT on one connection closes it (§3.1.0-2), after what
 //!   came before it was handled;
-//! - 2,000 refused CONNECTs with a 60,000-byte client id, and 400
-//!   publishes on a 60,000-byte topic, add a few kB to the log and are all
-//!   counted in /metrics.
+//! - 2,000 refused CONNECTs with a 60,000-byte client id, 400 publishes on
+//!   a 60,000-byte topic and 400 SUBSCRIBEs to a 60,000-byte filter add a
+//!   few kB to the log, and are all answered and counted.
 
 use std::time::Duration;
 
@@ -213,6 +213,40 @@ async fn four_hundred_publishes_on_a_huge_topic_add_little_to_the_log_and_are_al
     assert!(
         grown < 64 * 1024,
         "400 rejected publishes grew the log by {grown} bytes\n{}",
+        ferry.log_tail()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_hundred_refused_subscribes_to_a_huge_filter_add_little_to_the_log_and_are_all_counted(
+) {
+    let mq = Mosquitto::start();
+    let opts = FerryOpts::new("gw-filters", mq.port).with(|c| {
+        c.log.level = SHIPPED_LOG_LEVEL.into();
+        c.admin.listen = "127.0.0.1:0".into();
+    });
+    let ferry = Ferry::start(opts);
+    let before = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len());
+    let mut raw = RawMqtt::connect(ferry.south_port, "filter-j", 30).await;
+    let filter = format!("devices/other/{}", "f".repeat(60_000));
+    for _ in 0..400 {
+        let codes = raw.subscribe(std::slice::from_ref(&filter)).await;
+        assert!(
+            matches!(codes[..], [rumqttc::SubscribeReasonCode::Failure]),
+            "{codes:?}"
+        );
+    }
+    assert_eq!(
+        ferry
+            .metrics()
+            .value("ferry_broker_subscriptions_refused_total"),
+        400.0,
+        "all counted"
+    );
+    let grown = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len()) - before;
+    assert!(
+        grown < 64 * 1024,
+        "400 refused subscriptions grew the log by {grown} bytes\n{}",
         ferry.log_tail()
     );
 }

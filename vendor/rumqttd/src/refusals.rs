@@ -5,14 +5,17 @@
 //! is counted where it happens (`counters`), in full; the log gets the
 //! first [`PER_WINDOW`] refusals of each peer address in a [`WINDOW`], then
 //! one summary line per address and window with how many it left out.
-//! At most [`MAX_PEERS`] addresses are tracked per window; refusals from
-//! further ones share one budget, summarised under `0.0.0.0`.
+//! What a connected client does wrong (refused subscriptions, acks out of
+//! order, packets it may not send) is budgeted the same way per client id
+//! ([`admit_client`]). At most [`MAX_PEERS`] addresses and clients are
+//! tracked per window; refusals from further ones share one budget,
+//! summarised as `others`.
 //!
 //! Every client-chosen string in a log line goes through [`Clip`].
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,8 +28,8 @@ pub const MAX_PEERS: usize = 1024;
 /// Longest client-chosen string written to the log, in bytes.
 pub const CLIP: usize = 128;
 
-/// Where refusals from untracked addresses are counted.
-const OTHERS: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// Where refusals from untracked peers are counted.
+const OTHERS: &str = "others";
 
 #[derive(Debug, Clone, Copy)]
 struct Window {
@@ -35,19 +38,20 @@ struct Window {
     suppressed: u64,
 }
 
-/// The pure part: per-address windows.
+/// The pure part: per-peer windows (a peer is an address, or a client id
+/// prefixed `client `).
 #[derive(Debug, Default)]
 pub struct RefusalLog {
-    peers: HashMap<IpAddr, Window>,
+    peers: HashMap<String, Window>,
 }
 
 impl RefusalLog {
-    /// Whether a refusal from `ip` at `now` is logged on its own line.
-    pub fn admit(&mut self, ip: IpAddr, now: Instant) -> bool {
-        let key = if self.peers.contains_key(&ip) || self.peers.len() < MAX_PEERS {
-            ip
+    /// Whether a refusal from `peer` at `now` is logged on its own line.
+    pub fn admit(&mut self, peer: &str, now: Instant) -> bool {
+        let key = if self.peers.contains_key(peer) || self.peers.len() < MAX_PEERS {
+            peer.to_owned()
         } else {
-            OTHERS
+            OTHERS.to_owned()
         };
         let window = self.peers.entry(key).or_insert(Window {
             started: now,
@@ -65,14 +69,14 @@ impl RefusalLog {
 
     /// Ends the windows that are over at `now`: for each that left
     /// refusals out, (address, how many).
-    pub fn sweep(&mut self, now: Instant) -> Vec<(IpAddr, u64)> {
+    pub fn sweep(&mut self, now: Instant) -> Vec<(String, u64)> {
         let mut summaries = Vec::new();
-        self.peers.retain(|ip, w| {
+        self.peers.retain(|peer, w| {
             if now.saturating_duration_since(w.started) < WINDOW {
                 return true;
             }
             if w.suppressed > 0 {
-                summaries.push((*ip, w.suppressed));
+                summaries.push((peer.clone(), w.suppressed));
             }
             false
         });
@@ -82,9 +86,19 @@ impl RefusalLog {
 
 static LOG: Mutex<Option<(RefusalLog, Instant)>> = Mutex::new(None);
 
-/// Whether this refusal from `ip` gets its own log line. Windows that are
-/// over are summarised first (checked at most once a second).
+/// Whether this refusal from address `ip` gets its own log line. Windows
+/// that are over are summarised first (checked at most once a second).
 pub fn admit(ip: IpAddr) -> bool {
+    admit_peer(&ip.to_string())
+}
+
+/// Whether this line about what connected client `client_id` did wrong
+/// gets logged (see [`admit`]).
+pub fn admit_client(client_id: &str) -> bool {
+    admit_peer(&format!("client {}", Clip(client_id)))
+}
+
+fn admit_peer(peer: &str) -> bool {
     let now = Instant::now();
     let mut guard = LOG.lock().unwrap_or_else(|e| e.into_inner());
     let (log, swept) = guard.get_or_insert_with(|| (RefusalLog::default(), now));
@@ -92,7 +106,7 @@ pub fn admit(ip: IpAddr) -> bool {
         *swept = now;
         summarise(log.sweep(now));
     }
-    log.admit(ip, now)
+    log.admit(peer, now)
 }
 
 /// Summarises the windows that are over; the listener calls it every few
@@ -106,14 +120,14 @@ pub fn flush() {
     }
 }
 
-fn summarise(summaries: Vec<(IpAddr, u64)>) {
-    for (ip, suppressed) in summaries {
+fn summarise(summaries: Vec<(String, u64)>) {
+    for (peer, suppressed) in summaries {
         tracing::warn!(
             event = "refusals_suppressed",
-            peer_ip = %ip,
+            from = %peer,
             suppressed,
             window_s = WINDOW.as_secs(),
-            "more refused connections from this address than are logged one by one; all are counted"
+            "more refusals from this peer than are logged one by one; all are counted"
         );
     }
 }
@@ -168,14 +182,17 @@ mod tests {
     fn an_address_gets_its_first_lines_then_one_summary_per_window() {
         let mut log = RefusalLog::default();
         let t0 = Instant::now();
-        let ip: IpAddr = "10.0.0.7".parse().unwrap();
+        let ip = "10.0.0.7";
         let logged = (0..2000).filter(|_| log.admit(ip, t0)).count();
         assert_eq!(logged, PER_WINDOW as usize);
         assert!(
             log.sweep(t0 + Duration::from_secs(1)).is_empty(),
             "window not over"
         );
-        assert_eq!(log.sweep(t0 + WINDOW), vec![(ip, 2000 - PER_WINDOW as u64)]);
+        assert_eq!(
+            log.sweep(t0 + WINDOW),
+            vec![(ip.to_string(), 2000 - PER_WINDOW as u64)]
+        );
         assert!(log.admit(ip, t0 + WINDOW), "a new window logs again");
     }
 
@@ -183,19 +200,18 @@ mod tests {
     fn addresses_are_limited_apart_and_untracked_ones_share_a_budget() {
         let mut log = RefusalLog::default();
         let t0 = Instant::now();
-        let a: IpAddr = "10.0.0.1".parse().unwrap();
-        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let (a, b) = ("10.0.0.1", "client b");
         for _ in 0..PER_WINDOW {
             assert!(log.admit(a, t0));
         }
         assert!(!log.admit(a, t0));
         assert!(log.admit(b, t0), "b has its own budget");
-        for i in 0..MAX_PEERS as u32 * 2 {
-            log.admit(IpAddr::V4(Ipv4Addr::from(0x0b00_0000 + i)), t0);
+        for i in 0..MAX_PEERS * 2 {
+            log.admit(&format!("11.0.{}.{}", i / 256, i % 256), t0);
         }
         assert!(log.peers.len() <= MAX_PEERS + 1, "{}", log.peers.len());
         let others = log.sweep(t0 + WINDOW);
-        let o = others.iter().find(|(ip, _)| *ip == OTHERS).map(|(_, n)| *n);
+        let o = others.iter().find(|(p, _)| p == OTHERS).map(|(_, n)| *n);
         assert!(o.is_some_and(|n| n > 0), "{others:?}");
     }
 

@@ -4,6 +4,7 @@ use crate::protocol::{
     PubRecReason, PubRel, PubRelReason, Publish, PublishProperties, QoS, SubAck,
     SubscribeReasonCode, UnsubAck, UnsubAckReason,
 };
+use crate::refusals::{self, Clip};
 use crate::router::alertlog::alert;
 use crate::router::scheduler::{PauseReason, Tracker};
 use crate::router::{ConnectionEvents, Forward};
@@ -781,11 +782,13 @@ impl Router {
                     incoming.held_bytes += publish.payload.len() + publish.topic.len();
                     incoming.held.push_back(Packet::Publish(publish, properties));
                     if incoming.held.len() > MAX_HELD || incoming.held_bytes > MAX_HELD_BYTES {
-                        warn!(
-                            held = incoming.held.len(),
-                            bytes = incoming.held_bytes,
-                            "client neither reads its messages nor waits for acknowledgements; disconnected"
-                        );
+                        if refusals::admit_client(&client_id) {
+                            warn!(
+                                held = incoming.held.len(),
+                                bytes = incoming.held_bytes,
+                                "client neither reads its messages nor waits for acknowledgements; disconnected"
+                            );
+                        }
                         disconnect = true;
                         break;
                     }
@@ -857,9 +860,9 @@ impl Router {
                         }
                         Err(e) => {
                             // Disconnect on bad publishes
-                            warn!(
-                                reason = ?e, "Failed to append to commitlog"
-                            );
+                            if refusals::admit_client(&client_id) {
+                                warn!(reason = %Clip(&e.to_string()), "Failed to append to commitlog");
+                            }
                             self.router_meters.failed_publishes += 1;
                             disconnect = true;
 
@@ -896,7 +899,9 @@ impl Router {
                             && connection.subscriptions.len() >= max
                             && !connection.subscriptions.contains(&f.path)
                         {
-                            warn!(max, "Subscription refused: the connection holds its limit");
+                            if refusals::admit_client(&client_id) {
+                                warn!(max, "Subscription refused: the connection holds its limit");
+                            }
                             crate::counters::SUBSCRIPTIONS_REFUSED
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             return_codes.push(SubscribeReasonCode::Failure);
@@ -917,7 +922,13 @@ impl Router {
                                     &f.path,
                                 )
                             {
-                                warn!(filter = f.path, "Subscription refused: not the client's own topic");
+                                if refusals::admit_client(&client_id) {
+                                    warn!(
+                                        client_id = %Clip(&client_id),
+                                        filter = %Clip(&f.path),
+                                        "Subscription refused: not the client's own topic"
+                                    );
+                                }
                                 crate::counters::SUBSCRIPTIONS_REFUSED
                                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                 return_codes.push(SubscribeReasonCode::Failure);
@@ -927,7 +938,9 @@ impl Router {
                         info!("Adding subscription on topic {}", f.path);
 
                         if let Err(e) = validate_subscription(connection, f) {
-                            warn!(reason = ?e,"Subscription cannot be validated: {}", e);
+                            if refusals::admit_client(&client_id) {
+                                warn!(reason = %Clip(&e.to_string()), "Subscription cannot be validated");
+                            }
 
                             disconnect = true;
                             break;
@@ -1053,7 +1066,9 @@ impl Router {
                     let outgoing = self.obufs.get_mut(id).unwrap();
                     let pkid = puback.pkid;
                     if outgoing.register_ack(pkid).is_none() {
-                        warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                        if refusals::admit_client(&client_id) {
+                            warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                        }
                         disconnect = true;
                         break;
                     }
@@ -1069,7 +1084,9 @@ impl Router {
                     let outgoing = self.obufs.get_mut(id).unwrap();
                     let pkid = pubrec.pkid;
                     if outgoing.register_ack(pkid).is_none() {
-                        warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                        if refusals::admit_client(&client_id) {
+                            warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                        }
                         disconnect = true;
                         break;
                     }
@@ -1123,9 +1140,9 @@ impl Router {
                         }
                         Err(e) => {
                             // Disconnect on bad publishes
-                            warn!(
-                                reason = ?e, "Failed to append to commitlog"
-                            );
+                            if refusals::admit_client(&client_id) {
+                                warn!(reason = %Clip(&e.to_string()), "Failed to append to commitlog");
+                            }
                             self.router_meters.failed_publishes += 1;
                             disconnect = true;
                             break;
@@ -1140,10 +1157,9 @@ impl Router {
                     let outgoing = self.obufs.get_mut(id).unwrap();
                     let pkid = pubcomp.pkid;
                     if outgoing.register_pubcomp(pkid).is_none() {
-                        warn!(
-                            pkid,
-                            "ack received for pkid {}, but the pkid didn't exists!", pkid
-                        );
+                        if refusals::admit_client(&client_id) {
+                            warn!(pkid, "ack received for pkid {}, but the pkid didn't exists!", pkid);
+                        }
                         disconnect = true;
                         break;
                     }
@@ -1166,7 +1182,12 @@ impl Router {
                     break;
                 }
                 incoming => {
-                    warn!(packet=?incoming, "Unexpected packet received, ignoring the packet." );
+                    if refusals::admit_client(&client_id) {
+                        warn!(
+                            packet = %Clip(&format!("{incoming:?}")),
+                            "Unexpected packet received, ignoring the packet."
+                        );
+                    }
                 }
             }
         }

@@ -508,7 +508,9 @@ async fn handshake(
         Ok(accepted) => Some(accepted),
         Err(e) if e.is_certificate() => {
             crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
-            warn!(%peer, error = %e, "TLS handshake failed: client certificate refused");
+            if refusals::admit(peer.ip()) {
+                warn!(%peer, error = %Clip(&e.to_string()), "TLS handshake failed: client certificate refused");
+            }
             None
         }
         Err(e) => {
