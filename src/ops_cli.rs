@@ -277,11 +277,11 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             Ok(())
         }
         DlqCommand::Purge { common, older_than } => {
-            let age =
-                ops::duration::parse(&older_than).map_err(|e| (64, format!("--older-than {e}")))?;
+            // Checked before the store is opened: a refused age deletes nothing.
+            let before = ops::duration::before(&older_than, ops::now_ms())
+                .map_err(|e| (64, format!("--older-than {e}")))?;
             let dir = data_dir(&common.config)?;
             let conn = ops::open_write(&dir).map_err(fail)?;
-            let before = ops::now_ms() - age.as_millis() as i64;
             let purged = dlq::purge(&conn, before).map_err(fail)?;
             if common.json {
                 return print_json(&serde_json::json!({ "purged": purged, "before_ms": before }));
