@@ -33,6 +33,8 @@ pub enum RunError {
     #[error("{0}")]
     Admin(#[from] crate::admin::BindError),
     #[error("{0}")]
+    Claimed(#[from] crate::ops::live::claim::ClaimError),
+    #[error("{0}")]
     Stopped(String),
     #[error("shutdown.grace_s ({}s) ran out; still running: {late}", grace.as_secs())]
     GraceExceeded { late: String, grace: Duration },
@@ -49,6 +51,9 @@ fn window(max_inflight: usize) -> usize {
 
 /// Runs the gateway until `shutdown` resolves or a part of it fails.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    // Held until run() returns: `ferry status` sees this gateway by it,
+    // and a second one on the same store stops here.
+    let _claim = crate::ops::live::claim::claim(&cfg.data_dir).await?;
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
     let store_exited = store.exited();
     // The pipeline's health, checked under systemd (for its watchdog) or

@@ -48,7 +48,8 @@
 //! - [`ops`]: the operator tools behind `ferry dlq`, `ferry trace` and
 //!   `ferry status`: views read on their own read-only connection while the
 //!   gateway runs; replays reach the running engine through the store's
-//!   `replay_request` table; the gateway keeps a status file for them.
+//!   `replay_request` table; the gateway keeps a status file for them,
+//!   and a lock on its data directory by which they know it runs.
 //! - [`systemd`], [`health`]: `READY=1`, `STATUS=` with the backlog, and
 //!   the watchdog, fed only while the store writer and the pipeline tasks
 //!   answer pings through their own loops.

@@ -1,5 +1,7 @@
 //! The `ferry` command: parse arguments, load the config, run. Exit codes
-//! are decided here only: 0 ok, 64 usage or config error, 1 runtime failure.
+//! are decided here only: 0 ok, 64 usage or config error, 1 runtime failure,
+//! 141 stdout closed by its reader (as a shell reports a command SIGPIPE
+//! ended, `ls | head`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,9 +10,12 @@ use clap::{Parser, Subcommand};
 use ferry::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+mod cli_output;
 mod ops_cli;
 
 const EXIT_CONFIG: u8 = 64;
+/// 128 + SIGPIPE: what a shell shows for `ls | head` when `ls` is cut off.
+const EXIT_STDOUT_CLOSED: u8 = 141;
 
 #[derive(Parser)]
 #[command(
@@ -110,8 +115,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Ops(command) => match ops_cli::run(command) {
             Ok(()) => ExitCode::SUCCESS,
-            Err((code, e)) => {
-                eprintln!("ferry: {e}");
+            Err(ops_cli::Failure::StdoutClosed) => ExitCode::from(EXIT_STDOUT_CLOSED),
+            Err(ops_cli::Failure::Said(code, e)) => {
+                cli_output::say(format_args!("ferry: {e}"));
                 ExitCode::from(code)
             }
         },
@@ -127,8 +133,16 @@ fn main() -> ExitCode {
         },
         Command::CheckConfig { config } => match Config::load(&config) {
             Ok(_) => {
-                println!("{}: ok", config.display());
-                ExitCode::SUCCESS
+                let mut text = cli_output::Text::new();
+                text.line(format_args!("{}: ok", config.display()));
+                match text.print() {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(cli_output::OutputError::Closed) => ExitCode::from(EXIT_STDOUT_CLOSED),
+                    Err(e) => {
+                        cli_output::say(format_args!("ferry: {e}"));
+                        ExitCode::FAILURE
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("ferry: {}: {e}", config.display());

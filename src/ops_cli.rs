@@ -1,6 +1,7 @@
 //! The `ferry dlq`, `ferry trace` and `ferry status` commands: arguments
-//! in, one [`ferry::ops`] call, a table (or `--json`) out. An error is
-//! (exit code, one line).
+//! in, one [`ferry::ops`] call, a table (or `--json`) out through
+//! [`crate::cli_output`]. A failure is (exit code, one line), or stdout
+//! closed by its reader.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -10,7 +11,34 @@ use ferry::config::Config;
 use ferry::ops::{self, dlq, fmt_ms, status, table, trace, OpsError};
 use serde::Serialize;
 
-type Outcome = Result<(), (u8, String)>;
+use crate::cli_output::{OutputError, Text};
+
+/// Why a command stopped short.
+#[derive(Debug)]
+pub enum Failure {
+    /// Exit with this code, this one line on stderr.
+    Said(u8, String),
+    /// The reader of stdout went away (`ferry dlq list | head`): nothing
+    /// to say, and no one to say it to.
+    StdoutClosed,
+}
+
+impl From<(u8, String)> for Failure {
+    fn from((code, line): (u8, String)) -> Failure {
+        Failure::Said(code, line)
+    }
+}
+
+impl From<OutputError> for Failure {
+    fn from(e: OutputError) -> Failure {
+        match e {
+            OutputError::Closed => Failure::StdoutClosed,
+            OutputError::Failed(_) => Failure::Said(1, e.to_string()),
+        }
+    }
+}
+
+type Outcome = Result<(), Failure>;
 
 #[derive(Subcommand)]
 pub enum OpsCommand {
@@ -59,7 +87,7 @@ pub fn run(command: OpsCommand) -> Outcome {
     };
     // The connection is closed by now (each command owns its own).
     let owned = match data_dir(&config) {
-        Ok(dir) => ops::restore_ownership(&dir).map_err(fail),
+        Ok(dir) => ops::restore_ownership(&dir).map_err(|e| fail(e).into()),
         Err(_) => Ok(()),
     };
     result.and(owned)
@@ -128,9 +156,10 @@ fn data_dir(config: &Path) -> Result<PathBuf, (u8, String)> {
 }
 
 fn print_json(value: &impl Serialize) -> Outcome {
-    let text = serde_json::to_string_pretty(value).map_err(|e| (1, format!("json: {e}")))?;
-    println!("{text}");
-    Ok(())
+    let json = serde_json::to_string_pretty(value).map_err(|e| (1, format!("json: {e}")))?;
+    let mut text = Text::new();
+    text.line(json);
+    Ok(text.print()?)
 }
 
 fn opt(s: &Option<String>) -> String {
@@ -170,23 +199,21 @@ fn dlq(cmd: DlqCommand) -> Outcome {
                     ]
                 })
                 .collect();
-            print!(
-                "{}",
-                table::render(
-                    &[
-                        "ID",
-                        "DEVICE",
-                        "MSG_ID",
-                        "DIR",
-                        "REASON",
-                        "ATTEMPTS",
-                        "FIRST FAILURE",
-                        "LAST FAILURE"
-                    ],
-                    &cells
-                )
-            );
-            Ok(())
+            let mut text = Text::new();
+            text.push(&table::render(
+                &[
+                    "ID",
+                    "DEVICE",
+                    "MSG_ID",
+                    "DIR",
+                    "REASON",
+                    "ATTEMPTS",
+                    "FIRST FAILURE",
+                    "LAST FAILURE",
+                ],
+                &cells,
+            ));
+            Ok(text.print()?)
         }
         DlqCommand::Show { common, id } => {
             let conn = ops::open_read(&data_dir(&common.config)?).map_err(fail)?;
@@ -215,11 +242,12 @@ fn dlq(cmd: DlqCommand) -> Outcome {
                     format!("{} bytes, {}", d.payload.bytes, d.payload.encoding),
                 ),
             ];
+            let mut text = Text::new();
             for (k, v) in lines {
-                println!("{k:>14}: {v}");
+                text.line(format_args!("{k:>14}: {v}"));
             }
-            println!("{}", d.payload.data);
-            Ok(())
+            text.line(&d.payload.data);
+            Ok(text.print()?)
         }
         DlqCommand::Replay {
             common,
@@ -228,7 +256,7 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             device,
         } => {
             if all != ids.is_empty() {
-                return Err((64, "name dead letter ids or --all, one of them".into()));
+                return Err((64, "name dead letter ids or --all, one of them".to_string()).into());
             }
             let dir = data_dir(&common.config)?;
             let mut conn = ops::open_write(&dir).map_err(fail)?;
@@ -248,49 +276,43 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             if common.json {
                 print_json(&results)?;
             } else {
+                let mut text = Text::new();
                 for r in &results {
-                    match &r.refused {
-                        None => match r.seq {
-                            Some(seq) => println!(
-                                "{}: replayed {}/{} seq {seq}",
-                                r.id,
-                                opt(&r.device),
-                                opt(&r.msg_id)
-                            ),
-                            None => println!(
-                                "{}: replayed {}/{}: the gateway sends it to the device under a new seq",
-                                r.id,
-                                opt(&r.device),
-                                opt(&r.msg_id)
-                            ),
-                        },
-                        Some(why) => println!("{}: not replayed: {why}", r.id),
+                    let (id, device, msg_id) = (r.id, opt(&r.device), opt(&r.msg_id));
+                    match (&r.refused, r.seq) {
+                        (None, Some(seq)) => {
+                            text.line(format_args!("{id}: replayed {device}/{msg_id} seq {seq}"))
+                        }
+                        (None, None) => text.line(format_args!(
+                            "{id}: replayed {device}/{msg_id}: the gateway sends it to the device under a new seq"
+                        )),
+                        (Some(why), _) => text.line(format_args!("{id}: not replayed: {why}")),
                     }
                 }
+                text.print()?;
             }
             if refused > 0 {
-                return Err((
-                    1,
-                    format!("{refused} of {} dead letters not replayed", results.len()),
-                ));
+                let line = format!("{refused} of {} dead letters not replayed", results.len());
+                return Err((1, line).into());
             }
             Ok(())
         }
         DlqCommand::Purge { common, older_than } => {
-            let age =
-                ops::duration::parse(&older_than).map_err(|e| (64, format!("--older-than {e}")))?;
+            // Checked before the store is opened: a refused age deletes nothing.
+            let before = ops::duration::before(&older_than, ops::now_ms())
+                .map_err(|e| (64, format!("--older-than {e}")))?;
             let dir = data_dir(&common.config)?;
             let conn = ops::open_write(&dir).map_err(fail)?;
-            let before = ops::now_ms() - age.as_millis() as i64;
             let purged = dlq::purge(&conn, before).map_err(fail)?;
             if common.json {
                 return print_json(&serde_json::json!({ "purged": purged, "before_ms": before }));
             }
-            println!(
+            let mut text = Text::new();
+            text.line(format_args!(
                 "purged {purged} dead letters from before {}",
                 fmt_ms(before)
-            );
-            Ok(())
+            ));
+            Ok(text.print()?)
         }
     }
 }
@@ -299,10 +321,8 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
     let conn = ops::open_read(&data_dir(&common.config)?).map_err(fail)?;
     let events = trace::trace(&conn, device, msg_id).map_err(fail)?;
     if events.is_empty() {
-        return Err((
-            1,
-            format!("no message {msg_id} of device {device} in the store"),
-        ));
+        let line = format!("no message {msg_id} of device {device} in the store");
+        return Err((1, line).into());
     }
     if common.json {
         return print_json(&events);
@@ -319,11 +339,12 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
             ]
         })
         .collect();
-    print!(
-        "{}",
-        table::render(&["AT", "DIR", "SEQ", "EVENT", "DETAIL"], &cells)
-    );
-    Ok(())
+    let mut text = Text::new();
+    text.push(&table::render(
+        &["AT", "DIR", "SEQ", "EVENT", "DETAIL"],
+        &cells,
+    ));
+    Ok(text.print()?)
 }
 
 fn status(common: Common, top: usize) -> Outcome {
@@ -345,44 +366,45 @@ fn status(common: Common, top: usize) -> Outcome {
         None => "-".into(),
     };
     let age = |a: Option<f64>| a.map_or("-".into(), |a| format!("{a:.1}s"));
+    let mut text = Text::new();
     if s.running {
-        println!(
+        text.line(format_args!(
             "gateway: {} running (pid {})",
             s.gateway.as_deref().unwrap_or("-"),
             s.pid.unwrap_or_default()
-        );
+        ));
     } else {
-        println!("gateway: not running (figures from the store)");
+        text.line("gateway: not running (figures from the store)");
     }
-    println!("north: {}", link(&s.north));
-    println!(
+    text.line(format_args!("north: {}", link(&s.north)));
+    text.line(format_args!(
         "south: {} ({})",
         link(&s.south),
         s.south_mode.as_deref().unwrap_or("-")
-    );
-    println!(
+    ));
+    text.line(format_args!(
         "devices online: {}",
         s.devices_online.map_or("-".into(), |n| n.to_string())
-    );
-    println!(
+    ));
+    text.line(format_args!(
         "uplink backlog: {} (oldest {})",
         s.uplink_backlog,
         age(s.uplink_oldest_age_s)
-    );
-    println!(
+    ));
+    text.line(format_args!(
         "downlink backlog: {} (oldest {})",
         s.downlink_backlog,
         age(s.downlink_oldest_age_s)
-    );
+    ));
     for d in &s.downlink_top {
-        println!("  {}: {}", d.device, d.messages);
+        text.line(format_args!("  {}: {}", d.device, d.messages));
     }
-    println!("dead letters: {}", s.dead_letters);
-    println!(
+    text.line(format_args!("dead letters: {}", s.dead_letters));
+    text.line(format_args!(
         "store: {} bytes (db {}, wal {}), budget {} bytes",
         s.store.total_bytes, s.store.db_bytes, s.store.wal_bytes, s.store.budget_bytes
-    );
-    Ok(())
+    ));
+    Ok(text.print()?)
 }
 
 /// A progress bar on stderr, only when stdout is a terminal and there is
@@ -403,7 +425,10 @@ impl Progress {
     fn show(&self, done: usize) {
         if self.on {
             let filled = done * 30 / self.total.max(1);
-            eprint!(
+            use std::io::Write as _;
+            // Best effort: a progress bar is no reason to stop.
+            let _ = write!(
+                std::io::stderr().lock(),
                 "\r[{}{}] {done}/{}",
                 "#".repeat(filled),
                 " ".repeat(30 - filled),
@@ -414,7 +439,7 @@ impl Progress {
 
     fn done(&self) {
         if self.on {
-            eprintln!();
+            crate::cli_output::say("");
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::support::{
 const SECS_10: Duration = Duration::from_secs(10);
 
 /// `ferry ARGS… --config FILE`: (exit code, stdout, stderr).
-fn cli(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+pub(crate) fn cli(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = ferry_command()
         .args(args)
         .arg("--config")

@@ -40,6 +40,7 @@ mod lifecycle;
 mod limits;
 mod operate;
 mod ops;
+mod ops_edges;
 mod robust;
 mod tls;
 mod uplink;

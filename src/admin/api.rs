@@ -2,12 +2,13 @@
 //! list|show` and `ferry trace`, the same structs the CLI prints with
 //! `--json`.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 
-use super::{Admin, ApiError};
+use super::error::{echo, ApiError, ApiPath, ApiQuery};
+use super::Admin;
 use crate::ops;
 use crate::ops::dlq::{self, DeadLetterDetail, DeadLetterRow, Filter, Page};
 use crate::ops::status::StatusView;
@@ -32,7 +33,7 @@ struct StatusQuery {
 
 async fn status(
     State(admin): State<Admin>,
-    Query(q): Query<StatusQuery>,
+    ApiQuery(q): ApiQuery<StatusQuery>,
 ) -> Result<Json<StatusView>, ApiError> {
     let top = q.top.unwrap_or(10).min(100);
     let budget = admin.budget.limit();
@@ -60,7 +61,7 @@ struct DlqQuery {
 
 async fn dlq_list(
     State(admin): State<Admin>,
-    Query(q): Query<DlqQuery>,
+    ApiQuery(q): ApiQuery<DlqQuery>,
 ) -> Result<Json<Vec<DeadLetterRow>>, ApiError> {
     let direction = match q.direction.as_deref() {
         None | Some("") => None,
@@ -68,7 +69,8 @@ async fn dlq_list(
         Some("down") => Some(dlq::Direction::Down),
         Some(other) => {
             return Err(ApiError::bad_request(format!(
-                "direction must be up or down (got {other:?})"
+                "direction must be up or down (got {:?})",
+                echo(other)
             )))
         }
     };
@@ -90,7 +92,7 @@ async fn dlq_list(
 
 async fn dlq_show(
     State(admin): State<Admin>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> Result<Json<DeadLetterDetail>, ApiError> {
     admin
         .read(move |conn| dlq::show(conn, id))
@@ -101,13 +103,15 @@ async fn dlq_show(
 
 async fn trace(
     State(admin): State<Admin>,
-    Path((device, msg_id)): Path<(String, String)>,
+    ApiPath((device, msg_id)): ApiPath<(String, String)>,
 ) -> Result<Json<Vec<TraceEvent>>, ApiError> {
     let (d, m) = (device.clone(), msg_id.clone());
     let events = admin.read(move |conn| trace::trace(conn, &d, &m)).await?;
     if events.is_empty() {
         return Err(ApiError::not_found(format!(
-            "nothing known of message {msg_id:?} of device {device:?}"
+            "nothing known of message {:?} of device {:?}",
+            echo(&msg_id),
+            echo(&device)
         )));
     }
     Ok(Json(events))

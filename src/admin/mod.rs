@@ -14,12 +14,16 @@
 //!   the CLI's views ([`crate::ops`]) as JSON.
 //! - `/`: a status page that refreshes itself from `/api/status`.
 //!
+//! Every error, whoever answers it, is `{"error": "..."}` JSON (see
+//! [`error`]).
+//!
 //! Reads go through one read-only WAL connection, one at a time, on the
 //! blocking pool: they never block the store's writer, and a burst of
 //! requests queues here (each waits at most [`READ_WAIT`], then gets 503)
 //! instead of piling up connections.
 
 mod api;
+mod error;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +43,7 @@ use serde::Serialize;
 use tokio::sync::{watch, Mutex, Semaphore};
 use tracing::{debug, info};
 
+use self::error::ApiError;
 use crate::health::Reports;
 use crate::ops::{self, OpsError};
 use crate::store::budget::Budget;
@@ -104,68 +109,6 @@ impl Admin {
         .map_err(|e| ApiError::internal(format!("read task failed: {e}")))?;
         *slot = conn;
         result.map_err(ApiError::from)
-    }
-}
-
-/// An error answer: `{"error": "..."}` with its status.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl ApiError {
-    fn busy() -> ApiError {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "busy: earlier requests are still reading the store; try again".into(),
-        }
-    }
-
-    fn internal(message: String) -> ApiError {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message,
-        }
-    }
-
-    fn not_found(message: String) -> ApiError {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            message,
-        }
-    }
-
-    fn bad_request(message: String) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message,
-        }
-    }
-}
-
-impl From<OpsError> for ApiError {
-    fn from(e: OpsError) -> ApiError {
-        match e {
-            OpsError::Usage(m) => ApiError::bad_request(m),
-            OpsError::Runtime(m) => ApiError::internal(m),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        #[derive(Serialize)]
-        struct Body {
-            error: String,
-        }
-        (
-            self.status,
-            Json(Body {
-                error: self.message,
-            }),
-        )
-            .into_response()
     }
 }
 
@@ -242,6 +185,9 @@ fn router(admin: Admin) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(api::routes())
+        // After every route: it covers the routes added before it.
+        .method_not_allowed_fallback(error::no_method)
+        .fallback(error::no_route)
         .with_state(admin)
 }
 

@@ -120,7 +120,7 @@ pub fn list_page(
                 filter.reason,
                 filter.direction.map(Direction::as_str),
                 after,
-                limit.map_or(-1, |n| n as i64)
+                limit.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX))
             ],
             row,
         )

@@ -3,8 +3,12 @@
 //! over) on every change of the north link or of a device's presence, so a
 //! reader sees the old file or the new one, never half of one. It is kept
 //! by a thread of its own, fed over a channel: the pipelines never wait on
-//! the disk for it. It is not durable state (no fsync): the pid in it tells
-//! a reader whether the gateway that wrote it is still running.
+//! the disk for it. It is not durable state (no fsync). It is read as the
+//! running gateway's only while its pid is that of the gateway holding the
+//! data directory's [`claim`] (a lock, not a process name: a gateway binary
+//! under any name is seen, a dead one's file is not).
+
+pub mod claim;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -165,28 +169,22 @@ fn write(path: &Path, status: &LiveStatus) {
     }
 }
 
-/// The status file in `data_dir`, if one is there and its writer still runs.
+/// The status file in `data_dir`, if one is there and its writer is the
+/// gateway running on `data_dir` now (a file left by an earlier one, even
+/// for a moment while the next starts, is not).
 pub fn read(data_dir: &Path) -> Option<LiveStatus> {
+    let running = claim::holder(data_dir)?;
     let text = std::fs::read(data_dir.join(STATUS_FILE)).ok()?;
     let status: LiveStatus = serde_json::from_slice(&text).ok()?;
-    running(status.pid).then_some(status)
-}
-
-/// Whether process `pid` is a running ferry (not a pid reused by another
-/// program after the gateway died).
-fn running(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-        Ok(comm) => comm.trim() == "ferry",
-        Err(_) => false,
-    }
+    (status.pid == running).then_some(status)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_status_file_whose_writer_is_gone_is_not_read_as_running() {
+    #[tokio::test]
+    async fn a_status_file_is_read_as_running_only_while_its_writer_holds_the_claim() {
         let dir = tempfile::tempdir().unwrap();
         let mut status = LiveStatus {
             gateway: "gw".into(),
@@ -205,11 +203,19 @@ mod tests {
             updated_ms: 0,
         };
         write(&dir.path().join(STATUS_FILE), &status);
-        assert_eq!(read(dir.path()), None);
-        // This test process is not named ferry either.
+        assert_eq!(read(dir.path()), None, "no gateway holds the claim");
+        // A live process (this one, whatever its name) holding no claim:
+        // a pid reused after the gateway died.
         status.pid = std::process::id();
         write(&dir.path().join(STATUS_FILE), &status);
         assert_eq!(read(dir.path()), None);
+        let held = claim::claim(dir.path()).await.expect("the claim");
+        assert_eq!(read(dir.path()), Some(status.clone()));
+        // The file an earlier gateway left, read while this one starts.
+        status.pid = u32::MAX - 1;
+        write(&dir.path().join(STATUS_FILE), &status);
+        assert_eq!(read(dir.path()), None);
+        drop(held);
         assert!(dir.path().join(STATUS_FILE).exists());
         assert!(!dir.path().join("status.json.tmp").exists());
     }

@@ -69,6 +69,9 @@ pub fn downlink_top(conn: &Connection, top: usize) -> Result<Vec<(String, i64)>>
         "SELECT device, down_seq - delivered_upto AS n FROM devices
          WHERE n > 0 ORDER BY n DESC, device LIMIT ?1",
     )?
-    .query_map(params![top as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+    // Saturated, not cast: a `usize` past i64::MAX must not wrap.
+    .query_map(params![i64::try_from(top).unwrap_or(i64::MAX)], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })?
     .collect()
 }

@@ -23,6 +23,11 @@ impl Ferry {
         get(&self.admin_url(path))
     }
 
+    /// GET `path` on the admin server: (status, Content-Type, body).
+    pub fn admin_get_typed(&self, path: &str) -> (u16, String, String) {
+        get_typed(&self.admin_url(path))
+    }
+
     /// GET `path`, which must answer 200 with JSON.
     pub fn admin_json(&self, path: &str) -> serde_json::Value {
         let (status, body) = self.admin_get(path);
@@ -41,6 +46,35 @@ impl Ferry {
 /// GET `url`: (status, body); an error status is an answer too.
 pub fn get(url: &str) -> (u16, String) {
     try_get(url).unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// GET `url`: (status, Content-Type or "", body).
+pub fn get_typed(url: &str) -> (u16, String, String) {
+    super::blocking(|| {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(20))
+            .build();
+        let answer = match agent.get(url).call() {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("GET {url}: {e}"),
+        };
+        let status = answer.status();
+        let kind = answer.header("content-type").unwrap_or("").to_string();
+        (status, kind, answer.into_string().unwrap_or_default())
+    })
+}
+
+/// POST an empty body to `url`: (status, Content-Type or "", body).
+pub fn post(url: &str) -> (u16, String, String) {
+    super::blocking(|| {
+        let answer = match ureq::post(url).call() {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("POST {url}: {e}"),
+        };
+        let status = answer.status();
+        let kind = answer.header("content-type").unwrap_or("").to_string();
+        (status, kind, answer.into_string().unwrap_or_default())
+    })
 }
 
 /// GET `url`, or why there was no answer (refused, closed, timed out).

@@ -30,6 +30,9 @@ pub struct FerryOpts {
     /// Extra environment for the `ferry run` process (systemd's
     /// `NOTIFY_SOCKET`, a test hook).
     pub env: Vec<(String, String)>,
+    /// The gateway binary to run instead of the one under test (a copy of
+    /// it under another name).
+    pub binary: Option<std::path::PathBuf>,
 }
 
 impl FerryOpts {
@@ -68,6 +71,7 @@ impl FerryOpts {
             logins: Vec::new(),
             site_tls: None,
             env: Vec::new(),
+            binary: None,
         }
     }
 
@@ -81,6 +85,12 @@ impl FerryOpts {
     /// These options with `key=value` in ferry's environment.
     pub fn with_env(mut self, key: &str, value: &str) -> FerryOpts {
         self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// `ferry run` runs `binary` (a copy of ferry) instead.
+    pub fn with_binary(mut self, binary: &std::path::Path) -> FerryOpts {
+        self.binary = Some(binary.to_path_buf());
         self
     }
 

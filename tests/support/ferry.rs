@@ -3,7 +3,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,12 @@ pub fn ferry_binary() -> PathBuf {
 
 /// A `ferry` command with no `FERRY_*` overrides leaking in from outside.
 pub fn ferry_command() -> Command {
-    let mut cmd = Command::new(ferry_binary());
+    command_of(&ferry_binary())
+}
+
+/// [`ferry_command`] running `binary` (a copy of ferry under another name).
+fn command_of(binary: &Path) -> Command {
+    let mut cmd = Command::new(binary);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("FERRY_") {
             cmd.env_remove(key);
@@ -76,6 +81,8 @@ pub struct Ferry {
     /// The config it runs on, as written to `config_path`.
     pub config: RawConfig,
     env: Vec<(String, String)>,
+    /// What `ferry run` runs: the binary under test, or a copy of it.
+    binary: PathBuf,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -157,6 +164,7 @@ impl Ferry {
             config_path,
             config,
             env: opts.env,
+            binary: opts.binary.unwrap_or_else(ferry_binary),
             dir,
             child: None,
         };
@@ -259,7 +267,7 @@ impl Ferry {
             .open(&self.log_path)
             .expect("open ferry.log");
         let _ = writeln!(log, "=== harness: starting ferry run ===");
-        let child = ferry_command()
+        let child = command_of(&self.binary)
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
