@@ -28,6 +28,16 @@ fn seq(v: i64) -> Seq {
     Seq(v.max(0) as u64)
 }
 
+/// A seq as an SQL parameter. Seqs the store assigns fit an i64 (SQLite's
+/// INTEGER); one past `i64::MAX` can only be a device's word (`pull
+/// {"after": 2^63}`, a `confirm` or `nack` as large) and is past every seq
+/// the store holds, so it saturates there. A plain `as i64` would wrap it
+/// to a negative number, before every seq: a pull after it would replay
+/// the whole queue.
+fn sql(s: Seq) -> i64 {
+    i64::try_from(s.0).unwrap_or(i64::MAX)
+}
+
 fn msg_id(s: String) -> Result<MsgId> {
     MsgId::new(s.as_str()).map_err(|e| StoreError::CorruptRow {
         table: "down_message",
@@ -159,7 +169,7 @@ fn history<'a>(
     for e in events {
         stmt.execute(params![
             e.device.as_str(),
-            e.seq.0 as i64,
+            sql(e.seq),
             at_ms,
             e.state.as_str(),
             e.reason
@@ -199,10 +209,9 @@ pub fn read_batch(
              JOIN down_message m ON m.id = d.message_id
              WHERE d.device = ?1 AND d.seq > ?2 ORDER BY d.seq LIMIT ?3",
         )?
-        .query_map(
-            params![device.as_str(), after.0 as i64, limit as i64],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )?
+        .query_map(params![device.as_str(), sql(after), limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
     for (s, st, id, body, expires_ms) in rows {
         let mut st = state(&st)?;
@@ -312,7 +321,7 @@ impl Step {
                  WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = ?6 RETURNING seq, message_id",
             )?
             .query_map(
-                params![device.as_str(), after.0 as i64, upto.0 as i64, now_ms, self.to.as_str(), self.from.as_str()],
+                params![device.as_str(), sql(after), sql(upto), now_ms, self.to.as_str(), self.from.as_str()],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?
             .collect::<rusqlite::Result<_>>()?;
@@ -332,7 +341,7 @@ impl Step {
             "UPDATE devices SET {} = ?2 WHERE device = ?1",
             self.cursor
         ))?
-        .execute(params![device.as_str(), upto.0 as i64])?;
+        .execute(params![device.as_str(), sql(upto)])?;
         Ok(events)
     }
 }
@@ -352,7 +361,7 @@ pub fn nack(
             "UPDATE down_delivery SET state = 'dead', at_ms = ?3
              WHERE device = ?1 AND seq = ?2 AND state IN ('stored', 'delivered') RETURNING message_id",
         )?
-        .query_row(params![device.as_str(), at.0 as i64, now_ms], |r| r.get(0))
+        .query_row(params![device.as_str(), sql(at), now_ms], |r| r.get(0))
         .optional()?;
     let mut c = cursors(tx, device)?;
     let Some(mid) = dead else {
@@ -376,7 +385,7 @@ pub fn nack(
     if at == c.delivered_upto.next() {
         c.delivered_upto = at;
         tx.prepare_cached("UPDATE devices SET delivered_upto = ?2 WHERE device = ?1")?
-            .execute(params![device.as_str(), at.0 as i64])?;
+            .execute(params![device.as_str(), sql(at)])?;
     }
     let event = DeliveryEvent {
         device: device.clone(),

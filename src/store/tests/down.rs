@@ -190,3 +190,32 @@ async fn a_nack_dead_letters_the_delivery_and_moves_the_cursor_past_it() {
         ("down", "nacked: no room")
     );
 }
+
+#[tokio::test]
+async fn seqs_past_i64_from_a_device_saturate_instead_of_wrapping_around() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    for i in 0..3 {
+        put(&store, msg(&format!("n-{i}"), &["a"], 100, None)).await;
+    }
+    assert_eq!(batch(&store, "a", 0, 0).await.entries.len(), 3);
+    for after in [1 << 63, u64::MAX - 1, u64::MAX] {
+        let b = batch(&store, "a", after, 0).await;
+        assert!(
+            b.entries.is_empty(),
+            "a pull after {after} is past the head, not before seq 1: {:?}",
+            b.entries
+        );
+        assert_eq!(b.head, Seq(3));
+    }
+    let device = dev("a");
+    let m = store
+        .nack(device, Seq(u64::MAX), reason::nacked("x"), 3)
+        .await
+        .unwrap();
+    assert!(m.events.is_empty(), "no delivery has that seq");
+    assert_eq!(m.cursors.delivered_upto, Seq(0));
+    let m = advance(&store, "a", u64::MAX, true).await;
+    assert_eq!(m.cursors.delivered_upto, Seq(3), "never past the head");
+    assert_eq!(m.cursors.read_upto, Seq(3));
+}
