@@ -289,6 +289,7 @@ pub fn advance(
     let receipts = outbox::report(tx, &events, now_ms)?;
     Ok(CursorMove {
         cursors: c,
+        confirmed: Some(upto),
         events,
         delivered_after_ms,
         receipts,
@@ -398,6 +399,7 @@ pub fn nack(
     let receipts = outbox::report(tx, [&event], now_ms)?;
     Ok(CursorMove {
         cursors: c,
+        confirmed: None,
         events: vec![event],
         delivered_after_ms: Vec::new(),
         receipts,
