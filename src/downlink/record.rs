@@ -111,7 +111,7 @@ pub struct Cursors {
 pub struct CursorMove {
     pub cursors: Cursors,
     /// How far a confirm or read reached, as the store took it (never past
-    /// the head); `None` for a nack. Below the cursor when the device
+    /// what was sent); `None` for a nack. Below the cursor when the device
     /// confirmed a batch replayed from behind it.
     pub confirmed: Option<Seq>,
     pub events: Vec<DeliveryEvent>,

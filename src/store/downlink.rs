@@ -5,6 +5,10 @@
 //! committed in the outbox ([`super::outbox`]) in the same transaction.
 //! The records and the words of every reason are the downlink's
 //! ([`crate::downlink::record`]).
+//!
+//! Seqs from a device are its own word: they are bound saturated ([`sql`])
+//! and reach no further than `devices.sent_upto`, the last seq read into a
+//! batch for it, raised in the transaction that reads the batch.
 
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
@@ -241,13 +245,28 @@ pub fn read_batch(
             body,
         });
     }
+    if let Some(last) = out.entries.last() {
+        tx.prepare_cached("UPDATE devices SET sent_upto = max(sent_upto, ?2) WHERE device = ?1")?
+            .execute(params![device.as_str(), sql(last.seq)])?;
+    }
     history(tx, &out.expired, now_ms)?;
     out.receipts = outbox::report(tx, &out.expired, now_ms)?;
     Ok(out)
 }
 
-/// Moves the confirm cursor to `upto` (never backwards, never past the
-/// head), and with `read` the read cursor too.
+/// The last seq of `device` read into a batch ([`read_batch`]): as far as
+/// anything was sent to it, so as far as its confirm, read or nack reaches.
+fn sent_upto(tx: &Transaction<'_>, device: &DeviceId) -> Result<Seq> {
+    Ok(tx
+        .prepare_cached("SELECT sent_upto FROM devices WHERE device = ?1")?
+        .query_row([device.as_str()], |r| r.get(0))
+        .optional()?
+        .map_or(Seq(0), seq))
+}
+
+/// Moves the confirm cursor to `upto` (never backwards, never past what
+/// was sent: a device's word for a seq it was never sent marks nothing
+/// delivered), and with `read` the read cursor too.
 pub fn advance(
     tx: &Transaction<'_>,
     device: &DeviceId,
@@ -256,7 +275,7 @@ pub fn advance(
     now_ms: i64,
 ) -> Result<CursorMove> {
     let mut c = cursors(tx, device)?;
-    let upto = upto.min(c.head);
+    let upto = upto.min(sent_upto(tx, device)?).min(c.head);
     let mut events = Vec::new();
     let mut delivered_after_ms = Vec::new();
     if upto > c.delivered_upto {
@@ -349,7 +368,8 @@ impl Step {
 
 /// The device can never take delivery `at`: dead-letter it for this device
 /// with `reason` (worded by the caller, [`reason::nacked`]). If it is the
-/// next one after the cursor, the cursor moves past it.
+/// next one after the cursor, the cursor moves past it. A delivery never
+/// sent to the device is not its to refuse: that nack changes nothing.
 pub fn nack(
     tx: &Transaction<'_>,
     device: &DeviceId,
@@ -357,6 +377,12 @@ pub fn nack(
     reason: &str,
     now_ms: i64,
 ) -> Result<CursorMove> {
+    if at > sent_upto(tx, device)? {
+        return Ok(CursorMove {
+            cursors: cursors(tx, device)?,
+            ..CursorMove::default()
+        });
+    }
     let dead: Option<i64> = tx
         .prepare_cached(
             "UPDATE down_delivery SET state = 'dead', at_ms = ?3

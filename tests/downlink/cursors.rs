@@ -141,3 +141,60 @@ async fn a_confirm_of_a_replayed_batch_releases_it_and_the_next_downlink_comes_a
         })
         .await;
 }
+
+both_modes!(a_confirm_or_nack_far_ahead_reaches_only_what_the_device_was_sent);
+async fn a_confirm_or_nack_far_ahead_reaches_only_what_the_device_was_sent(mode: Mode) {
+    const DEVICE: &str = "panel-ahead";
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start_in(
+        mode,
+        FerryOpts::new("gw-down-ahead", mq.port).with(|c| {
+            c.downlink.batch_size = 2;
+            c.downlink.confirm_timeout_ms = 30_000;
+        }),
+    );
+    let mut north = North::connect(mq.port, &ferry.gateway, NO_RESEND).await;
+    queued(&mut north, DEVICE, "ah", 4).await;
+    let mut device = BareClient::device(&ferry, DEVICE).await;
+    let first = device.next_json(SECS_20).await.expect("the first batch");
+    assert_eq!(batch_seqs(&first), vec![1, 2]);
+
+    // Seq 4 was never sent: a nack of it refuses nothing, and a confirm
+    // as far as a u64 goes covers what the device has, 1 and 2.
+    let topics = device_topics(DEVICE);
+    device
+        .publish(
+            &topics.nack(),
+            json!({"seq": 4, "reason": "never seen"}).to_string(),
+        )
+        .await;
+    device
+        .publish(&topics.confirm(), json!({"upto": u64::MAX}).to_string())
+        .await;
+    let next = device.next_json(SECS_20).await.expect("the second batch");
+    assert_eq!(
+        batch_seqs(&next),
+        vec![3, 4],
+        "3 and 4 are still to deliver"
+    );
+    north.settle(QUIET).await;
+    assert_eq!(
+        count_with(&north.receipts, "delivered"),
+        2,
+        "`delivered` for 1 and 2 only"
+    );
+    assert_eq!(count_with(&north.receipts, "failed"), 0, "nothing nacked");
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM dead_letter", []),
+        0,
+        "no dead letter for an unsent seq"
+    );
+    device
+        .publish(&topics.confirm(), json!({"upto": 4}).to_string())
+        .await;
+    north
+        .expect(SECS_20, "4 `delivered` receipts", |r| {
+            count_with(r, "delivered") == 4
+        })
+        .await;
+}
