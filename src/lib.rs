@@ -18,7 +18,8 @@
 //!   to each device's connection, devices held back rather than anything
 //!   dropped, presence from the broker's client-event hook) or `external`
 //!   (a persistent [`mqtt`] session on the site's broker, each device
-//!   message acknowledged there only after its commit). The pipelines see
+//!   message acknowledged there only after its commit, and the backlog it
+//!   replays after a reconnect marked, `south::backlog`). The pipelines see
 //!   messages in, publishes and acks out, and presence.
 //! - [`mqtt`]: the one MQTT client session over rumqttc, used by every
 //!   link ferry opens and by [`client`]: reconnect backoff,

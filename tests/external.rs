@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use ferry::client::backend::{BackendClient, BackendOptions};
 
 use crate::support::forgeries;
-use crate::support::receipts::status;
+use crate::support::receipts::{eventually, status};
 use crate::support::{
     boot_id, device_topics, Backend, BareClient, Device, Ferry, FerryOpts, Mode, Mosquitto, RawMqtt,
 };
@@ -383,4 +383,127 @@ async fn a_sigterm_mid_stream_acknowledges_only_what_was_committed_and_the_rest_
         n as i64,
         "seqs 1..={n} in publish order, none skipped"
     );
+}
+
+/// `n` QoS 1 uplinks `{boot}-{tag}{i:04}` from `raw`'s device, in one
+/// write; returns once the site broker has PUBACKed every one (it holds
+/// them, for ferry's session).
+async fn publish_held(raw: &mut RawMqtt, device: &str, boot: &str, tag: &str, n: usize) {
+    let up = device_topics(device).up("t");
+    let publishes: Vec<_> = (0..n)
+        .map(|i| {
+            let body = json!({"msg_id": format!("{boot}-{tag}{i:04}"), "payload": i});
+            raw.publish(&up, serde_json::to_vec(&body).unwrap())
+        })
+        .collect();
+    raw.send_many(publishes).await;
+    let mut acked = 0;
+    while acked < n {
+        match raw.recv(SECS_30).await {
+            Some(rumqttc::Packet::PubAck(_)) => acked += 1,
+            Some(_) => {}
+            None => panic!("the site broker PUBACKed {acked} of {n}"),
+        }
+    }
+}
+
+/// Receipts on `raw`'s subscription until `n` distinct msg_ids are answered.
+async fn answers(raw: &mut RawMqtt, n: usize) -> Vec<Value> {
+    let mut got: Vec<Value> = Vec::new();
+    let mut ids = HashSet::new();
+    raw.read_publishes(SECS_60, |p| {
+        let r: Value = serde_json::from_slice(&p.payload).expect("a JSON receipt");
+        ids.extend(r["msg_id"].as_str().map(str::to_string));
+        got.push(r);
+        ids.len() >= n
+    })
+    .await;
+    assert_eq!(
+        ids.len(),
+        n,
+        "answered within 60 s; the last: {:?}",
+        got.last()
+    );
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_the_site_broker_held_while_ferry_was_stopped_is_stored_whole_and_a_live_flood_is_still_refused(
+) {
+    const N: usize = 1000;
+    const DEVICE: &str = "backlog-1";
+    let mq = Mosquitto::start();
+    // ferry's own limits: 200 a second, a burst of 400, 256 in flight.
+    let mut ferry = Ferry::start(
+        FerryOpts::new("gw-ext-backlog", mq.port)
+            .in_mode(Mode::External)
+            .with_default_limits(),
+    );
+    let mut raw = RawMqtt::connect(ferry.south_port, DEVICE, 60).await;
+    raw.subscribe(&[device_topics(DEVICE).ack()]).await;
+    let boot = boot_id();
+
+    // ferry is stopped; the device sends 1,000, which the site broker keeps.
+    assert!(ferry.terminate(Duration::from_secs(15)), "a clean stop");
+    publish_held(&mut raw, DEVICE, &boot, "held", N).await;
+    ferry.restart();
+    let got = answers(&mut raw, N).await;
+    let refused: Vec<&Value> = got.iter().filter(|r| status(r) == "rejected").collect();
+    assert!(
+        refused.is_empty(),
+        "{} of the backlog refused, e.g. {:?}",
+        refused.len(),
+        refused.first()
+    );
+    assert_eq!(
+        got.iter().filter(|r| status(r) == "stored").count(),
+        N,
+        "each answered `stored`"
+    );
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM uplink WHERE device = ?1", [DEVICE]),
+        N as i64
+    );
+    assert_eq!(ferry.query_i64("SELECT COUNT(*) FROM dead_letter", []), 0);
+    // A quiet second later the burst is over, in one line.
+    let taken_line = || {
+        ferry
+            .log()
+            .lines()
+            .find(|l| l.contains("event=\"south_backlog_taken\""))
+            .map(str::to_string)
+    };
+    eventually(SECS_30, "a south_backlog_taken line", || {
+        taken_line().is_some()
+    })
+    .await;
+    let taken = taken_line().expect("checked");
+    assert!(
+        taken.contains("ended=\"drained\"") && taken.contains(&format!("messages={N}")),
+        "{taken}"
+    );
+
+    // The backlog is taken: a device flooding now is the device sending
+    // too fast, and is refused as ever.
+    publish_held(&mut raw, DEVICE, &boot, "live", N).await;
+    let got = answers(&mut raw, N).await;
+    let rate = got
+        .iter()
+        .filter(|r| {
+            status(r) == "rejected" && r["reason"].as_str().is_some_and(|s| s.starts_with("rate:"))
+        })
+        .count();
+    assert!(
+        rate >= N / 4,
+        "a live flood of {N} at once is past a burst of 400: {rate} refused"
+    );
+    assert!(
+        log_count(&ferry, "device over south.rate_per_s") >= 1,
+        "{}",
+        ferry.log_tail()
+    );
+}
+
+fn log_count(ferry: &Ferry, what: &str) -> usize {
+    ferry.log().matches(what).count()
 }

@@ -615,6 +615,11 @@ async fn a_downlink_its_device_nacked_is_replayed_under_a_new_seq_with_its_msg_i
     backend.send_down(&["panel-2"], json!({"msg_id": b, "payload": 2}));
     let ahead = receipt(&mut backend, &b, "stored").await;
     assert_eq!(ahead, first.last().expect("a message").seq + 1);
+    // The device takes b before it confirms a (a nack reaches only what
+    // the device was sent): it pulls from behind its cursor.
+    device.pull(Some(new - 1), None);
+    let second = inbox(&mut device).await;
+    assert!(second.iter().any(|m| m.seq == ahead), "{second:?}");
     device.nack(ahead, "unknown command");
     let row = wait_for(SECS_10, || {
         let l = cli_json(&ferry, &["dlq", "list", "--direction", "down"]);

@@ -93,7 +93,9 @@ impl Downlink {
             crate::metrics::delivery_took(crate::metrics::Direction::Down, *ms);
         }
         self.send_receipts(moved.receipts);
-        let (released, actions) = self.scheduler.on_cursor_moved(&device, moved.cursors);
+        let (released, actions) =
+            self.scheduler
+                .on_cursor_moved(&device, moved.cursors, moved.confirmed);
         if let Some(o) = released {
             info!(
                 event = "downlink_batch_confirmed",

@@ -110,6 +110,10 @@ pub struct Cursors {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CursorMove {
     pub cursors: Cursors,
+    /// How far a confirm or read reached, as the store took it (never past
+    /// what was sent); `None` for a nack. Below the cursor when the device
+    /// confirmed a batch replayed from behind it.
+    pub confirmed: Option<Seq>,
     pub events: Vec<DeliveryEvent>,
     /// For each delivery confirmed, how long after its message was stored
     /// (milliseconds; for the delivery latency).

@@ -2,8 +2,9 @@
 //!
 //! Rules it keeps (docs/PROTOCOL.md, "Downlink batches"):
 //! - Nothing is sent to a device that is not online.
-//! - At most one batch per device is unconfirmed. A confirm that moves the
-//!   cursor releases the next batch, starting after the new cursor.
+//! - At most one batch per device is unconfirmed. A confirm that covers
+//!   any of it releases the next batch, starting after the cursor (moved
+//!   or not: a replayed batch is behind it).
 //! - No confirm within the timeout → the batch is read and sent again from
 //!   the cursor, the timeout doubling per resend (up to 16x), while the
 //!   device stays online.
@@ -314,12 +315,21 @@ impl DownScheduler {
         }]
     }
 
-    /// A confirm, read or nack committed; `c` are the device's cursors now.
-    /// Returns the confirmed batch if this released it.
+    /// A confirm, read or nack committed; `c` are the device's cursors now,
+    /// `confirmed` how far a confirm or read reached (as the store took
+    /// it: never past what was sent; `None` for a nack). Returns the
+    /// confirmed batch if this released it.
+    ///
+    /// A confirm releases the outstanding batch when it covers any of it,
+    /// whether or not it moved the cursor: a batch a pull replayed from
+    /// behind the cursor (`after: 0`) is confirmed without moving it, and
+    /// waiting for a move there would hold the device's next batch until
+    /// the confirm timeout, then resend a batch the device had confirmed.
     pub fn on_cursor_moved(
         &mut self,
         device: &DeviceId,
         c: Cursors,
+        confirmed: Option<Seq>,
     ) -> (Option<Outstanding>, Vec<DownAction>) {
         let Some(d) = self.devices.get_mut(device) else {
             return (None, Vec::new());
@@ -331,24 +341,33 @@ impl DownScheduler {
         known.delivered_upto = known.delivered_upto.max(c.delivered_upto);
         known.head = known.head.max(c.head);
         let cursors = *known;
-        if cursors.delivered_upto == before {
-            return (None, Vec::new());
-        }
+        let moved = cursors.delivered_upto != before;
+        // How far this reached: a confirm's or read's own word, a nack's
+        // move of the cursor.
+        let reached = match confirmed {
+            Some(upto) => upto,
+            None if moved => cursors.delivered_upto,
+            None => return (None, Vec::new()),
+        };
         let mut released = None;
         d.status = match d.status {
-            Status::AwaitingConfirm { batch, .. } if cursors.delivered_upto >= batch.first => {
+            Status::AwaitingConfirm { batch, .. } if reached >= batch.first => {
                 released = Some(batch);
                 d.resends = 0;
                 self.timers.remove(device);
                 Status::Idle { cursors }
             }
             // A read from the old cursor would resend confirmed messages.
-            Status::Reading { .. } => {
+            Status::Reading { .. } if moved => {
                 d.resends = 0;
                 Status::Idle { cursors }
             }
             other => other,
         };
+        if released.is_none() && !moved {
+            // A stale confirm changes nothing.
+            return (None, Vec::new());
+        }
         (released, self.next(device))
     }
 

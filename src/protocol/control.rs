@@ -190,6 +190,31 @@ mod tests {
     }
 
     #[test]
+    fn a_seq_that_is_not_a_whole_number_from_0_to_2_pow_64_is_refused() {
+        for body in [
+            r#"{"after":-1}"#,
+            r#"{"after":1.5}"#,
+            r#"{"after":"5"}"#,
+            r#"{"after":18446744073709551616}"#,
+        ] {
+            assert!(
+                parse_control(ControlKind::Pull, body.as_bytes()).is_err(),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            parse_control(ControlKind::Pull, br#"{"after":18446744073709551615}"#),
+            Ok(Control::Pull {
+                after: Some(Seq(u64::MAX)),
+                limit: None
+            }),
+            "the largest u64 is a seq on the wire; the store saturates it"
+        );
+        assert!(parse_control(ControlKind::Confirm, br#"{"upto":1e3}"#).is_err());
+        assert!(parse_control(ControlKind::Nack, br#"{"seq":-3}"#).is_err());
+    }
+
+    #[test]
     fn the_protocol_examples_parse() {
         assert_eq!(
             serde_json::from_str::<Confirm>(r#"{"upto": 57}"#).unwrap(),

@@ -377,6 +377,7 @@ fn south_message(f: Forward) -> Option<SouthMessage> {
         payload: f.publish.payload,
         oversize,
         received_ms: now_ms(),
+        replayed: false,
         // The broker acknowledged it when the link took it.
         ack: Default::default(),
     })

@@ -13,17 +13,23 @@
 //!   resends its uplink; an unconfirmed batch is sent again).
 //! - While the site broker is down, the session reconnects with backoff;
 //!   north is not affected.
+//! - What the broker held for the session while ferry was away arrives as
+//!   a burst after the reconnect; those messages are marked `replayed`
+//!   ([`super::backlog`]) and are not held to the per-device limits.
 //! - Isolation between devices is the site broker's ACL (README).
 
 use std::sync::atomic::Ordering;
 
+use tokio::time::Instant;
 use tracing::{debug, error, info};
 
+use super::backlog::{Backlog, Taken};
 use super::{
     device_filters, Ack, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
     TOPIC_ALLOWANCE,
 };
 use crate::config::{ExternalSouth, SouthConfig};
+use crate::deadlines::sleep_until;
 use crate::mqtt::{self, Event, Reconnect, Session};
 use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
@@ -70,13 +76,26 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
 }
 
 /// Moves device messages from the session into the pipeline's channel,
-/// waiting for room (the session, and then the site broker, wait too).
+/// waiting for room (the session, and then the site broker, wait too), and
+/// marks those that are the site broker's backlog ([`Backlog`]).
 async fn receive(
     mut events: tokio::sync::mpsc::Receiver<Event<()>>,
     tx: InboundTx,
     link: tokio::sync::mpsc::UnboundedSender<bool>,
 ) -> String {
-    while let Some(event) = events.recv().await {
+    let mut backlog = Backlog::new();
+    loop {
+        let event = tokio::select! {
+            biased;
+            event = events.recv() => event,
+            _ = sleep_until(backlog.deadline()) => {
+                log_taken(backlog.expire(Instant::now()));
+                continue;
+            }
+        };
+        let Some(event) = event else {
+            return "external south session stopped".into();
+        };
         let m = match event {
             Event::Message(m) => m,
             Event::Up {
@@ -92,15 +111,19 @@ async fn receive(
                 } else {
                     error!(event = "south_subscriptions_refused", epoch, filters = ?refused, "south link up, but the site broker refused ferry's subscriptions: give ferry's user read access to them (docs/EXTERNAL.md)");
                 }
+                log_taken(backlog.on_up(session_present, Instant::now()));
                 let _ = link.send(true);
                 continue;
             }
             Event::Down => {
+                log_taken(backlog.on_down(Instant::now()));
                 let _ = link.send(false);
                 continue;
             }
             _ => continue,
         };
+        let (replayed, ended) = backlog.on_message(Instant::now());
+        log_taken(ended);
         let msg = SouthMessage {
             topic: m.topic,
             payload: m.payload,
@@ -108,6 +131,7 @@ async fn receive(
             // The site broker's ACL keeps devices to their own topics.
             publisher: None,
             received_ms: now_ms(),
+            replayed,
             ack: Ack(Some(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);
@@ -115,6 +139,20 @@ async fn receive(
             debug!("south receiver closed; external session reader stops");
             return "south pipeline stopped".into();
         }
+        backlog.waiting(Instant::now());
     }
-    "external south session stopped".into()
+}
+
+/// One line per burst of the site broker's backlog that ferry took.
+fn log_taken(taken: Option<Taken>) {
+    let Some(t) = taken.filter(|t| t.messages > 0) else {
+        return;
+    };
+    info!(
+        event = "south_backlog_taken",
+        messages = t.messages,
+        lasted_ms = t.lasted.as_millis() as u64,
+        ended = t.end.as_str(),
+        "took what the site broker held for ferry's session, outside the per-device limits; they apply again"
+    );
 }

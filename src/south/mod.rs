@@ -20,6 +20,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod backlog;
 pub mod embedded;
 pub mod external;
 pub mod presence;
@@ -65,6 +66,11 @@ pub struct SouthMessage {
     /// When ferry took it from the broker (ms since the epoch): the
     /// message's `received` time in `ferry trace`.
     pub received_ms: i64,
+    /// The site broker kept it for ferry's session while ferry was away,
+    /// and replays it in the burst after a reconnect ([`backlog`]): not a
+    /// device sending fast, so not held to the per-device limits. Always
+    /// false in embedded mode.
+    pub replayed: bool,
     /// Pass to [`SouthSender::ack`] once the message is committed (or
     /// handed on, for a control message).
     pub ack: Ack,

@@ -5,6 +5,10 @@
 //! committed in the outbox ([`super::outbox`]) in the same transaction.
 //! The records and the words of every reason are the downlink's
 //! ([`crate::downlink::record`]).
+//!
+//! Seqs from a device are its own word: they are bound saturated ([`sql`])
+//! and reach no further than `devices.sent_upto`, the last seq read into a
+//! batch for it, raised in the transaction that reads the batch.
 
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
@@ -26,6 +30,16 @@ type QueueRow = (i64, String, String, Vec<u8>, Option<i64>);
 
 fn seq(v: i64) -> Seq {
     Seq(v.max(0) as u64)
+}
+
+/// A seq as an SQL parameter. Seqs the store assigns fit an i64 (SQLite's
+/// INTEGER); one past `i64::MAX` can only be a device's word (`pull
+/// {"after": 2^63}`, a `confirm` or `nack` as large) and is past every seq
+/// the store holds, so it saturates there. A plain `as i64` would wrap it
+/// to a negative number, before every seq: a pull after it would replay
+/// the whole queue.
+fn sql(s: Seq) -> i64 {
+    i64::try_from(s.0).unwrap_or(i64::MAX)
 }
 
 fn msg_id(s: String) -> Result<MsgId> {
@@ -159,7 +173,7 @@ fn history<'a>(
     for e in events {
         stmt.execute(params![
             e.device.as_str(),
-            e.seq.0 as i64,
+            sql(e.seq),
             at_ms,
             e.state.as_str(),
             e.reason
@@ -199,10 +213,9 @@ pub fn read_batch(
              JOIN down_message m ON m.id = d.message_id
              WHERE d.device = ?1 AND d.seq > ?2 ORDER BY d.seq LIMIT ?3",
         )?
-        .query_map(
-            params![device.as_str(), after.0 as i64, limit as i64],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )?
+        .query_map(params![device.as_str(), sql(after), limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
     for (s, st, id, body, expires_ms) in rows {
         let mut st = state(&st)?;
@@ -232,13 +245,28 @@ pub fn read_batch(
             body,
         });
     }
+    if let Some(last) = out.entries.last() {
+        tx.prepare_cached("UPDATE devices SET sent_upto = max(sent_upto, ?2) WHERE device = ?1")?
+            .execute(params![device.as_str(), sql(last.seq)])?;
+    }
     history(tx, &out.expired, now_ms)?;
     out.receipts = outbox::report(tx, &out.expired, now_ms)?;
     Ok(out)
 }
 
-/// Moves the confirm cursor to `upto` (never backwards, never past the
-/// head), and with `read` the read cursor too.
+/// The last seq of `device` read into a batch ([`read_batch`]): as far as
+/// anything was sent to it, so as far as its confirm, read or nack reaches.
+fn sent_upto(tx: &Transaction<'_>, device: &DeviceId) -> Result<Seq> {
+    Ok(tx
+        .prepare_cached("SELECT sent_upto FROM devices WHERE device = ?1")?
+        .query_row([device.as_str()], |r| r.get(0))
+        .optional()?
+        .map_or(Seq(0), seq))
+}
+
+/// Moves the confirm cursor to `upto` (never backwards, never past what
+/// was sent: a device's word for a seq it was never sent marks nothing
+/// delivered), and with `read` the read cursor too.
 pub fn advance(
     tx: &Transaction<'_>,
     device: &DeviceId,
@@ -247,7 +275,7 @@ pub fn advance(
     now_ms: i64,
 ) -> Result<CursorMove> {
     let mut c = cursors(tx, device)?;
-    let upto = upto.min(c.head);
+    let upto = upto.min(sent_upto(tx, device)?).min(c.head);
     let mut events = Vec::new();
     let mut delivered_after_ms = Vec::new();
     if upto > c.delivered_upto {
@@ -280,6 +308,7 @@ pub fn advance(
     let receipts = outbox::report(tx, &events, now_ms)?;
     Ok(CursorMove {
         cursors: c,
+        confirmed: Some(upto),
         events,
         delivered_after_ms,
         receipts,
@@ -312,7 +341,7 @@ impl Step {
                  WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = ?6 RETURNING seq, message_id",
             )?
             .query_map(
-                params![device.as_str(), after.0 as i64, upto.0 as i64, now_ms, self.to.as_str(), self.from.as_str()],
+                params![device.as_str(), sql(after), sql(upto), now_ms, self.to.as_str(), self.from.as_str()],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?
             .collect::<rusqlite::Result<_>>()?;
@@ -332,14 +361,15 @@ impl Step {
             "UPDATE devices SET {} = ?2 WHERE device = ?1",
             self.cursor
         ))?
-        .execute(params![device.as_str(), upto.0 as i64])?;
+        .execute(params![device.as_str(), sql(upto)])?;
         Ok(events)
     }
 }
 
 /// The device can never take delivery `at`: dead-letter it for this device
 /// with `reason` (worded by the caller, [`reason::nacked`]). If it is the
-/// next one after the cursor, the cursor moves past it.
+/// next one after the cursor, the cursor moves past it. A delivery never
+/// sent to the device is not its to refuse: that nack changes nothing.
 pub fn nack(
     tx: &Transaction<'_>,
     device: &DeviceId,
@@ -347,12 +377,18 @@ pub fn nack(
     reason: &str,
     now_ms: i64,
 ) -> Result<CursorMove> {
+    if at > sent_upto(tx, device)? {
+        return Ok(CursorMove {
+            cursors: cursors(tx, device)?,
+            ..CursorMove::default()
+        });
+    }
     let dead: Option<i64> = tx
         .prepare_cached(
             "UPDATE down_delivery SET state = 'dead', at_ms = ?3
              WHERE device = ?1 AND seq = ?2 AND state IN ('stored', 'delivered') RETURNING message_id",
         )?
-        .query_row(params![device.as_str(), at.0 as i64, now_ms], |r| r.get(0))
+        .query_row(params![device.as_str(), sql(at), now_ms], |r| r.get(0))
         .optional()?;
     let mut c = cursors(tx, device)?;
     let Some(mid) = dead else {
@@ -376,7 +412,7 @@ pub fn nack(
     if at == c.delivered_upto.next() {
         c.delivered_upto = at;
         tx.prepare_cached("UPDATE devices SET delivered_upto = ?2 WHERE device = ?1")?
-            .execute(params![device.as_str(), at.0 as i64])?;
+            .execute(params![device.as_str(), sql(at)])?;
     }
     let event = DeliveryEvent {
         device: device.clone(),
@@ -389,6 +425,7 @@ pub fn nack(
     let receipts = outbox::report(tx, [&event], now_ms)?;
     Ok(CursorMove {
         cursors: c,
+        confirmed: None,
         events: vec![event],
         delivered_after_ms: Vec::new(),
         receipts,

@@ -198,6 +198,16 @@ const MIGRATIONS: &[&str] = &[
     INSERT INTO alert_mark (name, value)
         SELECT 'dead_letters_alerted', coalesce(max(id), 0) FROM dead_letter;
     "#,
+    // 11: how far each device's queue has been put into inbox batches, so
+    // a confirm, read or nack can never reach a delivery ferry never sent.
+    r#"
+    -- Raised (never lowered) in the transaction that reads a batch, so it
+    -- is durable before the batch goes out. Devices from before this
+    -- migration start at their confirm cursor: a batch out at the upgrade
+    -- is sent once more before its confirm counts.
+    ALTER TABLE devices ADD COLUMN sent_upto INTEGER NOT NULL DEFAULT 0;
+    UPDATE devices SET sent_upto = delivered_upto;
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.

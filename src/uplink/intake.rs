@@ -3,7 +3,10 @@
 //! A publish over one of its sender's limits ([`super::limits`]: its rate,
 //! its uplinks in flight) is refused at once, before anything else is
 //! looked at: an uplink is answered `rejected` with reason `rate` and not
-//! stored (the device resends it), a control is held or dropped.
+//! stored (the device resends it), a control is held or dropped. The
+//! limits are on what devices send, not on what a site broker replays:
+//! a message marked `replayed` (external mode, [`crate::south::backlog`])
+//! is taken like any other but counts against neither.
 //!
 //! Every other message is sent to the store at once (so the
 //! writer can group many into one commit) and answered in the order the
@@ -197,14 +200,19 @@ async fn accept(
     // The rate comes first: a publish over it costs no store and no log
     // line of its own, and no parsing but a status's one flag. A nack is not held to it: it is neither
     // cumulative nor repeated, and a confirm past a dropped nack would
-    // report that message `delivered` instead of dead-lettered.
-    if !matches!(
-        route,
-        Route::Control {
-            kind: ControlKind::Nack,
-            ..
-        }
-    ) {
+    // report that message `delivered` instead of dead-lettered. Nor is what
+    // the site broker replays from the backlog it held for ferry (external
+    // mode, `south::backlog`): that is not a device sending fast.
+    let limited = !msg.replayed;
+    if limited
+        && !matches!(
+            route,
+            Route::Control {
+                kind: ControlKind::Nack,
+                ..
+            }
+        )
+    {
         match limits.rate(&sender, Instant::now()) {
             Rate::Within { held: None } => {}
             Rate::Within { held: Some(online) } => {
@@ -254,12 +262,12 @@ async fn accept(
         );
         return refuse(sender, RejectCode::DiskBudget, detail, &msg);
     }
-    if !limits.admit(&sender) {
+    if limited && !limits.admit(&sender) {
         return refuse(sender, RejectCode::Rate, limits.in_flight_detail(), &msg);
     }
     Verdict::Answer {
         answer: judge(cfg, topics, store, route, lines, &msg),
-        in_flight: Some(sender),
+        in_flight: limited.then_some(sender),
     }
 }
 

@@ -90,6 +90,7 @@ mod tests {
             oversize: None,
             publisher: publisher.map(str::to_string),
             received_ms: 0,
+            replayed: false,
             ack: Default::default(),
         };
         let route = Route::of(&Topics::new("devices", "ferry/gw"), &msg);

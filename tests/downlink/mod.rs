@@ -25,6 +25,7 @@ use crate::support::{
 use ferry::ids::DeviceId;
 
 mod batches;
+mod cursors;
 mod expiry;
 mod fan_out;
 mod north;

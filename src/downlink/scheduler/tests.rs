@@ -55,7 +55,7 @@ fn one_batch_is_unconfirmed_at_a_time_and_a_confirm_releases_the_next() {
         s.on_queued(&dev(), Seq(6)).is_empty(),
         "a batch is out: wait for its confirm"
     );
-    let (released, acts) = s.on_cursor_moved(&dev(), cursors(6, 3));
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(6, 3), Some(Seq(3)));
     assert_eq!(released.map(|o| (o.first.0, o.last.0)), Some((1, 3)));
     assert_eq!(read_of(&acts).map(|r| r.0), Some(3));
 }
@@ -66,10 +66,10 @@ fn a_partial_confirm_restarts_after_the_new_cursor() {
     let mut s = DownScheduler::new(cfg());
     let (_, _, gen) = read_of(&online(&mut s, 5, 0)).unwrap();
     s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(5), false, t0);
-    let (released, acts) = s.on_cursor_moved(&dev(), cursors(5, 2));
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(5, 2), Some(Seq(2)));
     assert!(released.is_some());
     assert_eq!(read_of(&acts).map(|r| r.0), Some(2));
-    let (_, acts) = s.on_cursor_moved(&dev(), cursors(5, 1));
+    let (_, acts) = s.on_cursor_moved(&dev(), cursors(5, 1), Some(Seq(1)));
     assert!(acts.is_empty(), "a stale confirm changes nothing");
 }
 
@@ -156,7 +156,7 @@ fn a_read_overtaken_by_a_confirm_is_dropped() {
     let t0 = Instant::now();
     let mut s = DownScheduler::new(cfg());
     let (_, _, gen) = read_of(&online(&mut s, 5, 0)).unwrap();
-    let (_, acts) = s.on_cursor_moved(&dev(), cursors(5, 2));
+    let (_, acts) = s.on_cursor_moved(&dev(), cursors(5, 2), Some(Seq(2)));
     assert_eq!(
         s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(5), false, t0),
         Verdict::Drop
@@ -234,7 +234,7 @@ fn a_confirmed_batch_has_no_deadline_left() {
     let (_, _, gen) = read_of(&online(&mut s, 3, 0)).unwrap();
     s.on_read(&dev(), gen, Some((Seq(1), Seq(3), 3)), Seq(3), false, t0);
     assert!(s.next_deadline().is_some());
-    let (released, acts) = s.on_cursor_moved(&dev(), cursors(3, 3));
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(3, 3), Some(Seq(3)));
     assert!(released.is_some());
     assert!(acts.is_empty(), "caught up: idle");
     assert_eq!(s.next_deadline(), None);
@@ -272,4 +272,119 @@ fn a_second_online_while_loading_asks_for_the_cursors_once() {
     assert_eq!(s.tracked(), 1);
     s.on_offline(&dev());
     assert_eq!(s.tracked(), 0);
+}
+
+/// A caught-up device (`head` = `delivered`) that pulls `after: 0` and is
+/// sent the replay `1..=head`, unconfirmed, at `Instant::now()`.
+fn replayed(s: &mut DownScheduler, head: u64) {
+    assert!(read_of(&online(s, head, head)).is_none(), "caught up");
+    let (after, _, gen) = read_of(&s.on_pull(&dev(), Some(Seq(0)), None, Instant::now())).unwrap();
+    assert_eq!(after, 0);
+    let span = Some((Seq(1), Seq(head), head as usize));
+    assert_eq!(
+        s.on_read(&dev(), gen, span, Seq(head), true, Instant::now()),
+        Verdict::Send { more: false }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirm_of_a_batch_replayed_from_behind_the_cursor_releases_it_at_once() {
+    let mut s = DownScheduler::new(cfg());
+    replayed(&mut s, 3);
+    assert!(
+        s.next_deadline().is_some(),
+        "the replay waits for its confirm"
+    );
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(3, 3), Some(Seq(3)));
+    assert_eq!(
+        released.map(|o| (o.first.0, o.last.0)),
+        Some((1, 3)),
+        "the cursor did not move, but the confirm covers the batch"
+    );
+    assert!(acts.is_empty(), "caught up: nothing more to read");
+    assert_eq!(s.next_deadline(), None, "no confirm timeout left");
+    let acts = s.on_queued(&dev(), Seq(4));
+    assert_eq!(
+        read_of(&acts).map(|r| r.0),
+        Some(3),
+        "a new downlink goes out at once, after the cursor"
+    );
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert!(
+        s.on_tick(Instant::now()).is_empty(),
+        "nothing is resent as unconfirmed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partial_confirm_of_a_replay_releases_it_and_reads_from_the_cursor() {
+    let mut s = DownScheduler::new(cfg());
+    replayed(&mut s, 3);
+    s.on_queued(&dev(), Seq(5));
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(5, 3), Some(Seq(1)));
+    assert!(released.is_some(), "seq 1 is in the replay");
+    assert_eq!(
+        read_of(&acts).map(|r| r.0),
+        Some(3),
+        "what was confirmed before stays confirmed: the next batch starts after the cursor"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_confirm_below_the_outstanding_batch_releases_nothing() {
+    let mut s = DownScheduler::new(cfg());
+    let (_, _, gen) = read_of(&online(&mut s, 6, 3)).unwrap();
+    s.on_read(
+        &dev(),
+        gen,
+        Some((Seq(4), Seq(6), 3)),
+        Seq(6),
+        false,
+        Instant::now(),
+    );
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(6, 3), Some(Seq(3)));
+    assert_eq!(
+        released, None,
+        "a repeated confirm up to 3 says nothing of 4..6"
+    );
+    assert!(acts.is_empty());
+    tokio::time::advance(cfg().confirm_timeout).await;
+    assert_eq!(s.on_tick(Instant::now()).len(), 1, "4..6 is resent in time");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nack_that_leaves_the_cursor_releases_no_replay() {
+    let mut s = DownScheduler::new(cfg());
+    replayed(&mut s, 3);
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(3, 3), None);
+    assert_eq!(released, None, "a nack is not a confirm");
+    assert!(acts.is_empty());
+    assert!(s.next_deadline().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pull_past_the_head_is_answered_empty_and_leaves_the_cursor_alone() {
+    let mut s = DownScheduler::new(cfg());
+    assert!(read_of(&online(&mut s, 3, 3)).is_none());
+    for after in [1 << 63, u64::MAX] {
+        let acts = s.on_pull(&dev(), Some(Seq(after)), None, Instant::now());
+        let (from, _, gen) = read_of(&acts).unwrap();
+        assert_eq!(from, after, "read after what the device said, no `+ 1`");
+        assert_eq!(
+            s.on_read(&dev(), gen, None, Seq(3), true, Instant::now()),
+            Verdict::Send { more: false }
+        );
+        assert_eq!(
+            s.next_deadline(),
+            None,
+            "an empty batch waits for no confirm"
+        );
+    }
+    let acts = s.on_queued(&dev(), Seq(4));
+    assert_eq!(
+        read_of(&acts).map(|r| r.0),
+        Some(3),
+        "new messages go from the cursor"
+    );
 }

@@ -97,7 +97,7 @@ async fn cursors_move_forward_only_and_report_each_delivery_once() {
         "a stale confirm is ignored"
     );
     let m = advance(&store, "a", 99, false).await;
-    assert_eq!(m.cursors.delivered_upto, Seq(5), "never past the head");
+    assert_eq!(m.cursors.delivered_upto, Seq(5), "never past what was sent");
     let m = advance(&store, "a", 2, true).await;
     assert_eq!(
         m.events
@@ -165,6 +165,7 @@ async fn a_nack_dead_letters_the_delivery_and_moves_the_cursor_past_it() {
     let store = Store::open(dir.path(), &cfg()).unwrap();
     put(&store, msg("n-1", &["a"], 100, None)).await;
     put(&store, msg("n-2", &["a"], 100, None)).await;
+    batch(&store, "a", 0, 0).await;
     let device = dev("a");
     let m = store
         .nack(
@@ -189,4 +190,81 @@ async fn a_nack_dead_letters_the_delivery_and_moves_the_cursor_past_it() {
         (dir_.as_str(), reason.as_str()),
         ("down", "nacked: no room")
     );
+}
+
+#[tokio::test]
+async fn seqs_past_i64_from_a_device_saturate_instead_of_wrapping_around() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    for i in 0..3 {
+        put(&store, msg(&format!("n-{i}"), &["a"], 100, None)).await;
+    }
+    assert_eq!(batch(&store, "a", 0, 0).await.entries.len(), 3);
+    for after in [1 << 63, u64::MAX - 1, u64::MAX] {
+        let b = batch(&store, "a", after, 0).await;
+        assert!(
+            b.entries.is_empty(),
+            "a pull after {after} is past the head, not before seq 1: {:?}",
+            b.entries
+        );
+        assert_eq!(b.head, Seq(3));
+    }
+    let device = dev("a");
+    let m = store
+        .nack(device, Seq(u64::MAX), reason::nacked("x"), 3)
+        .await
+        .unwrap();
+    assert!(m.events.is_empty(), "no delivery has that seq");
+    assert_eq!(m.cursors.delivered_upto, Seq(0));
+    let m = advance(&store, "a", u64::MAX, true).await;
+    assert_eq!(m.cursors.delivered_upto, Seq(3), "never past what was sent");
+    assert_eq!(m.cursors.read_upto, Seq(3));
+}
+
+#[tokio::test]
+async fn a_confirm_read_or_nack_reaches_no_further_than_what_was_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    for i in 0..5 {
+        put(&store, msg(&format!("n-{i}"), &["a"], 100, None)).await;
+    }
+    let m = advance(&store, "a", 5, false).await;
+    assert_eq!(m.cursors.delivered_upto, Seq(0), "nothing was sent yet");
+    assert!(m.events.is_empty());
+    assert_eq!(m.confirmed, Some(Seq(0)));
+    let sent = store.read_batch(dev("a"), Seq(0), 2, 0).await.unwrap();
+    assert_eq!(sent.entries.len(), 2);
+    let m = advance(&store, "a", u64::MAX, false).await;
+    assert_eq!(m.cursors.delivered_upto, Seq(2), "seqs 1 and 2 were sent");
+    assert_eq!(
+        m.events.iter().map(|e| e.seq.0).collect::<Vec<_>>(),
+        vec![1, 2],
+        "`delivered` only for what the device was sent"
+    );
+    assert_eq!(m.confirmed, Some(Seq(2)));
+    let m = store
+        .nack(dev("a"), Seq(4), reason::nacked("never seen"), 3)
+        .await
+        .unwrap();
+    assert!(
+        m.events.is_empty(),
+        "seq 4 was never sent: not the device's to refuse"
+    );
+    // A replay from behind the cursor sends nothing new; the next batch does.
+    store.read_batch(dev("a"), Seq(0), 2, 0).await.unwrap();
+    assert_eq!(
+        advance(&store, "a", 9, true).await.cursors.read_upto,
+        Seq(2)
+    );
+    store.read_batch(dev("a"), Seq(2), 10, 0).await.unwrap();
+    let m = advance(&store, "a", 9, true).await;
+    assert_eq!(
+        (m.cursors.delivered_upto, m.cursors.read_upto),
+        (Seq(5), Seq(5))
+    );
+    let m = store
+        .nack(dev("a"), Seq(4), reason::nacked("late"), 3)
+        .await
+        .unwrap();
+    assert!(m.events.is_empty(), "4 is read: no longer nackable");
 }

@@ -47,6 +47,9 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
         .down_intake(msg("d-done", &["p", "q"], 100, None))
         .await
         .unwrap();
+    for d in ["p", "q"] {
+        store.read_batch(dev(d), Seq(0), 10, 5).await.unwrap();
+    }
     store.advance(dev("p"), Seq(2), false, 5).await.unwrap();
     store.advance(dev("q"), Seq(2), true, 5).await.unwrap();
     // "d-half" is p's 1 and q's 1; q's cursor is past both, p's too; make
