@@ -21,6 +21,21 @@ use crate::support::{boot_id, device_topics, Ferry, FerryOpts, Mosquitto, RawMqt
 /// The log level ferry ships with.
 const SHIPPED_LOG_LEVEL: &str = "info,rumqttd=warn";
 
+/// The size of ferry's log file now.
+fn log_size(ferry: &Ferry) -> u64 {
+    std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len())
+}
+
+/// Asserts that the log grew by less than 64 kB since it was `before`.
+fn assert_log_grew_little(ferry: &Ferry, before: u64, what: &str) {
+    let grown = log_size(ferry) - before;
+    assert!(
+        grown < 64 * 1024,
+        "{what} grew the log by {grown} bytes\n{}",
+        ferry.log_tail()
+    );
+}
+
 /// A CONNECT with `client_id` (and a password as long, in password mode)
 /// on a fresh socket: the CONNACK's code, or why there is none.
 async fn connack_for(
@@ -41,25 +56,11 @@ async fn connack_for(
         .map(|(_, ack)| ack.code)
 }
 
-macro_rules! anonymous_and_with_passwords {
-    ($name:ident) => {
-        mod $name {
-            use crate::support::access::AuthMode;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn anonymous() {
-                super::$name(AuthMode::Anonymous).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn with_passwords() {
-                super::$name(AuthMode::Password).await
-            }
-        }
-    };
-}
-
-anonymous_and_with_passwords!(a_client_id_that_can_be_no_device_id_gets_connack_2);
+each_auth_mode!(
+    a_client_id_that_can_be_no_device_id_gets_connack_2:
+    anonymous = Anonymous,
+    with_passwords = Password
+);
 
 async fn a_client_id_that_can_be_no_device_id_gets_connack_2(mode: AuthMode) {
     let access = Access::new(mode);
@@ -130,8 +131,10 @@ async fn a_second_connect_closes_the_connection_after_what_came_before_it() {
     RawMqtt::connect(ferry.south_port, "second-1", 30).await;
 }
 
-anonymous_and_with_passwords!(
-    two_thousand_refused_connects_with_a_huge_client_id_add_little_to_the_log_and_are_all_counted
+each_auth_mode!(
+    two_thousand_refused_connects_with_a_huge_client_id_add_little_to_the_log_and_are_all_counted:
+    anonymous = Anonymous,
+    with_passwords = Password
 );
 
 async fn two_thousand_refused_connects_with_a_huge_client_id_add_little_to_the_log_and_are_all_counted(
@@ -144,7 +147,7 @@ async fn two_thousand_refused_connects_with_a_huge_client_id_add_little_to_the_l
         c.admin.listen = "127.0.0.1:0".into();
     });
     let ferry = Ferry::start(access.opts(opts, &["noisy-ok"]));
-    let before = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len());
+    let before = log_size(&ferry);
     let id = "n".repeat(60_000);
     let mut refused = 0;
     for _ in 0..2000 {
@@ -159,12 +162,7 @@ async fn two_thousand_refused_connects_with_a_huge_client_id_add_little_to_the_l
         2000.0,
         "all counted"
     );
-    let grown = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len()) - before;
-    assert!(
-        grown < 64 * 1024,
-        "2,000 refusals grew the log by {grown} bytes\n{}",
-        ferry.log_tail()
-    );
+    assert_log_grew_little(&ferry, before, "2,000 refusals");
     let log = ferry.log();
     assert!(
         log.contains("…(60000 bytes)") || log.contains("client_id_len=60000"),
@@ -180,7 +178,7 @@ async fn four_hundred_publishes_on_a_huge_topic_add_little_to_the_log_and_are_al
         c.log.level = SHIPPED_LOG_LEVEL.into();
     });
     let ferry = Ferry::start(opts);
-    let before = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len());
+    let before = log_size(&ferry);
     let topics = device_topics("topic-j");
     let mut raw = RawMqtt::connect(ferry.south_port, "topic-j", 30).await;
     raw.subscribe(&[topics.ack()]).await;
@@ -209,12 +207,7 @@ async fn four_hundred_publishes_on_a_huge_topic_add_little_to_the_log_and_are_al
         400,
         "and dead-lettered"
     );
-    let grown = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len()) - before;
-    assert!(
-        grown < 64 * 1024,
-        "400 rejected publishes grew the log by {grown} bytes\n{}",
-        ferry.log_tail()
-    );
+    assert_log_grew_little(&ferry, before, "400 rejected publishes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,7 +219,7 @@ async fn four_hundred_refused_subscribes_to_a_huge_filter_add_little_to_the_log_
         c.admin.listen = "127.0.0.1:0".into();
     });
     let ferry = Ferry::start(opts);
-    let before = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len());
+    let before = log_size(&ferry);
     let mut raw = RawMqtt::connect(ferry.south_port, "filter-j", 30).await;
     let filter = format!("devices/other/{}", "f".repeat(60_000));
     for _ in 0..400 {
@@ -243,10 +236,5 @@ async fn four_hundred_refused_subscribes_to_a_huge_filter_add_little_to_the_log_
         400.0,
         "all counted"
     );
-    let grown = std::fs::metadata(&ferry.log_path).map_or(0, |m| m.len()) - before;
-    assert!(
-        grown < 64 * 1024,
-        "400 refused subscriptions grew the log by {grown} bytes\n{}",
-        ferry.log_tail()
-    );
+    assert_log_grew_little(&ferry, before, "400 refused subscriptions");
 }

@@ -17,29 +17,6 @@ use rumqttc::{QoS, SubscribeReasonCode};
 use crate::support::access::{Access, AuthMode};
 use crate::support::{device_topics, Ferry, FerryOpts, Mosquitto};
 
-macro_rules! each_auth_mode {
-    ($name:ident) => {
-        mod $name {
-            use crate::support::access::AuthMode;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn anonymous() {
-                super::$name(AuthMode::Anonymous).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn with_passwords() {
-                super::$name(AuthMode::Password).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn with_client_certificates() {
-                super::$name(AuthMode::Certificate).await
-            }
-        }
-    };
-}
-
 each_auth_mode!(retained_messages_shared_subscriptions_and_sessions_reach_no_other_device);
 
 async fn retained_messages_shared_subscriptions_and_sessions_reach_no_other_device(mode: AuthMode) {

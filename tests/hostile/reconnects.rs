@@ -27,29 +27,6 @@ enum Leave {
     StayOpen,
 }
 
-macro_rules! each_auth_mode {
-    ($name:ident) => {
-        mod $name {
-            use crate::support::access::AuthMode;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn anonymous() {
-                super::$name(AuthMode::Anonymous).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn with_passwords() {
-                super::$name(AuthMode::Password).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn with_client_certificates() {
-                super::$name(AuthMode::Certificate).await
-            }
-        }
-    };
-}
-
 each_auth_mode!(a_device_reconnecting_at_once_is_served_every_time);
 
 async fn a_device_reconnecting_at_once_is_served_every_time(mode: AuthMode) {

@@ -17,29 +17,6 @@ use crate::support::{boot_id, device_topics, logged, Backend, Ferry, FerryOpts, 
 
 const SECS_30: Duration = Duration::from_secs(30);
 
-macro_rules! each_auth_mode {
-    ($name:ident) => {
-        mod $name {
-            use crate::support::access::AuthMode;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn anonymous() {
-                super::$name(AuthMode::Anonymous).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn with_passwords() {
-                super::$name(AuthMode::Password).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn with_client_certificates() {
-                super::$name(AuthMode::Certificate).await
-            }
-        }
-    };
-}
-
 each_auth_mode!(a_will_on_a_topic_the_device_may_not_publish_on_refuses_the_connect);
 
 async fn a_will_on_a_topic_the_device_may_not_publish_on_refuses_the_connect(mode: AuthMode) {

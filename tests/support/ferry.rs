@@ -64,6 +64,19 @@ pub fn check_config(contents: &str) -> (Option<i32>, String) {
     run_on_config("check-config", contents)
 }
 
+/// How `child` exited within `timeout`; `None` if it still ran (it is then
+/// killed).
+fn exit_status_within(mut child: Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    blocking(|| {
+        if wait_exit(&mut child, timeout) {
+            child.try_wait().ok().flatten()
+        } else {
+            kill_and_reap(&mut child);
+            None
+        }
+    })
+}
+
 /// The real gateway binary in its own temp dir; SIGKILLed on drop.
 pub struct Ferry {
     /// Where devices connect: ferry's own broker, or the site broker.
@@ -211,17 +224,10 @@ impl Ferry {
         self.kill();
         self.spawn_child();
         self.wait_own_code();
-        let mut child = self.child.take().expect("child");
+        let child = self.child.take().expect("child");
         std::thread::sleep(after);
         signal(&child, sig);
-        blocking(|| {
-            if wait_exit(&mut child, timeout) {
-                child.try_wait().ok().flatten()
-            } else {
-                kill_and_reap(&mut child);
-                None
-            }
-        })
+        exit_status_within(child, timeout)
     }
 
     /// Waits until the spawned process runs its own first instruction: its
@@ -321,16 +327,9 @@ impl Ferry {
     /// SIGTERM, then waits up to `timeout` for an exit: its status, or
     /// `None` if it was still running (it is then killed).
     pub fn terminate_status(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
+        let child = self.child.take()?;
         signal(&child, libc::SIGTERM);
-        blocking(|| {
-            if wait_exit(&mut child, timeout) {
-                child.try_wait().ok().flatten()
-            } else {
-                kill_and_reap(&mut child);
-                None
-            }
-        })
+        exit_status_within(child, timeout)
     }
 
     pub fn terminate(&mut self, timeout: Duration) -> bool {
