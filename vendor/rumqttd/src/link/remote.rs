@@ -78,6 +78,8 @@ impl<P: Protocol> RemoteLink<P> {
         connect_packet: Packet,
         dynamic_filters: bool,
         assigned_client_id: Option<String>,
+        // ferry: for the line about a refusal.
+        peer: std::net::SocketAddr,
     ) -> Result<RemoteLink<P>, Error> {
         let Packet::Connect(connect, props, lastwill, lastwill_props, _) = connect_packet else {
             return Err(Error::NotConnectPacket(connect_packet));
@@ -117,6 +119,9 @@ impl<P: Protocol> RemoteLink<P> {
             Ok(link) => link,
             // ferry: tell the client it was refused before closing.
             Err(LinkError::Refused(ack)) => {
+                // Said before the client can read it, so the log is never
+                // behind what the client knows.
+                refused_by_router(peer, client_id, &ack);
                 network.write(Packet::ConnAck(ack.clone(), None)).await?;
                 return Err(LinkError::Refused(ack).into());
             }
@@ -248,6 +253,36 @@ impl<P: Protocol> RemoteLink<P> {
                 }
             }
         }
+    }
+}
+
+/// ferry: counts and logs (within the peer's budget) a CONNECT the router
+/// refused: no room (`max_connections`), or a client id it cannot take.
+fn refused_by_router(peer: std::net::SocketAddr, client_id: &str, ack: &ConnAck) {
+    use crate::refusals::{self, Clip};
+    let full = ack.code == ConnectReturnCode::ServiceUnavailable;
+    let counter = if full {
+        &crate::counters::CONNECTIONS_FULL
+    } else {
+        &crate::counters::CLIENT_IDS_REFUSED
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if !refusals::admit(peer.ip()) {
+    } else if full {
+        warn!(
+            event = "connections_full",
+            %peer,
+            client_id = %Clip(client_id),
+            "no room for another connection (max_connections); CONNECT refused"
+        );
+    } else {
+        warn!(
+            event = "client_id_refused",
+            %peer,
+            client_id = %Clip(client_id),
+            code = ?ack.code,
+            "CONNECT refused: the client id cannot be taken"
+        );
     }
 }
 

@@ -748,39 +748,14 @@ async fn remote<P: Protocol>(
         connect_packet,
         dynamic_filters,
         assigned_client_id,
+        accepted.peer,
     )
     .await
     {
         Ok(l) => l,
         // ferry: the router refused it (no room, or a client id it cannot
-        // take); the client got the CONNACK saying so.
-        Err(remote::Error::Link(local::LinkError::Refused(ack))) => {
-            let full = ack.code == ConnectReturnCode::ServiceUnavailable;
-            let counter = if full {
-                &crate::counters::CONNECTIONS_FULL
-            } else {
-                &crate::counters::CLIENT_IDS_REFUSED
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            if !refusals::admit(accepted.peer.ip()) {
-            } else if full {
-                warn!(
-                    event = "connections_full",
-                    peer = %accepted.peer,
-                    client_id = %Clip(&client_id),
-                    "no room for another connection (max_connections); CONNECT refused"
-                );
-            } else {
-                warn!(
-                    event = "client_id_refused",
-                    peer = %accepted.peer,
-                    client_id = %Clip(&client_id),
-                    code = ?ack.code,
-                    "CONNECT refused: the client id cannot be taken"
-                );
-            }
-            return;
-        }
+        // take): counted and logged before the client got its CONNACK.
+        Err(remote::Error::Link(local::LinkError::Refused(_))) => return,
         Err(e) => {
             info!(error = %e, "Remote link error");
             return;
