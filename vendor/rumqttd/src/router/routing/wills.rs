@@ -83,15 +83,12 @@ impl Router {
     /// The delay of the will of `client_id`'s connection `incarnation` is
     /// over: published, if it still waits (nothing took it meanwhile).
     pub fn handle_last_will(&mut self, client_id: String, incarnation: Incarnation) {
-        if !self
-            .last_wills
-            .get(&client_id)
-            .is_some_and(|d| d.incarnation == incarnation)
-        {
-            return;
-        }
-        if let Some(delayed) = self.last_wills.remove(&client_id) {
-            self.publish_will(delayed.will, delayed.props, delayed.tenant_prefix);
+        use std::collections::hash_map::Entry;
+        if let Entry::Occupied(waiting) = self.last_wills.entry(client_id) {
+            if waiting.get().incarnation == incarnation {
+                let delayed = waiting.remove();
+                self.publish_will(delayed.will, delayed.props, delayed.tenant_prefix);
+            }
         }
     }
 
