@@ -141,7 +141,11 @@ impl Ferry {
         // Port 0: a free one, the same across restarts.
         let admin_port = match config.admin.listen.strip_suffix(":0") {
             Some(host) => {
-                let port = free_port();
+                // Not the south port: both were free when picked, and
+                // neither is bound until ferry starts.
+                let port = std::iter::repeat_with(free_port)
+                    .find(|p| *p != south_port)
+                    .expect("a free port");
                 config.admin.listen = format!("{host}:{port}");
                 Some(port)
             }
