@@ -8,7 +8,9 @@
 //! - `backlog_age`: the oldest undelivered message is older than
 //!   `alerts.backlog_age_s` (once, until the backlog is younger again);
 //! - `disk_budget`: the store reached `store.max_db_bytes` (once, until it
-//!   is under it again).
+//!   is under it again);
+//! - `backend_silent`: uplinks have waited on a backend that acks nothing
+//!   for longer than `alerts.backend_silent_s` (once per silence).
 //!
 //! Delivery: alerts wait in memory while the link is down and are sent
 //! when it is up; one the upstream has not acknowledged when the link
@@ -56,6 +58,7 @@ pub enum AlertKind {
     NorthDown,
     BacklogAge,
     DiskBudget,
+    BackendSilent,
 }
 
 impl AlertKind {
@@ -65,6 +68,7 @@ impl AlertKind {
             AlertKind::NorthDown => "north_down",
             AlertKind::BacklogAge => "backlog_age",
             AlertKind::DiskBudget => "disk_budget",
+            AlertKind::BackendSilent => "backend_silent",
         }
     }
 }
@@ -86,6 +90,7 @@ pub struct Alert {
 pub struct AlertsConfig {
     pub north_down: Duration,
     pub backlog_age: Duration,
+    pub backend_silent: Duration,
 }
 
 /// Decides what to raise from what it is shown.
@@ -95,6 +100,9 @@ pub struct Monitor {
     /// Since when the link is down (`None`: up).
     down_since: Option<Instant>,
     north_raised: bool,
+    /// Since when the backend is silent (`None`: it is not).
+    silent_since: Option<Instant>,
+    silent_raised: bool,
     backlog_raised: bool,
     budget_raised: bool,
 }
@@ -106,6 +114,8 @@ impl Monitor {
             cfg,
             down_since: Some(now),
             north_raised: false,
+            silent_since: None,
+            silent_raised: false,
             backlog_raised: false,
             budget_raised: false,
         }
@@ -118,6 +128,14 @@ impl Monitor {
 
     pub fn link_down(&mut self, now: Instant) {
         self.down_since.get_or_insert(now);
+    }
+
+    /// The uplink engine found the backend silent since then, or no longer.
+    pub fn backend_silent(&mut self, since: Option<Instant>) {
+        if since.is_none() {
+            self.silent_raised = false;
+        }
+        self.silent_since = since;
     }
 
     /// The alerts due at `now` (`now_ms` on the wall clock) given `scan`.
@@ -139,6 +157,21 @@ impl Monitor {
                         "the upstream link has been down for {} s (alerts.north_down_s = {})",
                         down.as_secs(),
                         self.cfg.north_down.as_secs()
+                    ),
+                ));
+            }
+        }
+        if let Some(since) = self.silent_since {
+            let silent = now.saturating_duration_since(since);
+            if silent >= self.cfg.backend_silent && !self.silent_raised {
+                self.silent_raised = true;
+                out.push(alert(
+                    AlertKind::BackendSilent,
+                    format!(
+                        "the backend has acked nothing for {} s while uplinks wait for it (alerts.backend_silent_s = {}); {} uplinks waiting",
+                        silent.as_secs(),
+                        self.cfg.backend_silent.as_secs(),
+                        scan.backlog.uplinks
                     ),
                 ));
             }
@@ -294,6 +327,7 @@ pub async fn run(
     north: NorthSender,
     topic: String,
     mut events: mpsc::Receiver<NorthEvent>,
+    mut silence: crate::uplink::backend::Silence,
     mut shutdown: Shutdown,
 ) {
     let mut monitor = Monitor::new(cfg, Instant::now());
@@ -330,6 +364,11 @@ pub async fn run(
                 Some(_) => {}
                 None => return,
             },
+            Ok(()) = silence.changed() => {
+                let since = *silence.borrow_and_update();
+                monitor.backend_silent(since);
+                continue;
+            }
             _ = tick.tick() => {
                 let scan = match store.alert_scan(after_dead, DEAD_PER_CHECK).await {
                     Ok(scan) => scan,

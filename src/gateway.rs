@@ -128,6 +128,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         shutdown: shutdown_rx.clone(),
         probed: downlink_probed,
     }));
+    let (backend_report, backend_silence) =
+        crate::uplink::backend::BackendReport::new(live_presence.clone());
     let engine = Engine {
         scheduler: Scheduler::new(SchedulerConfig {
             max_inflight: cfg.north.max_inflight,
@@ -141,6 +143,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         topics: topics.clone(),
         epoch: None,
         acks: Default::default(),
+        backend: backend_report,
     };
     let intake_cfg = IntakeConfig {
         gateway: Arc::from(cfg.gateway.as_str()),
@@ -173,6 +176,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         north_tx.clone(),
         topics.north_alerts(),
         alert_events,
+        backend_silence,
         shutdown_rx.clone(),
     ));
     let pruner = tokio::spawn(crate::retention::run(

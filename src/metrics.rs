@@ -13,13 +13,12 @@
 //! Every name is listed, with its meaning, in docs/OPERATIONS.md
 //! ("Metrics"); the Grafana dashboard in `docs/grafana/` uses them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
-use std::time::Duration;
+use std::sync::atomic::AtomicU64;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -128,6 +127,10 @@ pub struct Metrics {
     devices_online: Gauge,
     north_connected: Gauge,
     south_connected: Gauge,
+    backend_present: Gauge,
+    backend_ack_age: Gauge<f64, AtomicU64>,
+    /// When the backend last sent an ack message (monotonic).
+    backend_heard: Mutex<Option<Instant>>,
     store_bytes: Gauge,
     store_budget_bytes: Gauge,
     commit_seconds: Histogram,
@@ -157,6 +160,9 @@ impl Metrics {
             devices_online: Gauge::default(),
             north_connected: Gauge::default(),
             south_connected: Gauge::default(),
+            backend_present: Gauge::default(),
+            backend_ack_age: Gauge::default(),
+            backend_heard: Mutex::new(None),
             store_bytes: Gauge::default(),
             store_budget_bytes: Gauge::default(),
             commit_seconds: fast_buckets(),
@@ -243,6 +249,16 @@ impl Metrics {
             m.south_connected.clone(),
         );
         r.register(
+            "backend_present",
+            "0 while uplinks wait on a backend that acks nothing (an ack timeout passed with no ack from it since the send), 1 otherwise",
+            m.backend_present.clone(),
+        );
+        r.register(
+            "backend_last_ack_age_seconds",
+            "Seconds since the backend last sent an ack message (any message, ok or nack); NaN before the first",
+            m.backend_ack_age.clone(),
+        );
+        r.register(
             "store_bytes",
             "The store's size as measured against store.max_db_bytes: pages in use plus the WAL",
             m.store_bytes.clone(),
@@ -267,7 +283,7 @@ impl Metrics {
             "Time from a message's commit to its delivery: the backend's ack (up), the device's confirm (down)",
             m.delivery_seconds.family.clone(),
         );
-        r.register_collector(Box::new(Legacy));
+        r.register_collector(Box::new(legacy::Legacy));
         // Every series from the start, at 0: a rate over a series that
         // appears only with its first event misses that event.
         // (The per-direction counters and histograms made theirs in
@@ -277,7 +293,15 @@ impl Metrics {
             let _ = m.oldest_age.get_or_create(&dir(d));
         }
         let read_down = m.read.get_or_create(&dir(Direction::Down)).clone();
-        for kind in ["dead_letter", "north_down", "backlog_age", "disk_budget"] {
+        m.backend_present.set(1);
+        m.backend_ack_age.set(f64::NAN);
+        for kind in [
+            "dead_letter",
+            "north_down",
+            "backlog_age",
+            "disk_budget",
+            "backend_silent",
+        ] {
             let _ = m.alerts.get_or_create(&Kind { kind });
         }
         for (d, reasons) in [
@@ -384,6 +408,17 @@ pub fn set_south_connected(up: bool) {
     get().south_connected.set(i64::from(up));
 }
 
+pub fn set_backend_present(present: bool) {
+    get().backend_present.set(i64::from(present));
+}
+
+/// The backend sent an ack message.
+pub fn backend_heard() {
+    if let Ok(mut at) = get().backend_heard.lock() {
+        *at = Some(Instant::now());
+    }
+}
+
 pub fn set_devices_online(n: usize) {
     get().devices_online.set(n as i64);
 }
@@ -421,51 +456,16 @@ pub fn set_store_gauges(g: &StoreGauges) {
 
 /// Every metric in the Prometheus (OpenMetrics) text format.
 pub fn render() -> String {
+    let m = get();
+    if let Some(at) = m.backend_heard.lock().ok().and_then(|at| *at) {
+        m.backend_ack_age.set(at.elapsed().as_secs_f64());
+    }
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &get().registry);
     out
 }
 
-/// Counters kept as atomics by the modules that bump them, read on scrape.
-#[derive(Debug)]
-struct Legacy;
-
-/// `(name, help, counter)`; names are under the `ferry_` prefix.
-fn legacy_counters() -> [(&'static str, &'static str, &'static AtomicU64); 18] {
-    use crate::{alerts, north, south, store, uplink};
-    [
-        ("devices_refused", "CONNECTs refused by the connect hook: a client id that is no device id, or device authentication", &south::auth::REFUSED),
-        ("oversized_from_devices", "Device publishes over south.max_payload_bytes", &uplink::intake::OVERSIZED_FROM_DEVICES),
-        ("unauthorized_from_devices", "Device publishes outside the device's own topics", &uplink::intake::UNAUTHORIZED_FROM_DEVICES),
-        ("nested_too_deep_from_devices", "Device messages nested deeper than 32 levels", &uplink::intake::NESTED_TOO_DEEP_FROM_DEVICES),
-        ("rate_limited_from_devices", "Device publishes over south.rate_per_s/burst", &uplink::limits::RATE_LIMITED_FROM_DEVICES),
-        ("inflight_limited_from_devices", "Device uplinks over south.max_inflight_per_device", &uplink::limits::INFLIGHT_LIMITED_FROM_DEVICES),
-        ("oversized_from_upstream", "Upstream messages over north.max_packet_bytes", &north::OVERSIZED_FROM_UPSTREAM),
-        ("nested_too_deep_from_backend", "Backend messages nested deeper than 32 levels", &crate::downlink::NESTED_TOO_DEEP_FROM_BACKEND),
-        ("admin_connections_refused", "Admin HTTP connections closed at once: the server's connection limit was reached", &crate::admin::CONNECTIONS_REFUSED),
-        ("disk_budget_reached", "Times the store reached store.max_db_bytes", &store::budget::DISK_BUDGET_REACHED),
-        ("alerts_dropped", "Alerts dropped: the in-memory queue was full or the upstream refused one", &alerts::ALERTS_DROPPED),
-        ("broker_subscriptions_refused", "SUBSCRIBEs the embedded broker refused (not the device's own topics, or over the limit)", &rumqttd::counters::SUBSCRIPTIONS_REFUSED),
-        ("broker_protocol_violations", "Connections the embedded broker closed for a protocol violation", &rumqttd::counters::PROTOCOL_VIOLATIONS),
-        ("broker_tls_handshakes_failed", "TLS handshakes that failed or timed out on the embedded listener", &rumqttd::counters::TLS_HANDSHAKES_FAILED),
-        ("broker_certificate_id_refused", "CONNECTs whose client id was not the certificate's CN", &rumqttd::counters::CERTIFICATE_ID_REFUSED),
-        ("broker_wills_refused", "CONNECTs refused because their will was on a topic the device may not publish on", &rumqttd::counters::WILLS_REFUSED),
-        ("broker_client_ids_refused", "CONNECTs refused for a client id over 64 bytes (or one the broker cannot take), or a CONNECT too large to read", &rumqttd::counters::CLIENT_IDS_REFUSED),
-        ("broker_connections_full", "CONNECTs refused because south.max_connections devices were connected", &rumqttd::counters::CONNECTIONS_FULL),
-    ]
-}
-
-impl Collector for Legacy {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, value) in legacy_counters() {
-            let counter = ConstCounter::new(value.load(Ordering::Relaxed));
-            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
-            counter.encode(metric)?;
-        }
-        Ok(())
-    }
-}
-
+mod legacy;
 #[cfg(test)]
 mod tests;

@@ -383,6 +383,18 @@ fn status(common: Common, top: usize) -> Outcome {
         s.south_mode.as_deref().unwrap_or("-")
     ));
     text.line(format_args!(
+        "backend: {}",
+        match &s.backend {
+            Some(b) => format!(
+                "{} since {}, last ack {}",
+                if b.present { "present" } else { "silent" },
+                fmt_ms(b.since_ms),
+                b.last_ack_ms.map_or("none yet".into(), fmt_ms)
+            ),
+            None => "-".into(),
+        }
+    ));
+    text.line(format_args!(
         "devices online: {}",
         s.devices_online.map_or("-".into(), |n| n.to_string())
     ));

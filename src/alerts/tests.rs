@@ -5,6 +5,7 @@ fn cfg() -> AlertsConfig {
     AlertsConfig {
         north_down: Duration::from_secs(60),
         backlog_age: Duration::from_secs(600),
+        backend_silent: Duration::from_secs(120),
     }
 }
 
@@ -161,4 +162,30 @@ fn alerts_not_acknowledged_when_the_link_drops_go_again_first() {
     let order: Vec<u64> = o.queued.iter().map(|q| q.id).collect();
     assert_eq!(order, [1, 2, 3]);
     assert!(o.in_flight.is_empty());
+}
+
+#[test]
+fn a_silent_backend_is_alerted_once_past_its_time_and_again_after_it_was_heard() {
+    let t0 = Instant::now();
+    let mut m = Monitor::new(cfg(), t0);
+    m.link_up();
+    m.backend_silent(Some(t0));
+    let at = |s| t0 + Duration::from_secs(s);
+    assert!(m.check(at(119), 0, &scan()).is_empty(), "not yet");
+    assert_eq!(
+        kinds(&m.check(at(120), 0, &scan())),
+        [AlertKind::BackendSilent]
+    );
+    assert!(m.check(at(500), 0, &scan()).is_empty(), "once per silence");
+    // Still the same silence: the engine reports its start again.
+    m.backend_silent(Some(t0));
+    assert!(m.check(at(501), 0, &scan()).is_empty());
+    m.backend_silent(None);
+    assert!(m.check(at(600), 0, &scan()).is_empty(), "heard from");
+    m.backend_silent(Some(at(600)));
+    assert!(m.check(at(700), 0, &scan()).is_empty());
+    assert_eq!(
+        kinds(&m.check(at(720), 0, &scan())),
+        [AlertKind::BackendSilent]
+    );
 }

@@ -215,6 +215,12 @@ impl Config {
         )?;
         in_range("store.retention_days", raw.store.retention_days, 1, 36_500)?;
         in_range("alerts.north_down_s", raw.alerts.north_down_s, 1, 604_800)?;
+        in_range(
+            "alerts.backend_silent_s",
+            raw.alerts.backend_silent_s,
+            1,
+            604_800,
+        )?;
         let admin = match raw.admin.listen.trim() {
             "" => None,
             listen => Some(listen.parse::<std::net::SocketAddr>().map_err(|e| {
@@ -313,6 +319,7 @@ impl Config {
             alerts: crate::alerts::AlertsConfig {
                 north_down: Duration::from_secs(raw.alerts.north_down_s),
                 backlog_age: Duration::from_secs(raw.alerts.backlog_age_s),
+                backend_silent: Duration::from_secs(raw.alerts.backend_silent_s),
             },
             admin,
         })

@@ -50,6 +50,9 @@ pub struct RawAlerts {
     pub north_down_s: u64,
     /// Alert when the oldest undelivered message is this many seconds old.
     pub backlog_age_s: u64,
+    /// Alert when uplinks have waited this many seconds on a backend that
+    /// acks nothing.
+    pub backend_silent_s: u64,
 }
 
 impl Default for RawAlerts {
@@ -57,6 +60,7 @@ impl Default for RawAlerts {
         RawAlerts {
             north_down_s: 300,
             backlog_age_s: 3600,
+            backend_silent_s: 300,
         }
     }
 }

@@ -470,6 +470,8 @@ fn alert_thresholds_default_and_name_their_keys() {
     assert_eq!(err.key, "alerts.north_down_s");
     let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nbacklog_age_s = 0\n").unwrap_err();
     assert_eq!(err.key, "alerts.backlog_age_s");
+    let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nbackend_silent_s = 0\n").unwrap_err();
+    assert_eq!(err.key, "alerts.backend_silent_s");
     let err = load_str("[gateway]\nid = \"g\"\n[alerts]\nbacklog = 5\n").unwrap_err();
     assert_eq!(err.key, "alerts.backlog");
 }

@@ -48,7 +48,24 @@ pub struct LiveStatus {
     /// broker, so it is known again after a restart). `None` in a file an
     /// older ferry wrote in external mode.
     pub devices_online: Option<usize>,
+    /// Whether the backend acks what is sent north (`None` in a file an
+    /// older ferry wrote).
+    #[serde(default)]
+    pub backend: Option<Backend>,
     pub updated_ms: i64,
+}
+
+/// The backend as the uplink engine sees it (docs/PROTOCOL.md, "An absent
+/// backend").
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Backend {
+    /// False while uplinks wait on a backend that acks nothing.
+    pub present: bool,
+    /// Since when it is (or is not) present; the start for a backend not
+    /// yet found silent.
+    pub since_ms: i64,
+    /// When it last sent an ack (to within 5 s).
+    pub last_ack_ms: Option<i64>,
 }
 
 /// What changed.
@@ -60,6 +77,10 @@ pub enum LiveEvent {
     SouthDown,
     DeviceOnline(DeviceId),
     DeviceOffline(DeviceId),
+    /// The backend sent an ack at this time (ms).
+    BackendHeard(i64),
+    BackendSilent,
+    BackendPresent,
 }
 
 /// Where the pipelines report changes; cheap to clone.
@@ -86,6 +107,11 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
             since_ms: now,
         },
         devices_online: Some(0),
+        backend: Some(Backend {
+            present: true,
+            since_ms: now,
+            last_ack_ms: None,
+        }),
         updated_ms: now,
     };
     let path = data_dir.join(STATUS_FILE);
@@ -135,6 +161,13 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
                         LiveEvent::DeviceOffline(d) => {
                             online.remove(&d);
                         }
+                        LiveEvent::BackendHeard(at) => {
+                            if let Some(b) = status.backend.as_mut() {
+                                b.last_ack_ms = Some(at);
+                            }
+                        }
+                        LiveEvent::BackendSilent => backend_present(&mut status, false, now),
+                        LiveEvent::BackendPresent => backend_present(&mut status, true, now),
                     }
                 }
                 if status.devices_online.is_some() {
@@ -149,6 +182,13 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
         warn!(event = "status_file_thread_failed", error = %e, "cannot start the status file thread; `ferry status` will say the gateway is not running");
     }
     tx
+}
+
+fn backend_present(status: &mut LiveStatus, present: bool, now: i64) {
+    if let Some(b) = status.backend.as_mut().filter(|b| b.present != present) {
+        b.present = present;
+        b.since_ms = now;
+    }
 }
 
 /// The link gauges of `/metrics` follow the status file.
@@ -200,6 +240,7 @@ mod tests {
                 since_ms: 0,
             },
             devices_online: Some(1),
+            backend: None,
             updated_ms: 0,
         };
         write(&dir.path().join(STATUS_FILE), &status);

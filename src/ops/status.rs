@@ -6,7 +6,7 @@ use std::path::Path;
 use rusqlite::Connection;
 use serde::Serialize;
 
-use super::live::{self, Link};
+use super::live::{self, Backend, Link};
 use super::{sqlite, OpsError};
 use crate::store::{figures, DB_FILE};
 
@@ -38,6 +38,8 @@ pub struct StatusView {
     pub north: Option<Link>,
     pub south: Option<Link>,
     pub devices_online: Option<usize>,
+    /// Whether the backend acks what is sent north (a running gateway's).
+    pub backend: Option<Backend>,
     /// Uplinks stored and not yet acked by the backend.
     pub uplink_backlog: i64,
     /// Age of the oldest of them, in seconds.
@@ -90,6 +92,7 @@ pub fn status(
         north: live.as_ref().map(|l| l.north),
         south: live.as_ref().map(|l| l.south),
         devices_online: live.as_ref().and_then(|l| l.devices_online),
+        backend: live.as_ref().and_then(|l| l.backend),
         uplink_backlog: backlog.uplinks as i64,
         uplink_oldest_age_s: age_s(now_ms, oldest.uplink_ms),
         downlink_backlog: backlog.downlinks as i64,

@@ -20,6 +20,7 @@
 //! delivered stays stored for the next run.
 
 mod answer;
+pub mod backend;
 pub mod intake;
 pub mod limits;
 pub mod record;
@@ -104,6 +105,8 @@ pub struct Engine {
     pub epoch: Option<u64>,
     /// Parsed backend acks not yet applied.
     pub acks: std::collections::VecDeque<BackendAck>,
+    /// Where whether the backend is there is reported.
+    pub backend: backend::BackendReport,
 }
 
 /// Runs until the store stops, or the intake side closes: then, in a
@@ -163,6 +166,9 @@ pub async fn run_engine(
                     Vec::new()
                 }
                 Some(NorthEvent::Ack(payload)) => {
+                    let now = Instant::now();
+                    engine.scheduler.on_backend_heard(now);
+                    engine.backend.heard(now);
                     engine.parse_acks(&payload);
                     Vec::new()
                 }
@@ -211,6 +217,9 @@ pub async fn run_engine(
                 pending.push(fut);
             }
         }
+        engine
+            .backend
+            .follow(engine.scheduler.backend_silent_since(), Instant::now());
         if flush_by.is_some() && engine.flushed(&pending) {
             info!(event = "uplink_flushed", "uplink engine flushed");
             return Ok(());

@@ -11,6 +11,10 @@
 //! - An attempt counts towards `max_attempts` only if the link stayed up
 //!   from send until its ack timeout (same epoch); a drop puts everything in
 //!   flight back to ready, uncounted.
+//! - An ack timeout counts only if the backend acked something between
+//!   the send and the timeout ([`backend`]); otherwise the message waits,
+//!   uncounted, and is sent again after the retry backoff, or as soon as
+//!   the backend is heard from.
 //! - Memory holds at most `window` messages per device; the rest stay in the
 //!   store and are read back (`Refill`) in seq order as the window drains.
 //!   A message is dropped from memory only when a `Deliver`/`Kill` action
@@ -22,11 +26,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::record::{PendingMessage, EXPIRED_REASON};
-use crate::backoff;
 use crate::config::RetryConfig;
 use crate::deadlines::Deadlines;
 use crate::ids::{DeviceId, MsgId, Seq};
-use crate::protocol::ack::Verdict;
+use backend::Backend;
 use queue::{arm, DeviceQueue, Entry, Refill, Status, Timers};
 
 /// The failed attempt when the upstream closed the link on a message.
@@ -85,6 +88,7 @@ pub struct Scheduler {
     devices: HashMap<DeviceId, DeviceQueue>,
     timers: Timers,
     link: Link,
+    backend: Backend,
     /// Devices that may have something to send or refill.
     dirty: HashSet<DeviceId>,
 }
@@ -96,6 +100,7 @@ impl Scheduler {
             devices: HashMap::new(),
             timers: Deadlines::new(),
             link: Link::Down,
+            backend: Backend::default(),
             dirty: HashSet::new(),
         }
     }
@@ -219,6 +224,8 @@ impl Scheduler {
             msg,
             status: Status::Ready,
             expires_at,
+            silent: 0,
+            unanswered_since: None,
         };
         arm(timers, &entry);
         q.by_id.insert(entry.msg.msg_id.clone(), entry.msg.seq);
@@ -276,126 +283,6 @@ impl Scheduler {
         }
     }
 
-    /// The upstream broker dropped the link on this message while it was
-    /// alone in flight: that attempt failed and counts.
-    pub fn on_refused(&mut self, device: &DeviceId, seq: Seq, now: Instant) -> Vec<Action> {
-        let Some(q) = self.devices.get_mut(device) else {
-            return Vec::new();
-        };
-        if !q.entries.contains_key(&seq) {
-            return Vec::new();
-        }
-        self.dirty.insert(device.clone());
-        Self::count_failure(&self.cfg, &mut self.timers, q, seq, REFUSED.into(), now)
-    }
-
-    /// The backend's verdict on a message.
-    pub fn on_ack(
-        &mut self,
-        device: &DeviceId,
-        msg_id: &MsgId,
-        verdict: Verdict,
-        now: Instant,
-    ) -> Vec<Action> {
-        let q = self.devices.get_mut(device);
-        let seq = q.as_ref().and_then(|q| q.by_id.get(msg_id).copied());
-        let (Some(q), Some(seq)) = (q, seq) else {
-            // Not in memory: already handled, or still only in the store.
-            // The store applies the move only if the message is `stored`.
-            return match verdict {
-                Verdict::Ok => vec![Action::Deliver {
-                    device: device.clone(),
-                    msg_id: msg_id.clone(),
-                    attempts: 0,
-                }],
-                Verdict::Nack {
-                    reason,
-                    retry: false,
-                } => vec![Action::Kill {
-                    device: device.clone(),
-                    msg_id: msg_id.clone(),
-                    attempts: 0,
-                    reason: format!("nacked: {reason}"),
-                }],
-                Verdict::Nack { retry: true, .. } => vec![],
-            };
-        };
-        self.dirty.insert(device.clone());
-        let entry = q.entries.get_mut(&seq).expect("by_id and entries agree");
-        match verdict {
-            Verdict::Ok => {
-                let e = q.remove(seq).expect("present");
-                self.timers.remove(&(device.clone(), seq));
-                vec![Action::Deliver {
-                    device: device.clone(),
-                    msg_id: msg_id.clone(),
-                    attempts: e.msg.attempts + 1,
-                }]
-            }
-            Verdict::Nack { reason, retry } => {
-                if !retry || entry.msg.no_retry {
-                    let e = q.remove(seq).expect("present");
-                    self.timers.remove(&(device.clone(), seq));
-                    return vec![Action::Kill {
-                        device: device.clone(),
-                        msg_id: msg_id.clone(),
-                        attempts: e.msg.attempts + 1,
-                        reason: format!("nacked: {reason}"),
-                    }];
-                }
-                Self::count_failure(
-                    &self.cfg,
-                    &mut self.timers,
-                    q,
-                    seq,
-                    format!("nacked: {reason}"),
-                    now,
-                )
-            }
-        }
-    }
-
-    /// An attempt failed while the link was up: back off, or give up.
-    fn count_failure(
-        cfg: &SchedulerConfig,
-        timers: &mut Timers,
-        q: &mut DeviceQueue,
-        seq: Seq,
-        error: String,
-        now: Instant,
-    ) -> Vec<Action> {
-        let entry = q.entries.get_mut(&seq).expect("caller checked");
-        entry.msg.attempts += 1;
-        let attempts = entry.msg.attempts;
-        let give_up = if entry.msg.no_retry {
-            Some(format!("no_retry: {error}"))
-        } else if attempts >= cfg.retry.max_attempts {
-            Some(format!("exhausted: {attempts} attempts, last: {error}"))
-        } else {
-            None
-        };
-        if let Some(reason) = give_up {
-            let e = q.remove(seq).expect("present");
-            timers.remove(&(e.msg.device.clone(), seq));
-            return vec![Action::Kill {
-                device: e.msg.device,
-                msg_id: e.msg.msg_id,
-                attempts,
-                reason,
-            }];
-        }
-        let retry_in = backoff::delay_random(&cfg.retry, attempts - 1);
-        let until = now + retry_in;
-        entry.status = Status::Backoff { until };
-        arm(timers, entry);
-        vec![Action::RecordAttempt {
-            id: entry.msg.id,
-            attempts,
-            retry_in,
-            error,
-        }]
-    }
-
     /// When the shell should call [`Scheduler::on_tick`] next.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.timers.next()
@@ -423,8 +310,19 @@ impl Scheduler {
                 continue;
             }
             match entry.status {
-                Status::InFlight { deadline, epoch } if deadline <= now => {
-                    if self.link == Link::Up(epoch) {
+                Status::InFlight {
+                    sent,
+                    deadline,
+                    epoch,
+                } if deadline <= now => {
+                    let since = entry.unanswered_since.unwrap_or(sent);
+                    if self.link == Link::Up(epoch) && !self.backend.heard_since(since) {
+                        // Nobody there to take it: wait, uncounted.
+                        self.backend.silent(now);
+                        Self::wait_for_backend(&self.cfg, &mut self.timers, q, since, now);
+                    } else if self.link == Link::Up(epoch) {
+                        entry.silent = 0;
+                        entry.unanswered_since = None;
                         let error =
                             format!("no ack within {} ms", self.cfg.ack_timeout.as_millis());
                         actions.extend(Self::count_failure(
@@ -441,7 +339,7 @@ impl Scheduler {
                     }
                     self.dirty.insert(device);
                 }
-                Status::Backoff { until } if until <= now => {
+                Status::Backoff { until } | Status::Waiting { until } if until <= now => {
                     entry.status = Status::Ready;
                     arm(&mut self.timers, entry);
                     self.dirty.insert(device);
@@ -472,7 +370,11 @@ impl Scheduler {
                         break;
                     }
                     if entry.status == Status::Ready {
-                        entry.status = Status::InFlight { deadline, epoch };
+                        entry.status = Status::InFlight {
+                            sent: now,
+                            deadline,
+                            epoch,
+                        };
                         arm(&mut self.timers, entry);
                         actions.push(Action::Publish(entry.msg.clone()));
                         inflight += 1;
@@ -501,6 +403,8 @@ impl Scheduler {
     }
 }
 
+mod backend;
 mod queue;
 #[cfg(test)]
 mod tests;
+mod verdicts;

@@ -17,6 +17,7 @@ use crate::support::{
 };
 use ferry::ids::DeviceId;
 
+mod backend;
 mod delivery;
 mod restarts;
 mod retries;

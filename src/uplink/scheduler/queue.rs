@@ -11,8 +11,22 @@ use crate::ids::{DeviceId, MsgId, Seq};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Status {
     Ready,
-    InFlight { deadline: Instant, epoch: u64 },
-    Backoff { until: Instant },
+    /// Published at `sent` on connection `epoch`; its ack is due by
+    /// `deadline`.
+    InFlight {
+        sent: Instant,
+        deadline: Instant,
+        epoch: u64,
+    },
+    /// A counted attempt failed: resent at `until`.
+    Backoff {
+        until: Instant,
+    },
+    /// Its ack timeout passed while the backend showed no life: resent at
+    /// `until`, or as soon as the backend is heard from, uncounted.
+    Waiting {
+        until: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -20,6 +34,12 @@ pub(super) struct Entry {
     pub(super) msg: PendingMessage,
     pub(super) status: Status,
     pub(super) expires_at: Option<Instant>,
+    /// Ack timeouts in a row while the backend was silent (uncounted;
+    /// they set the resend delay).
+    pub(super) silent: u32,
+    /// When the first send of that run went out: a sign of the backend
+    /// since then makes the next timeout count.
+    pub(super) unanswered_since: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -70,7 +90,7 @@ pub(super) fn arm(timers: &mut Timers, e: &Entry) {
     let status_at = match e.status {
         Status::Ready => None,
         Status::InFlight { deadline, .. } => Some(deadline),
-        Status::Backoff { until } => Some(until),
+        Status::Backoff { until } | Status::Waiting { until } => Some(until),
     };
     let key = (e.msg.device.clone(), e.msg.seq);
     match [status_at, e.expires_at].into_iter().flatten().min() {

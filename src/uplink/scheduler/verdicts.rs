@@ -1,0 +1,188 @@
+//! The backend's side of the scheduler: its verdicts on messages (acks,
+//! nacks), the upstream refusing one, and whether the backend is there at
+//! all ([`super::backend`]).
+
+use tokio::time::Instant;
+
+use super::queue::{arm, DeviceQueue, Status, Timers};
+use super::{Action, Scheduler, SchedulerConfig, REFUSED};
+use crate::backoff;
+use crate::ids::{DeviceId, MsgId, Seq};
+use crate::protocol::ack::Verdict;
+
+impl Scheduler {
+    /// The backend sent an ack message (for any message, of any verdict):
+    /// it is there. What waited on its silence is sent again now.
+    pub fn on_backend_heard(&mut self, now: Instant) {
+        if !self.backend.heard(now) {
+            return;
+        }
+        for (device, q) in &mut self.devices {
+            let mut any = false;
+            for e in q.entries.values_mut() {
+                if matches!(e.status, Status::Waiting { .. }) {
+                    e.status = Status::Ready;
+                    e.silent = 0;
+                    arm(&mut self.timers, e);
+                    any = true;
+                }
+            }
+            if any {
+                self.dirty.insert(device.clone());
+            }
+        }
+    }
+
+    /// A message of `q` sent at `since` timed out with no sign of the
+    /// backend since: it and every other message of the device in flight
+    /// since then (whose timeouts will find the same silence) wait for one
+    /// resend together, so they reach a returning backend in seq order.
+    pub(super) fn wait_for_backend(
+        cfg: &SchedulerConfig,
+        timers: &mut Timers,
+        q: &mut DeviceQueue,
+        since: Instant,
+        now: Instant,
+    ) {
+        let silent = q.entries.values().map(|e| e.silent).max().unwrap_or(0);
+        let silent = silent.saturating_add(1);
+        let until = now + backoff::delay_random(&cfg.retry, silent - 1);
+        for e in q.entries.values_mut() {
+            let sent = match e.status {
+                Status::InFlight { sent, .. } if sent >= since => sent,
+                Status::Waiting { .. } => e.unanswered_since.unwrap_or(now),
+                _ => continue,
+            };
+            e.unanswered_since.get_or_insert(sent);
+            e.silent = silent;
+            e.status = Status::Waiting { until };
+            arm(timers, e);
+        }
+    }
+
+    /// Since when messages wait on a backend that acks nothing (`None`:
+    /// it acked something since the last ack timeout, or none passed).
+    pub fn backend_silent_since(&self) -> Option<Instant> {
+        self.backend.silent_since()
+    }
+
+    /// The upstream broker dropped the link on this message while it was
+    /// alone in flight: that attempt failed and counts.
+    pub fn on_refused(&mut self, device: &DeviceId, seq: Seq, now: Instant) -> Vec<Action> {
+        let Some(q) = self.devices.get_mut(device) else {
+            return Vec::new();
+        };
+        if !q.entries.contains_key(&seq) {
+            return Vec::new();
+        }
+        self.dirty.insert(device.clone());
+        Self::count_failure(&self.cfg, &mut self.timers, q, seq, REFUSED.into(), now)
+    }
+
+    /// The backend's verdict on a message.
+    pub fn on_ack(
+        &mut self,
+        device: &DeviceId,
+        msg_id: &MsgId,
+        verdict: Verdict,
+        now: Instant,
+    ) -> Vec<Action> {
+        let q = self.devices.get_mut(device);
+        let seq = q.as_ref().and_then(|q| q.by_id.get(msg_id).copied());
+        let (Some(q), Some(seq)) = (q, seq) else {
+            // Not in memory: already handled, or still only in the store.
+            // The store applies the move only if the message is `stored`.
+            return match verdict {
+                Verdict::Ok => vec![Action::Deliver {
+                    device: device.clone(),
+                    msg_id: msg_id.clone(),
+                    attempts: 0,
+                }],
+                Verdict::Nack {
+                    reason,
+                    retry: false,
+                } => vec![Action::Kill {
+                    device: device.clone(),
+                    msg_id: msg_id.clone(),
+                    attempts: 0,
+                    reason: format!("nacked: {reason}"),
+                }],
+                Verdict::Nack { retry: true, .. } => vec![],
+            };
+        };
+        self.dirty.insert(device.clone());
+        let entry = q.entries.get_mut(&seq).expect("by_id and entries agree");
+        match verdict {
+            Verdict::Ok => {
+                let e = q.remove(seq).expect("present");
+                self.timers.remove(&(device.clone(), seq));
+                vec![Action::Deliver {
+                    device: device.clone(),
+                    msg_id: msg_id.clone(),
+                    attempts: e.msg.attempts + 1,
+                }]
+            }
+            Verdict::Nack { reason, retry } => {
+                if !retry || entry.msg.no_retry {
+                    let e = q.remove(seq).expect("present");
+                    self.timers.remove(&(device.clone(), seq));
+                    return vec![Action::Kill {
+                        device: device.clone(),
+                        msg_id: msg_id.clone(),
+                        attempts: e.msg.attempts + 1,
+                        reason: format!("nacked: {reason}"),
+                    }];
+                }
+                Self::count_failure(
+                    &self.cfg,
+                    &mut self.timers,
+                    q,
+                    seq,
+                    format!("nacked: {reason}"),
+                    now,
+                )
+            }
+        }
+    }
+
+    /// An attempt failed while the link was up: back off, or give up.
+    pub(super) fn count_failure(
+        cfg: &SchedulerConfig,
+        timers: &mut Timers,
+        q: &mut DeviceQueue,
+        seq: Seq,
+        error: String,
+        now: Instant,
+    ) -> Vec<Action> {
+        let entry = q.entries.get_mut(&seq).expect("caller checked");
+        entry.msg.attempts += 1;
+        let attempts = entry.msg.attempts;
+        let give_up = if entry.msg.no_retry {
+            Some(format!("no_retry: {error}"))
+        } else if attempts >= cfg.retry.max_attempts {
+            Some(format!("exhausted: {attempts} attempts, last: {error}"))
+        } else {
+            None
+        };
+        if let Some(reason) = give_up {
+            let e = q.remove(seq).expect("present");
+            timers.remove(&(e.msg.device.clone(), seq));
+            return vec![Action::Kill {
+                device: e.msg.device,
+                msg_id: e.msg.msg_id,
+                attempts,
+                reason,
+            }];
+        }
+        let retry_in = backoff::delay_random(&cfg.retry, attempts - 1);
+        let until = now + retry_in;
+        entry.status = Status::Backoff { until };
+        arm(timers, entry);
+        vec![Action::RecordAttempt {
+            id: entry.msg.id,
+            attempts,
+            retry_in,
+            error,
+        }]
+    }
+}

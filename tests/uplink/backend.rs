@@ -1,0 +1,232 @@
+//! An absent backend: the upstream broker is up, the application behind
+//! it acks nothing. Its messages wait, uncounted; a message it ignores
+//! while it acks others is still dead-lettered (docs/PROTOCOL.md, "An
+//! absent backend").
+
+use super::*;
+use crate::support::receipts::ids_with;
+
+/// Small timeouts, few attempts: without the rule every message would be
+/// dead-lettered within about a second of the backend's absence.
+fn impatient(gateway: &str, mq: &Mosquitto) -> FerryOpts {
+    FerryOpts::new(gateway, mq.port).with(|c| {
+        c.north.ack_timeout_ms = 200;
+        c.retry.max_attempts = 3;
+        c.retry.base_ms = 50;
+        c.retry.max_ms = 200;
+    })
+}
+
+fn seqs_in_order(messages: &[NorthMessage], device: &str) -> bool {
+    let seqs: Vec<u64> = messages
+        .iter()
+        .filter(|m| m.device() == device)
+        .filter_map(NorthMessage::seq)
+        .collect();
+    seqs.windows(2).all(|w| w[0] < w[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_seconds_without_a_backend_dead_letter_nothing_and_it_gets_everything_once_it_comes()
+{
+    let mq = Mosquitto::start();
+    let gw = "gw-nobackend";
+    let ferry = Ferry::start(impatient(gw, &mq));
+    // A consumer that is subscribed and acks nothing (paused, or a backend
+    // whose application is down): it counts the resends.
+    let mut paused = Backend::connect(mq.port, gw).await;
+    let boot = boot_id();
+    let mut devices = Vec::new();
+    let mut ids = HashMap::new();
+    for name in ["press-1", "press-2"] {
+        let device = Device::connect(ferry.south_port, name).await;
+        ids.insert(name, device.publish_many("t", &boot, name, 5).await);
+        devices.push(device);
+    }
+
+    let started = Instant::now();
+    let mut resends: HashMap<(String, String), usize> = HashMap::new();
+    let mut receipts: HashMap<&str, Vec<Value>> = HashMap::new();
+    while started.elapsed() < SECS_30 {
+        for m in paused.drain_for(Duration::from_millis(500)).await {
+            *resends
+                .entry((m.device().to_string(), m.msg_id().to_string()))
+                .or_default() += 1;
+        }
+        for d in &mut devices {
+            while let Some(r) = d.next_receipt(Duration::from_millis(1)).await {
+                receipts.entry(d_name(&r, &ids)).or_default().push(r);
+            }
+        }
+    }
+    assert_eq!(resends.len(), 10, "every message went north: {resends:?}");
+    let fewest = resends.values().min().copied().unwrap_or(0);
+    assert!(
+        fewest >= 20,
+        "each message was sent again and again, far past retry.max_attempts (3): {resends:?}"
+    );
+    for (name, got) in &receipts {
+        assert_eq!(ids_with(got, "stored").len(), 5, "{name}: {got:?}");
+        assert!(
+            got.iter().all(|r| status(r) == "stored"),
+            "{name} was told nothing but `stored`: {got:?}"
+        );
+    }
+    assert_eq!(ferry.query_i64("SELECT count(*) FROM dead_letter", []), 0);
+    assert_eq!(
+        ferry.query_i64("SELECT max(attempts) FROM uplink", []),
+        0,
+        "no attempt counted"
+    );
+    let m = ferry.metrics();
+    assert_eq!(m.value("ferry_backend_present"), 0.0, "{}", m.0);
+    assert_eq!(m.value("ferry_north_connected"), 1.0);
+    let status_view = ferry.admin_json("/api/status");
+    assert_eq!(status_view["backend"]["present"], false, "{status_view}");
+    let log = ferry.log();
+    assert_eq!(
+        log.matches("event=\"backend_silent\"").count(),
+        1,
+        "one line per silence, not per timeout:\n{}",
+        ferry.log_tail()
+    );
+
+    // The backend's application comes back.
+    drop(paused);
+    let mut backend = Backend::connect_auto_ack(mq.port, gw).await;
+    for d in &mut devices {
+        let name = device_name(d, &ids);
+        let mine = ids[name.as_str()].clone();
+        let got = d
+            .receipts_until(SECS_10, |all| {
+                ids_with(all, "delivered").len() == mine.len()
+            })
+            .await;
+        let delivered: Vec<u64> = got
+            .iter()
+            .filter(|r| status(r) == "delivered")
+            .filter_map(|r| r["seq"].as_u64())
+            .collect();
+        assert_eq!(delivered.len(), 5, "{name}: {got:?}");
+        assert!(
+            delivered.windows(2).all(|w| w[0] < w[1]),
+            "{name}: delivered in seq order: {delivered:?}"
+        );
+    }
+    let north = backend.drain_for(Duration::from_millis(500)).await;
+    for name in ["press-1", "press-2"] {
+        assert!(seqs_in_order(&north, name), "{name}: {north:?}");
+    }
+    assert_eq!(ferry.query_i64("SELECT count(*) FROM dead_letter", []), 0);
+    assert!(
+        ferry.log().contains("event=\"backend_heard\""),
+        "{}",
+        ferry.log_tail()
+    );
+    let m = ferry.metrics();
+    assert_eq!(m.value("ferry_backend_present"), 1.0);
+    assert!(m.value("ferry_backend_last_ack_age_seconds") < 10.0);
+    assert_eq!(
+        m.value(r#"ferry_messages_dead_lettered_total{direction="up"}"#),
+        0.0
+    );
+    let status_view = ferry.admin_json("/api/status");
+    assert_eq!(status_view["backend"]["present"], true, "{status_view}");
+}
+
+/// Which device a receipt is for, by the msg_ids each was given.
+fn d_name(r: &Value, ids: &HashMap<&'static str, Vec<String>>) -> &'static str {
+    let id = r["msg_id"].as_str().unwrap_or_default();
+    ids.iter()
+        .find(|(_, mine)| mine.iter().any(|m| m == id))
+        .map_or("?", |(name, _)| name)
+}
+
+fn device_name(d: &Device, ids: &HashMap<&'static str, Vec<String>>) -> String {
+    let topic = d.up_topic("t");
+    ids.keys()
+        .find(|name| topic.contains(&format!("/{name}/")))
+        .map(|n| n.to_string())
+        .expect("a known device")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_backend_never_acks_while_it_acks_the_rest_is_dead_lettered_after_max_attempts(
+) {
+    let mq = Mosquitto::start();
+    let gw = "gw-ignored";
+    let ferry = Ferry::start(impatient(gw, &mq));
+    let mut backend = Backend::connect(mq.port, gw).await;
+    let mut device = Device::connect(ferry.south_port, "press-9").await;
+    let boot = boot_id();
+    let ignored = format!("{boot}-ignored");
+    device
+        .publish_envelope("t", &ignored, json!({"v": 0}))
+        .await;
+    let mut rest = Vec::new();
+    let mut sends_of_ignored = 0;
+    let started = Instant::now();
+    let mut receipts = Vec::new();
+    // The rest keep coming, one every 100 ms, and are acked at once.
+    while started.elapsed() < SECS_10 {
+        let id = format!("{boot}-{:04}", rest.len());
+        device.publish_envelope("t", &id, json!({"v": 1})).await;
+        rest.push(id);
+        for m in backend.drain_for(Duration::from_millis(100)).await {
+            if m.msg_id() == ignored {
+                sends_of_ignored += 1;
+            } else {
+                backend.ack_ok(m.device(), m.msg_id()).await;
+            }
+        }
+        while let Some(r) = device.next_receipt(Duration::from_millis(1)).await {
+            receipts.push(r);
+        }
+        if receipts
+            .iter()
+            .any(|r| r["msg_id"] == ignored && status(r) == "failed")
+        {
+            break;
+        }
+    }
+    let failed = receipts
+        .iter()
+        .find(|r| r["msg_id"] == ignored && status(r) == "failed")
+        .unwrap_or_else(|| panic!("never dead-lettered: {receipts:?}\n{}", ferry.log_tail()));
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("exhausted: 3 attempts, last: no ack within 200 ms"),
+        "{reason}"
+    );
+    assert!(
+        sends_of_ignored >= 3,
+        "sent at least max_attempts times: {sends_of_ignored}"
+    );
+    // The rest still unacked are acked when they come again.
+    backend.set_auto_ack(true);
+    let got = device
+        .receipts_until(SECS_10, |all| {
+            let mut all_seen = receipts.clone();
+            all_seen.extend_from_slice(all);
+            rest.iter().all(|id| {
+                all_seen
+                    .iter()
+                    .any(|r| r["msg_id"] == id.as_str() && status(r) == "delivered")
+            })
+        })
+        .await;
+    receipts.extend(got);
+    for id in &rest {
+        assert!(
+            receipts
+                .iter()
+                .any(|r| r["msg_id"] == id.as_str() && status(r) == "delivered"),
+            "{id} delivered while the ignored one was retried: {receipts:?}"
+        );
+    }
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM dead_letter", []),
+        1,
+        "only the ignored one"
+    );
+}
