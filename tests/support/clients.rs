@@ -169,7 +169,7 @@ pub struct NorthMessage {
 }
 
 impl NorthMessage {
-    fn from_publish(p: &Message) -> NorthMessage {
+    pub fn from_publish(p: &Message) -> NorthMessage {
         NorthMessage {
             topic: p.topic.clone(),
             raw: p.payload.to_vec(),
