@@ -304,6 +304,12 @@ async fn the_status_page_shows_the_gateways_figures_in_headless_chromium() {
         "{api}"
     );
 
+    // The backend read the 3 and acked nothing: past their ack timeout it
+    // is silent.
+    eventually(SECS_10, "the backend seen silent", || {
+        ferry.admin_json("/api/status")["backend"]["present"] == false
+    })
+    .await;
     // 7 s of the page's (virtual) time: it loads, then refreshes itself
     // every 2 s.
     let dom = render_dom(&ferry.admin_url("/"), Duration::from_secs(7));
@@ -322,6 +328,12 @@ async fn the_status_page_shows_the_gateways_figures_in_headless_chromium() {
     assert_eq!(shown("gateway"), gw);
     assert_eq!(shown("north-state"), "up");
     assert_eq!(shown("south-state"), "up");
+    assert_eq!(shown("backend-state"), "silent");
+    assert!(
+        shown("backend-since").contains("last ack none yet"),
+        "{}",
+        shown("backend-since")
+    );
     assert_eq!(shown("devices-online"), "1");
     assert_eq!(shown("uplink-backlog"), "3");
     assert_eq!(shown("downlink-backlog"), "2");

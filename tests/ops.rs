@@ -306,7 +306,9 @@ async fn status_json_matches_the_traffic_with_north_down() {
     let (code, text, _) = cli(&ferry.config_path, &["status"]);
     assert_eq!(code, Some(0));
     assert!(
-        text.contains("north: down since") && text.contains("uplink backlog: 3"),
+        text.contains("north: down since")
+            && text.contains("backend: present since")
+            && text.contains("uplink backlog: 3"),
         "{text}"
     );
 
