@@ -23,6 +23,7 @@ pub mod admin;
 pub mod certs;
 pub mod clients;
 pub mod config;
+pub mod faketime;
 pub mod ferry;
 pub mod mosquitto;
 pub mod proc;
