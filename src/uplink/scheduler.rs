@@ -205,8 +205,6 @@ impl Scheduler {
         }
     }
 
-    /// `now_ms` is `now` on the store clock, the one `expires_ms` counts in
-    /// (store::clock): a wall-clock step moves neither.
     fn insert(
         timers: &mut Timers,
         q: &mut DeviceQueue,
