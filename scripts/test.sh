@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs ferry's whole test suite on a fresh Debian machine: installs what the
 # integration tests need (Mosquitto, the real upstream broker; Chromium, the
-# status page test's headless browser), then
+# status page test's headless browser; faketime, the clock tests' false
+# wall clock), then
 # `cargo test`. Extra arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,14 @@ if [ ! -x /usr/bin/chromium ]; then
     [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null
+fi
+# The clock tests run ferry under a false wall clock: Debian's libfaketime.
+if [ ! -x /usr/bin/faketime ]; then
+    echo "test.sh: installing faketime (the clock tests' false wall clock)" >&2
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq faketime >/dev/null
 fi
 # systemd-analyze checks the shipped unit (below).
 if ! command -v systemd-analyze >/dev/null 2>&1; then

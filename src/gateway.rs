@@ -179,6 +179,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         backend_silence,
         shutdown_rx.clone(),
     ));
+    // The store clock persisted every second (ttl_s counts in it).
+    let clock_keeper = tokio::spawn(store.clone().keep_clock());
     let pruner = tokio::spawn(crate::retention::run(
         store.clone(),
         cfg.store.retention,
@@ -218,6 +220,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     trimmer.abort();
     // A batch already asked for is committed by the writer regardless.
     pruner.abort();
+    // The writer persists the clock once more when it closes.
+    clock_keeper.abort();
     // Alerts still queued are lost with the process (see crate::alerts).
     alerter.abort();
     // The watchdog's pings stop being answered once the pipeline winds

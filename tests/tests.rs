@@ -30,6 +30,7 @@ mod support;
 
 mod admin;
 mod auth;
+mod clock;
 mod config;
 mod downlink;
 mod edges;

@@ -18,7 +18,6 @@ use crate::metrics::{self, Direction};
 use crate::north::AckToken;
 use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
-use crate::protocol::now_ms;
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::DeliveryState;
 use crate::store::StoreError;
@@ -35,7 +34,8 @@ impl Downlink {
         oversize: Option<usize>,
         received_ms: i64,
     ) -> Result<(), StoreError> {
-        let stored_ms = now_ms();
+        let now = self.store.now();
+        let stored_ms = now.wall_ms;
         metrics::received(Direction::Down);
         let parsed = match oversize {
             // Only its head was kept: too large, by name if it can be read.
@@ -100,9 +100,10 @@ impl Downlink {
                     body: Bytes::from(env.entry),
                     received_ms,
                     stored_ms,
+                    // ttl_s counts time in the store (store::clock).
                     expires_ms: env
                         .ttl
-                        .map(|t| stored_ms.saturating_add(t.as_millis() as i64)),
+                        .map(|t| now.store_ms.saturating_add(t.as_millis() as i64)),
                     to,
                     queue_cap: self.settings.cfg.queue_cap,
                 };

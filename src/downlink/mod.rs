@@ -47,7 +47,6 @@ use crate::deadlines::{sleep_until, Deadlines};
 use crate::ids::{DeviceId, Seq};
 use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
 use crate::protocol::control::{inbox_batch, ControlKind};
-use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
 use crate::south::presence::Presence;
@@ -253,7 +252,7 @@ impl Downlink {
                     let _ = ack.send(());
                 }
                 _ = sweep.tick(), if flush_by.is_none() => {
-                    let swept = self.store.sweep_downlinks(now_ms());
+                    let swept = self.store.sweep_downlinks(self.store.now());
                     self.pending.push(Box::pin(async move { Done::Swept(swept.await) }));
                 }
                 _ = flush_over => {
@@ -310,9 +309,9 @@ impl Downlink {
                     reply_empty,
                 } => {
                     let asked = Instant::now();
-                    let read = self
-                        .store
-                        .read_batch(device.clone(), after, limit, now_ms());
+                    let read =
+                        self.store
+                            .read_batch(device.clone(), after, limit, self.store.now());
                     self.pending.push(Box::pin(async move {
                         Done::Read {
                             device,

@@ -44,6 +44,7 @@ pub struct DownIntake {
     /// When the backend's publish reached ferry.
     pub received_ms: i64,
     pub stored_ms: i64,
+    /// On the store clock: `ttl_s` counts time in the store.
     pub expires_ms: Option<i64>,
     pub to: Vec<DeviceId>,
     pub queue_cap: u64,

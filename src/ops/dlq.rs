@@ -287,7 +287,7 @@ pub fn replay(conn: &mut Connection, id: i64, now_ms: i64) -> Result<Replayed, O
     };
     if direction == "down" {
         let why = match down::seq_of(topic.as_deref()) {
-            Some(seq) => down::check(&tx, device.as_deref(), seq, now_ms).map_err(&write)?,
+            Some(seq) => down::check(&tx, device.as_deref(), seq).map_err(&write)?,
             None => Some(format!("refused at the door ({reason}): it was never stored; the backend must send it again")),
         };
         if let Some(why) = why {

@@ -13,6 +13,7 @@
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::clock::Now;
 use super::{outbox, StoreError};
 use crate::downlink::record::{
     reason, BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake,
@@ -195,14 +196,16 @@ fn message_of(tx: &Transaction<'_>, message_id: i64) -> Result<(MsgId, i64)> {
 }
 
 /// Reads up to `limit` queue entries after `after`; a stored delivery whose
-/// ttl has passed is expired on the way and sent as a tombstone.
+/// ttl has passed by `now` (store clock) is expired on the way and sent as
+/// a tombstone.
 pub fn read_batch(
     tx: &Transaction<'_>,
     device: &DeviceId,
     after: Seq,
     limit: usize,
-    now_ms: i64,
+    now: Now,
 ) -> Result<BatchRead> {
+    let now_ms = now.wall_ms;
     let mut out = BatchRead {
         head: cursors(tx, device)?.head,
         ..Default::default()
@@ -220,7 +223,7 @@ pub fn read_batch(
     for (s, st, id, body, expires_ms) in rows {
         let mut st = state(&st)?;
         let id = msg_id(id)?;
-        if st == DeliveryState::Stored && expires_ms.is_some_and(|e| e <= now_ms) {
+        if st == DeliveryState::Stored && expires_ms.is_some_and(|e| e <= now.store_ms) {
             st.check_move(DeliveryState::Expired)?;
             tx.prepare_cached("UPDATE down_delivery SET state = 'expired', at_ms = ?3 WHERE device = ?1 AND seq = ?2")?
                 .execute(params![device.as_str(), s, now_ms])?;
@@ -432,13 +435,15 @@ pub fn nack(
     })
 }
 
-/// Expires every stored delivery of messages whose ttl passed by `now_ms`.
-pub fn sweep_expired(tx: &Transaction<'_>, now_ms: i64) -> Result<Swept> {
+/// Expires every stored delivery of messages whose ttl passed by `now`
+/// (store clock); what it writes down is stamped with the wall clock.
+pub fn sweep_expired(tx: &Transaction<'_>, now: Now) -> Result<Swept> {
+    let now_ms = now.wall_ms;
     let due: Vec<(i64, String)> = tx
         .prepare_cached(
             "SELECT id, msg_id FROM down_message WHERE expires_ms IS NOT NULL AND swept = 0 AND expires_ms <= ?1 LIMIT 1000",
         )?
-        .query_map([now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([now.store_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let mut events = Vec::new();
     for (mid, id) in due {

@@ -75,3 +75,38 @@ pub fn downlink_top(conn: &Connection, top: usize) -> Result<Vec<(String, i64)>>
     })?
     .collect()
 }
+
+/// What [`crate::alerts`] looks at, read in one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlertScan {
+    /// When the oldest stored uplink was stored.
+    pub oldest_uplink_ms: Option<i64>,
+    /// When the oldest delivery waiting at a device's cursor was queued.
+    pub oldest_downlink_ms: Option<i64>,
+    pub backlog: Backlog,
+    /// Dead letters with an id past the one asked, oldest first.
+    pub dead: Vec<DeadSummary>,
+    /// Dead letters past the ones in `dead`.
+    pub more_dead: u64,
+    /// The newest dead letter's id (0 if none).
+    pub max_dead_id: i64,
+    /// The id asked for: `dead` are past it.
+    pub after_dead: i64,
+    /// Every dead letter up to this id had its alert acknowledged by the
+    /// upstream, in this run or an earlier one (`alert_mark`).
+    pub dead_alerted: i64,
+    /// Filled in from the budget, not by the writer.
+    pub over_budget: bool,
+    pub used_bytes: u64,
+    pub max_db_bytes: u64,
+}
+
+/// A dead letter, as an alert names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadSummary {
+    pub id: i64,
+    pub direction: String,
+    pub device: Option<String>,
+    pub msg_id: Option<String>,
+    pub reason: String,
+}

@@ -31,8 +31,10 @@
 //!   [`StoreError::CorruptRow`]); the rest of the batch commits.
 
 pub mod budget;
+pub mod clock;
 mod downlink;
 pub mod figures;
+pub use figures::{AlertScan, DeadSummary};
 mod outbox;
 pub mod prune;
 mod schema;
@@ -69,6 +71,7 @@ use crate::uplink::record::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
 use budget::Budget;
+use clock::{Now, StoreClock};
 
 /// The database file inside `gateway.data_dir`.
 pub const DB_FILE: &str = "ferry.db";
@@ -128,11 +131,13 @@ enum Op {
         msg_id: MsgId,
         reply: Reply<Option<Duplicate>>,
     },
-    /// Dead-letter stored uplinks whose ttl passed by `now_ms`.
+    /// Dead-letter stored uplinks whose ttl passed by `now`.
     ExpireDue {
-        now_ms: i64,
+        now: Now,
         reply: Reply<Vec<(DeviceId, MsgId, Moved)>>,
     },
+    /// Persist the store clock (see [`clock`]).
+    MarkClock,
     /// Replays the CLI asked for, to load whatever their seq.
     TakeReplays(Reply<Vec<PendingMessage>>),
     Down(DownOp),
@@ -149,41 +154,6 @@ enum Op {
         limit: usize,
         reply: Reply<AlertScan>,
     },
-}
-
-/// What [`crate::alerts`] looks at, read in one request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AlertScan {
-    /// When the oldest stored uplink was stored.
-    pub oldest_uplink_ms: Option<i64>,
-    /// When the oldest delivery waiting at a device's cursor was queued.
-    pub oldest_downlink_ms: Option<i64>,
-    pub backlog: Backlog,
-    /// Dead letters with an id past the one asked, oldest first.
-    pub dead: Vec<DeadSummary>,
-    /// Dead letters past the ones in `dead`.
-    pub more_dead: u64,
-    /// The newest dead letter's id (0 if none).
-    pub max_dead_id: i64,
-    /// The id asked for: `dead` are past it.
-    pub after_dead: i64,
-    /// Every dead letter up to this id had its alert acknowledged by the
-    /// upstream, in this run or an earlier one (`alert_mark`).
-    pub dead_alerted: i64,
-    /// Filled in from the budget, not by the writer.
-    pub over_budget: bool,
-    pub used_bytes: u64,
-    pub max_db_bytes: u64,
-}
-
-/// A dead letter, as an alert names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadSummary {
-    pub id: i64,
-    pub direction: String,
-    pub device: Option<String>,
-    pub msg_id: Option<String>,
-    pub reason: String,
 }
 
 /// What waits to be delivered, counted for `STATUS=` (cheap: the uplink
@@ -204,7 +174,7 @@ enum DownOp {
         device: DeviceId,
         after: Seq,
         limit: usize,
-        now_ms: i64,
+        now: Now,
         reply: Reply<BatchRead>,
     },
     Advance {
@@ -226,7 +196,7 @@ enum DownOp {
         reply: Reply<Cursors>,
     },
     Sweep {
-        now_ms: i64,
+        now: Now,
         reply: Reply<Swept>,
     },
     /// A refused downlink's dead letter and its `rejected` receipt.
@@ -266,6 +236,7 @@ pub struct Store {
     /// Bumped by the writer at every commit attempt, retries included.
     beat: Heartbeat,
     budget: Budget,
+    clock: StoreClock,
 }
 
 impl Store {
@@ -298,6 +269,7 @@ impl Store {
         conn.set_prepared_statement_cache_capacity(64);
         schema::check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
+        let (clock, boot_id) = clock::start(&conn)?;
 
         let (tx, rx) = mpsc::unbounded_channel();
         let max_batch = cfg.max_batch;
@@ -312,6 +284,7 @@ impl Store {
             beat.clone(),
             budget.clone(),
             wal.into(),
+            (clock, boot_id),
         );
         let (exiting, exited) = watch::channel(());
         thread::Builder::new()
@@ -331,6 +304,7 @@ impl Store {
             exited,
             beat,
             budget,
+            clock,
         })
     }
 
@@ -487,14 +461,14 @@ impl Store {
         self.call(Op::PendingDevices)
     }
 
-    /// Dead-letters stored uplinks whose ttl has passed (at most 1,000 per
-    /// call); resolves to what moved.
+    /// Dead-letters stored uplinks whose ttl has passed by `now` (at most
+    /// 1,000 per call); resolves to what moved.
     pub fn expire_due(
         &self,
-        now_ms: i64,
+        now: Now,
     ) -> impl Future<Output = Result<Vec<(DeviceId, MsgId, Moved)>, StoreError>> + Send + 'static
     {
-        self.call(move |reply| Op::ExpireDue { now_ms, reply })
+        self.call(move |reply| Op::ExpireDue { now, reply })
     }
 
     /// Takes the replays `ferry dlq replay` asked for (at most 1,000 per
@@ -514,19 +488,19 @@ impl Store {
     }
 
     /// Reads up to `limit` queue entries of `device` after `after`,
-    /// expiring those whose ttl passed by `now_ms`.
+    /// expiring those whose ttl passed by `now`.
     pub fn read_batch(
         &self,
         device: DeviceId,
         after: Seq,
         limit: usize,
-        now_ms: i64,
+        now: Now,
     ) -> impl Future<Output = Result<BatchRead, StoreError>> + Send + 'static {
         self.down(move |reply| DownOp::Batch {
             device,
             after,
             limit,
-            now_ms,
+            now,
             reply,
         })
     }
@@ -574,12 +548,12 @@ impl Store {
         self.down(move |reply| DownOp::Cursors { device, reply })
     }
 
-    /// Expires stored deliveries of messages whose ttl passed by `now_ms`.
+    /// Expires stored deliveries of messages whose ttl passed by `now`.
     pub fn sweep_downlinks(
         &self,
-        now_ms: i64,
+        now: Now,
     ) -> impl Future<Output = Result<Swept, StoreError>> + Send + 'static {
-        self.down(move |reply| DownOp::Sweep { now_ms, reply })
+        self.down(move |reply| DownOp::Sweep { now, reply })
     }
 
     /// Dead-letters a downlink refused at intake and commits its `rejected`

@@ -208,6 +208,28 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE devices ADD COLUMN sent_upto INTEGER NOT NULL DEFAULT 0;
     UPDATE devices SET sent_upto = delivered_upto;
     "#,
+    // 12: the store clock (store::clock), which `ttl_s` counts in from
+    // here on: `expires_ms` of both directions becomes store-clock ms.
+    r#"
+    -- One row, rewritten every second while the gateway runs. The clock
+    -- resumes from it at start, counting the downtime only if the kernel
+    -- boot is the same (then BOOTTIME says how long ferry was down).
+    CREATE TABLE store_clock (
+        id          INTEGER PRIMARY KEY CHECK (id = 1),
+        store_ms    INTEGER NOT NULL,   -- the store clock
+        boot_id     TEXT NOT NULL,      -- /proc/sys/kernel/random/boot_id then
+        boottime_ms INTEGER NOT NULL,   -- CLOCK_BOOTTIME then
+        wall_ms     INTEGER NOT NULL    -- the wall clock then, for people only
+    );
+    -- The clock starts at 0 with this migration, so a ttl's new expiry is
+    -- what remained of it on the wall clock (one already past: 0, due).
+    UPDATE uplink SET expires_ms =
+        max(0, expires_ms - CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+        WHERE expires_ms IS NOT NULL;
+    UPDATE down_message SET expires_ms =
+        max(0, expires_ms - CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+        WHERE expires_ms IS NOT NULL;
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.
@@ -294,6 +316,52 @@ mod tests {
         conn.pragma_update(None, "user_version", 99).unwrap();
         let err = migrate(&mut conn).unwrap_err().to_string();
         assert!(err.contains("schema version 99"), "{err}");
+    }
+
+    #[test]
+    fn wall_clock_expiries_become_what_remained_on_the_store_clock() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let before_clock = MIGRATIONS.len() - 1;
+        for (i, sql) in MIGRATIONS.iter().enumerate().take(before_clock) {
+            conn.execute_batch(sql).unwrap();
+            conn.pragma_update(None, "user_version", (i + 1) as i64)
+                .unwrap();
+        }
+        let now = crate::protocol::now_ms();
+        for (id, expires) in [
+            (1, Some(now + 3_600_000)),
+            (2, Some(now - 5_000)),
+            (3, None),
+        ] {
+            conn.execute(
+                "INSERT INTO uplink (id, device, msg_id, seq, stream, state, body, stored_ms, expires_ms)
+                 VALUES (?1, 'd', ?1, ?1, 's', 'stored', x'', 0, ?2)",
+                rusqlite::params![id, expires],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO down_message (id, msg_id, body, stored_ms, expires_ms) VALUES (?1, ?1, x'', 0, ?2)",
+                rusqlite::params![id, expires],
+            )
+            .unwrap();
+        }
+        migrate(&mut conn).unwrap();
+        for table in ["uplink", "down_message"] {
+            let got: Vec<Option<i64>> = conn
+                .prepare(&format!("SELECT expires_ms FROM {table} ORDER BY id"))
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let left = got[0].unwrap();
+            assert!((3_590_000..=3_601_000).contains(&left), "{table}: {got:?}");
+            assert_eq!(
+                got[1..],
+                [Some(0), None],
+                "{table}: past is due, none stays none"
+            );
+        }
     }
 
     #[test]

@@ -17,7 +17,13 @@ fn cfg() -> StoreConfig {
 fn intake(device: &str, msg_id: &str) -> Intake {
     let raw = format!(r#"{{"msg_id":"{msg_id}","payload":1}}"#);
     let envelope = parse_uplink(raw.as_bytes(), 1024).unwrap();
-    Intake::new("g", DeviceId::new(device).unwrap(), "s".into(), envelope, 1)
+    Intake::new(
+        "g",
+        DeviceId::new(device).unwrap(),
+        "s".into(),
+        envelope,
+        Now::at(1),
+    )
 }
 
 async fn put(store: &Store, device: &str, msg_id: &str) -> IntakeOutcome {
@@ -182,15 +188,18 @@ async fn expired_uplinks_are_swept_by_index_wherever_they_are() {
         DeviceId::new("a").unwrap(),
         "s".into(),
         parse_uplink(raw, 1024).unwrap(),
-        1,
+        Now::at(1),
     );
     store.intake(ttl).await.unwrap();
     put(&store, "a", "no-ttl").await;
-    assert!(store.expire_due(1000).await.unwrap().is_empty());
-    let expired = store.expire_due(1001).await.unwrap();
+    assert!(store.expire_due(Now::at(1000)).await.unwrap().is_empty());
+    let expired = store.expire_due(Now::at(1001)).await.unwrap();
     assert_eq!(expired.len(), 1);
     assert_eq!(expired[0].1.as_str(), "t-1");
-    assert!(store.expire_due(5000).await.unwrap().is_empty(), "once");
+    assert!(
+        store.expire_due(Now::at(5000)).await.unwrap().is_empty(),
+        "once"
+    );
     let left = store
         .pending(DeviceId::new("a").unwrap(), Seq(0), 10)
         .await

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::clock::Now;
 use super::StoreError;
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId, Seq};
@@ -315,10 +316,11 @@ pub fn pending(
 }
 
 /// Dead-letters up to `limit` stored messages whose ttl has passed by
-/// `now_ms`, wherever they are in their device's backlog, with `reason`.
+/// `now` (store clock), wherever they are in their device's backlog, with
+/// `reason`.
 pub fn expire_due(
     tx: &Transaction<'_>,
-    now_ms: i64,
+    now: Now,
     limit: usize,
     reason: &str,
 ) -> Result<Vec<(DeviceId, MsgId, Moved)>> {
@@ -327,7 +329,7 @@ pub fn expire_due(
             "SELECT device, msg_id, attempts FROM uplink
              WHERE state = 'stored' AND expires_ms IS NOT NULL AND expires_ms <= ?1 LIMIT ?2",
         )?
-        .query_map(params![now_ms, limit as i64], |r| {
+        .query_map(params![now.store_ms, limit as i64], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?
         .collect::<rusqlite::Result<_>>()?;
@@ -343,7 +345,7 @@ pub fn expire_due(
             to: MessageState::Dead,
             attempts,
             reason: Some(reason.to_string()),
-            at_ms: now_ms,
+            at_ms: now.wall_ms,
         };
         if let Some(moved) = transition(tx, &t)? {
             out.push((device, msg_id, moved));

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::budget::{self, Budget, Change, DISK_BUDGET_REACHED};
+use super::clock::{self, StoreClock};
 use super::{prune, uplink, DownOp, Op, Reply, StoreError};
 use crate::health::Heartbeat;
 use crate::uplink::record::EXPIRED_REASON;
@@ -69,6 +70,8 @@ pub(super) struct Writer {
     /// The WAL file, measured with the database against the budget.
     wal: PathBuf,
     measured: Instant,
+    /// The store clock and this boot's id, for its marks.
+    clock: (StoreClock, String),
 }
 
 impl Writer {
@@ -78,6 +81,7 @@ impl Writer {
         beat: Heartbeat,
         budget: Budget,
         wal: PathBuf,
+        clock: (StoreClock, String),
     ) -> Writer {
         let mut w = Writer {
             conn,
@@ -87,6 +91,7 @@ impl Writer {
             budget,
             wal,
             measured: Instant::now(),
+            clock,
         };
         // A store opened at its budget refuses from the first message.
         w.measure_budget();
@@ -146,6 +151,12 @@ impl Writer {
                 }
                 return;
             }
+        }
+        // A clean close: the clock as it stands, so a restart after a
+        // reboot loses none of this run.
+        let (clock, boot_id) = &self.clock;
+        if let Err(e) = clock::save(&self.conn, &clock::mark(clock, boot_id)) {
+            warn!(event = "store_clock_not_saved", error = %e, "the store clock was not saved at close; a restart resumes from its last mark");
         }
         debug!("store writer stopped: every handle dropped");
     }
@@ -236,7 +247,7 @@ impl Writer {
         for op in batch {
             // Reads are answered after the commit too, so nobody acts on a
             // row that a failed commit would take back.
-            answers.push(apply_one(&tx, &mut self.seqs, op)?);
+            answers.push(apply_one(&tx, &mut self.seqs, &self.clock, op)?);
         }
         self.seqs.flush(&tx)?;
         tx.commit()?;
@@ -270,9 +281,14 @@ fn answer<T: Send + 'static>(
 fn apply_one(
     tx: &Transaction<'_>,
     seqs: &mut uplink::SeqCache,
+    (clock, boot_id): &(StoreClock, String),
     op: &Op,
 ) -> rusqlite::Result<Answer> {
     match op {
+        Op::MarkClock => {
+            clock::save(tx, &clock::mark(clock, boot_id))?;
+            Ok(Box::new(|_| {}))
+        }
         Op::Intake(msg, _) => answer(uplink::intake(tx, seqs, msg), |op| match op {
             Op::Intake(_, reply) => Some(reply),
             _ => None,
@@ -316,8 +332,8 @@ fn apply_one(
                 _ => None,
             })
         }
-        Op::ExpireDue { now_ms, .. } => answer(
-            uplink::expire_due(tx, *now_ms, 1000, EXPIRED_REASON),
+        Op::ExpireDue { now, .. } => answer(
+            uplink::expire_due(tx, *now, 1000, EXPIRED_REASON),
             |op| match op {
                 Op::ExpireDue { reply, .. } => Some(reply),
                 _ => None,
@@ -395,7 +411,7 @@ fn fail(op: Op, e: &StoreError) {
         Op::Intake(_, r) => err(r, e),
         Op::Reject(_, r) => err(r, e),
         Op::Transition(_, r) => err(r, e),
-        Op::Attempt(_) | Op::DeadAlerted(_) => {}
+        Op::Attempt(_) | Op::DeadAlerted(_) | Op::MarkClock => {}
         Op::Pending { reply, .. } => err(reply, e),
         Op::PendingDevices(r) => err(r, e),
         Op::Lookup { reply, .. } => err(reply, e),

@@ -394,7 +394,8 @@ fn judge(
     }
     match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
         Ok(envelope) => {
-            let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now_ms())
+            let now = store.now();
+            let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now)
                 .received_at(msg.received_ms);
             let packet = north_packet_len(topics, &intake);
             if packet > cfg.max_north_packet {

@@ -192,7 +192,7 @@ pub async fn run_engine(
                 Vec::new()
             }
             _ = sweep.tick(), if flush_by.is_none() => {
-                let expired = engine.store.expire_due(now_ms());
+                let expired = engine.store.expire_due(engine.store.now());
                 pending.push(Box::pin(async move { Done::Expired(expired.await) }));
                 Vec::new()
             }
@@ -231,7 +231,11 @@ impl Engine {
     /// A message intake stored, or a duplicate for the engine to answer.
     async fn on_intake(&mut self, msg: ToEngine, pending: &mut FuturesUnordered<DoneFuture>) {
         match msg {
-            ToEngine::Stored(msg) => self.scheduler.on_stored(msg, Instant::now(), now_ms()),
+            ToEngine::Stored(msg) => {
+                let clock = self.store.clock();
+                self.scheduler
+                    .on_stored(msg, Instant::now(), clock.store_ms())
+            }
             // Not acked yet: its final receipt comes later, from here.
             ToEngine::Duplicate {
                 device,
@@ -374,7 +378,8 @@ impl Engine {
             Done::Replayed(Ok(msgs)) => {
                 for msg in msgs {
                     info!(event = "uplink_replayed", device = %msg.device, msg_id = %msg.msg_id, seq = msg.seq.0, "uplink replayed from the dead letters");
-                    self.scheduler.on_replayed(msg, Instant::now(), now_ms());
+                    let store_ms = self.store.clock().store_ms();
+                    self.scheduler.on_replayed(msg, Instant::now(), store_ms);
                 }
             }
             Done::Replayed(Err(e)) => {
@@ -386,8 +391,9 @@ impl Engine {
                 result,
             } => match result {
                 Ok(msgs) => {
+                    let store_ms = self.store.clock().store_ms();
                     self.scheduler
-                        .on_loaded(&device, msgs, limit, Instant::now(), now_ms())
+                        .on_loaded(&device, msgs, limit, Instant::now(), store_ms)
                 }
                 Err(e) => {
                     warn!(event = "uplink_pending_not_read", device = %device, error = %e, "could not read pending messages");

@@ -8,6 +8,7 @@ use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::{north_body, Envelope, Stamp};
 use crate::protocol::receipt::Receipt;
 use crate::state::MessageState;
+use crate::store::clock::Now;
 
 /// The reason written for a message whose `ttl_s` ran out.
 pub const EXPIRED_REASON: &str = "expired: ttl_s passed before the backend acked";
@@ -24,20 +25,23 @@ pub struct Intake {
     /// `stored_ms`, [`Intake::received_at`] says otherwise.
     pub received_ms: i64,
     pub stored_ms: i64,
+    /// On the store clock: `ttl_s` counts time in the store.
     pub expires_ms: Option<i64>,
     pub no_retry: bool,
 }
 
 impl Intake {
-    /// Stamps `envelope` for the store; the JSON work happens here, on the
-    /// caller's thread, not on the store's writer.
+    /// Stamps `envelope` for the store at `now`: `stored_ms` on the wall
+    /// clock, its expiry on the store clock. The JSON work happens here,
+    /// on the caller's thread, not on the store's writer.
     pub fn new(
         gateway: &str,
         device: DeviceId,
         stream: String,
         envelope: Envelope,
-        stored_ms: i64,
+        now: Now,
     ) -> Intake {
+        let stored_ms = now.wall_ms;
         let stamp = Stamp {
             gateway,
             device: &device,
@@ -48,7 +52,7 @@ impl Intake {
         Intake {
             expires_ms: envelope
                 .ttl
-                .map(|t| stored_ms.saturating_add(t.as_millis() as i64)),
+                .map(|t| now.store_ms.saturating_add(t.as_millis() as i64)),
             no_retry: !envelope.retry,
             msg_id: envelope.msg_id,
             device,
@@ -77,6 +81,7 @@ pub struct PendingMessage {
     pub seq: Seq,
     pub stream: String,
     pub body: Bytes,
+    /// On the store clock.
     pub expires_ms: Option<i64>,
     pub no_retry: bool,
     pub attempts: u32,

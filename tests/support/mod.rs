@@ -24,6 +24,7 @@ pub mod backlog;
 pub mod certs;
 pub mod clients;
 pub mod config;
+pub mod faketime;
 pub mod ferry;
 pub mod mosquitto;
 pub mod proc;

@@ -12,6 +12,8 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::store::clock as store_clock;
+
 /// The seq a nacked delivery's dead letter names (its topic is `seq N`);
 /// `None` for a downlink refused at the door.
 pub(super) fn seq_of(topic: Option<&str>) -> Option<i64> {
@@ -19,11 +21,11 @@ pub(super) fn seq_of(topic: Option<&str>) -> Option<i64> {
 }
 
 /// Why delivery `seq` of `device` cannot be replayed now, if it cannot.
+/// Its ttl is judged on the store clock, as the gateway judges it.
 pub(super) fn check(
     conn: &Connection,
     device: Option<&str>,
     seq: i64,
-    now_ms: i64,
 ) -> rusqlite::Result<Option<String>> {
     let Some(device) = device else {
         return Ok(Some("it names no device".into()));
@@ -47,7 +49,7 @@ pub(super) fn check(
         Some((_, cursor, _)) if cursor < seq => Some(format!(
             "{device} has not confirmed past seq {seq} yet (its cursor is at {cursor}); replay it once it has"
         )),
-        Some((_, _, Some(expires))) if expires <= now_ms => {
+        Some((_, _, Some(expires))) if expires <= store_clock::read_now(conn)? => {
             Some("its ttl_s passed; the backend must send it again".into())
         }
         Some(_) => None,

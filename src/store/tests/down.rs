@@ -28,7 +28,7 @@ async fn put(store: &Store, m: DownIntake) -> DownIntakeOutcome {
 async fn batch(store: &Store, d: &str, after: u64, now_ms: i64) -> BatchRead {
     let device = dev(d);
     store
-        .read_batch(device, Seq(after), 10, now_ms)
+        .read_batch(device, Seq(after), 10, Now::at(now_ms))
         .await
         .unwrap()
 }
@@ -153,7 +153,7 @@ async fn a_sweep_expires_deliveries_of_offline_devices() {
     let store = Store::open(dir.path(), &cfg()).unwrap();
     put(&store, msg("t-1", &["a", "b"], 100, Some(50))).await;
     let store = &store;
-    let sweep = |now_ms| async move { store.sweep_downlinks(now_ms).await.unwrap() };
+    let sweep = |now_ms| async move { store.sweep_downlinks(Now::at(now_ms)).await.unwrap() };
     assert!(sweep(49).await.events.is_empty());
     assert_eq!(sweep(50).await.events.len(), 2);
     assert!(sweep(60).await.events.is_empty(), "swept once");
@@ -232,7 +232,10 @@ async fn a_confirm_read_or_nack_reaches_no_further_than_what_was_sent() {
     assert_eq!(m.cursors.delivered_upto, Seq(0), "nothing was sent yet");
     assert!(m.events.is_empty());
     assert_eq!(m.confirmed, Some(Seq(0)));
-    let sent = store.read_batch(dev("a"), Seq(0), 2, 0).await.unwrap();
+    let sent = store
+        .read_batch(dev("a"), Seq(0), 2, Now::at(0))
+        .await
+        .unwrap();
     assert_eq!(sent.entries.len(), 2);
     let m = advance(&store, "a", u64::MAX, false).await;
     assert_eq!(m.cursors.delivered_upto, Seq(2), "seqs 1 and 2 were sent");
@@ -251,12 +254,18 @@ async fn a_confirm_read_or_nack_reaches_no_further_than_what_was_sent() {
         "seq 4 was never sent: not the device's to refuse"
     );
     // A replay from behind the cursor sends nothing new; the next batch does.
-    store.read_batch(dev("a"), Seq(0), 2, 0).await.unwrap();
+    store
+        .read_batch(dev("a"), Seq(0), 2, Now::at(0))
+        .await
+        .unwrap();
     assert_eq!(
         advance(&store, "a", 9, true).await.cursors.read_upto,
         Seq(2)
     );
-    store.read_batch(dev("a"), Seq(2), 10, 0).await.unwrap();
+    store
+        .read_batch(dev("a"), Seq(2), 10, Now::at(0))
+        .await
+        .unwrap();
     let m = advance(&store, "a", 9, true).await;
     assert_eq!(
         (m.cursors.delivered_upto, m.cursors.read_upto),

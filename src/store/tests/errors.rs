@@ -91,7 +91,10 @@ async fn an_unknown_delivery_state_fails_the_read_that_meets_it() {
         .unwrap();
     drop(conn);
     let store = Store::open(dir.path(), &cfg()).unwrap();
-    let err = store.read_batch(a, Seq(0), 10, 5).await.unwrap_err();
+    let err = store
+        .read_batch(a, Seq(0), 10, Now::at(5))
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             err,

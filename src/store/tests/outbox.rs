@@ -23,7 +23,7 @@ fn a_receipt_commits_or_rolls_back_with_the_state_change_it_reports() {
         1,
         "`stored`, in the intake's transaction"
     );
-    downlink::read_batch(&tx, &a, Seq(0), 10, 1).unwrap();
+    downlink::read_batch(&tx, &a, Seq(0), 10, Now::at(1)).unwrap();
     tx.commit().unwrap();
 
     // A confirm whose transaction is rolled back leaves neither the cursor

@@ -48,7 +48,10 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
         .await
         .unwrap();
     for d in ["p", "q"] {
-        store.read_batch(dev(d), Seq(0), 10, 5).await.unwrap();
+        store
+            .read_batch(dev(d), Seq(0), 10, Now::at(5))
+            .await
+            .unwrap();
     }
     store.advance(dev("p"), Seq(2), false, 5).await.unwrap();
     store.advance(dev("q"), Seq(2), true, 5).await.unwrap();

@@ -31,10 +31,10 @@ pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<
             device,
             after,
             limit,
-            now_ms,
+            now,
             ..
         } => answer(
-            downlink::read_batch(tx, device, *after, *limit, *now_ms),
+            downlink::read_batch(tx, device, *after, *limit, *now),
             |op| match op {
                 DownOp::Batch { reply, .. } => Some(reply),
                 _ => None,
@@ -70,12 +70,10 @@ pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<
             DownOp::Cursors { reply, .. } => Some(reply),
             _ => None,
         }),
-        DownOp::Sweep { now_ms, .. } => {
-            answer(downlink::sweep_expired(tx, *now_ms), |op| match op {
-                DownOp::Sweep { reply, .. } => Some(reply),
-                _ => None,
-            })
-        }
+        DownOp::Sweep { now, .. } => answer(downlink::sweep_expired(tx, *now), |op| match op {
+            DownOp::Sweep { reply, .. } => Some(reply),
+            _ => None,
+        }),
         DownOp::Reject { dl, receipt, .. } => {
             answer(outbox::reject(tx, dl, receipt), |op| match op {
                 DownOp::Reject { reply, .. } => Some(reply),
