@@ -2,17 +2,19 @@
 //! new alarm waits meanwhile (fair drain).
 //!
 //! The real gateway (release build, production timings) is given a store
-//! with `--uplinks` stored uplinks of one device (`bulk`, written straight
-//! into the stopped gateway's database in ferry's own schema, as hours of
-//! outage would leave them), restarted with its upstream Mosquitto down,
-//! and then the upstream comes back with a backend that acks every uplink.
+//! with `--uplinks` stored uplinks of `--devices` devices (`bulk-0`, ...; one
+//! by default; written straight into the stopped gateway's database in
+//! ferry's own schema, as hours of outage would leave them), restarted
+//! with its upstream Mosquitto down, and then the upstream comes back with
+//! a backend that acks every uplink.
 //! While the backlog drains, device `alarm` publishes one message every
 //! `--alarm-every-ms`; an observer on the upstream stamps when each alarm
 //! arrives and how many bulk messages arrived between its publish and its
 //! arrival. It prints the drain rate, ferry's peak RSS, and the alarms'
 //! latency.
 //!
-//! cargo bench --bench backlog -- [--uplinks 1000000] [--alarm-every-ms 1000]
+//! cargo bench --bench backlog -- [--uplinks 1000000] [--devices 1]
+//!     [--alarm-every-ms 1000]
 
 mod support;
 
@@ -34,9 +36,12 @@ use support::{reset_peak_rss, vm_kib, CargoBench, Env};
 #[derive(Parser, Debug)]
 #[command(about = "ferry: drain of a backlog after a north outage, and fairness")]
 struct Args {
-    /// Stored uplinks of the one backlogged device.
+    /// Stored uplinks in all.
     #[arg(long, default_value_t = 1_000_000)]
     uplinks: u64,
+    /// Backlogged devices they are spread over (`bulk-0`, ...).
+    #[arg(long, default_value_t = 1)]
+    devices: u64,
     /// How often the other device publishes an alarm while it drains.
     #[arg(long, default_value_t = 1000)]
     alarm_every_ms: u64,
@@ -65,7 +70,10 @@ async fn bench(args: Args) {
         "ferry stopped"
     );
     let started = Instant::now();
-    backlog::write_uplinks(&env.ferry.data_dir, GATEWAY, "bulk", args.uplinks);
+    for d in 0..args.devices {
+        let n = args.uplinks / args.devices + u64::from(d < args.uplinks % args.devices);
+        backlog::write_uplinks(&env.ferry.data_dir, GATEWAY, &format!("bulk-{d}"), n);
+    }
     let written = started.elapsed();
     // The outage: ferry starts with its upstream gone.
     env.mosquitto.stop();
@@ -81,7 +89,7 @@ async fn bench(args: Args) {
         let bulk_seen = bulk_seen.clone();
         let alarms = alarms.clone();
         Box::new(move |m: &ferry::mqtt::Message| {
-            if m.topic.contains("/up/bulk/") {
+            if m.topic.contains("/up/bulk-") {
                 bulk_seen.fetch_add(1, Ordering::Relaxed);
             } else {
                 let msg = NorthMessage::from_publish(m);
@@ -150,8 +158,9 @@ async fn bench(args: Args) {
     between.sort_by(f64::total_cmp);
     println!("ferry backlog drain benchmark");
     println!(
-        "  backlog: {} stored uplinks of one device (written in {:.1} s)",
+        "  backlog: {} stored uplinks of {} device(s) (written in {:.1} s)",
         args.uplinks,
+        args.devices,
         written.as_secs_f64()
     );
     println!(
