@@ -18,6 +18,7 @@ use crate::support::{
 use ferry::ids::DeviceId;
 
 mod delivery;
+mod failover;
 mod restarts;
 mod retries;
 
