@@ -9,7 +9,7 @@
 
 use super::*;
 
-use crate::support::logged;
+use crate::support::{logged, Pki, TlsListener};
 
 const GATEWAY: &str = "gw-failover";
 /// `north.max_inflight`: the most duplicates one device may cause per move.
@@ -358,4 +358,50 @@ async fn a_first_node_that_accepts_tcp_but_no_session_is_tried_less_and_less_oft
     // A return may fall in this phase too: one more window.
     assert_nothing_lost_and_duplicates_bounded(&devices, &ids, &seen, 2);
     accepting.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_each_node_is_checked_against_its_own_host_name() {
+    // Each node's certificate names only the host ferry has for it: the
+    // move works only if the server name follows the endpoint.
+    let pki = Pki::new("tls-failover");
+    let listener = |issued: &crate::support::certs::Issued| TlsListener {
+        ca: pki.ca.clone(),
+        cert: issued.cert.clone(),
+        key: issued.key.clone(),
+        require_certificate: false,
+    };
+    let mut first = Mosquitto::start_tls(&listener(&pki.server_for("first", &["localhost"])));
+    let second = Mosquitto::start_tls(&listener(&pki.server_for("second", &["127.0.0.1"])));
+    let list = vec![
+        format!("localhost:{}", first.tls_port.expect("a TLS listener")),
+        format!("127.0.0.1:{}", second.tls_port.expect("a TLS listener")),
+    ];
+    let ca = pki.ca.clone();
+    let ferry = Ferry::start(FerryOpts::new(GATEWAY, first.port).with(move |c| {
+        c.north.endpoints = list;
+        c.north.prefer_first = false;
+        c.north.tls.ca = ca;
+    }));
+    // The backends stay on the plain listeners.
+    let _on_first = Backend::connect_auto_ack(first.port, GATEWAY).await;
+    let mut on_second = Backend::connect_auto_ack(second.port, GATEWAY).await;
+    let mut devices = connect_devices(&ferry, "tf").await;
+    assert!(
+        wait_on_endpoint(&ferry, 0, SECS_10).await,
+        "TLS to the first, named localhost:\n{}",
+        ferry.log_tail()
+    );
+    first.kill();
+    assert!(
+        wait_on_endpoint(&ferry, 1, SECS_10).await,
+        "TLS to the second, named 127.0.0.1:\n{}",
+        ferry.log_tail()
+    );
+    let ids = publish_stream(&devices, &boot_id(), "a", 2, 10).await;
+    let mut receipts = vec![Vec::new(); DEVICES];
+    assert_all_delivered(&mut devices, &ids, &mut receipts, SECS_30).await;
+    let mut seen = Vec::new();
+    collect_north(&mut [&mut on_second], &ids, &mut seen, SECS_10).await;
+    assert_nothing_lost_and_duplicates_bounded(&devices, &ids, &seen, 1);
 }
