@@ -204,7 +204,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         SouthMode::Embedded => format!("embedded broker on {}", cfg.south.listen),
         SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
     };
-    info!(event = "gateway_started", gateway = %cfg.gateway, south = %south_desc, north = %format!("{}:{}", cfg.north.host, cfg.north.port), "ferry running");
+    let north_desc = cfg
+        .north
+        .endpoints
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    info!(event = "gateway_started", gateway = %cfg.gateway, south = %south_desc, north = %north_desc, "ferry running");
     // The store is open and both links are started (not necessarily
     // connected: an absent upstream only makes messages wait).
     notifier.notify("READY=1");

@@ -24,9 +24,11 @@
 //! - [`mqtt`]: the one MQTT client session over rumqttc, used by every
 //!   link ferry opens and by [`client`]: reconnect backoff,
 //!   re-subscription, ordered manual acks, each publish followed to its
-//!   PUBACK so a message a broker refuses is found ([`mqtt::flow`]).
-//! - [`north`]: the session to the upstream broker, the retained status,
-//!   and what arrives routed to the two pipelines.
+//!   PUBACK so a message a broker refuses is found ([`mqtt::flow`]), and
+//!   one of several endpoints at a time ([`mqtt::endpoints`]).
+//! - [`north`]: the session to the upstream broker (one of
+//!   `north.endpoints` at a time), the retained status, and what arrives
+//!   routed to the two pipelines.
 //! - [`uplink`]: the pipeline. Device message → per-device limits (rate,
 //!   uplinks in flight) → validate → store (dedup,
 //!   seq) → `stored` receipt → north → backend ack → `delivered` receipt,

@@ -126,6 +126,7 @@ pub struct Metrics {
     dead_letters: Gauge,
     devices_online: Gauge,
     north_connected: Gauge,
+    north_endpoint_index: Gauge,
     south_connected: Gauge,
     backend_present: Gauge,
     backend_ack_age: Gauge<f64, AtomicU64>,
@@ -159,6 +160,7 @@ impl Metrics {
             dead_letters: Gauge::default(),
             devices_online: Gauge::default(),
             north_connected: Gauge::default(),
+            north_endpoint_index: Gauge::default(),
             south_connected: Gauge::default(),
             backend_present: Gauge::default(),
             backend_ack_age: Gauge::default(),
@@ -242,6 +244,12 @@ impl Metrics {
             "north_connected",
             "1 while the session to the upstream broker is up",
             m.north_connected.clone(),
+        );
+        m.north_endpoint_index.set(-1);
+        r.register(
+            "north_endpoint_index",
+            "The place in north.endpoints (0-based) of the upstream node the session is up on; -1 while it is down",
+            m.north_endpoint_index.clone(),
         );
         r.register(
             "south_connected",
@@ -402,6 +410,13 @@ pub fn delivery_took(d: Direction, ms: i64) {
 
 pub fn set_north_connected(up: bool) {
     get().north_connected.set(i64::from(up));
+}
+
+/// The north session is up on `north.endpoints[i]`, or (`None`) down.
+pub fn set_north_endpoint(index: Option<usize>) {
+    get()
+        .north_endpoint_index
+        .set(index.map_or(-1, |i| i as i64));
 }
 
 pub fn set_south_connected(up: bool) {

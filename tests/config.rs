@@ -47,6 +47,19 @@ fn a_valid_environment_override_is_accepted() {
 }
 
 #[test]
+fn north_endpoints_come_from_the_environment_comma_separated_and_are_checked_one_by_one() {
+    let (code, stderr) =
+        check_with_env(&[("FERRY_NORTH__ENDPOINTS", "a.plant:1883, [::1]:1884,b.plant")]);
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    let (code, stderr) = check_with_env(&[("FERRY_NORTH__ENDPOINTS", "a.plant:1883,b.plant:0")]);
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    assert!(
+        stderr.contains("north.endpoints[1]"),
+        "stderr must name the second endpoint: {stderr}"
+    );
+}
+
+#[test]
 fn an_unknown_environment_key_is_named() {
     let (code, stderr) = check_with_env(&[("FERRY_NORTH__HOTS", "x")]);
     assert_eq!(code, Some(64), "stderr: {stderr}");
@@ -115,7 +128,7 @@ fn the_serialized_default_and_harness_configs_load_back_as_written() {
     let checked = Config::from_raw(loaded).expect("the harness config passes the checks");
     assert_eq!(checked.gateway.to_string(), "gw-round-trip");
     assert_eq!(checked.south.listen.port(), 18830);
-    assert_eq!(checked.north.port, 18840);
+    assert_eq!(checked.north.endpoints[0].port, 18840);
     assert_eq!(checked.retry.jitter, 0.5);
     assert_eq!(checked.downlink.batch_size, 7);
     assert_eq!(checked.groups["line3"].len(), 2);

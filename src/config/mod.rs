@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use crate::ids::{DeviceId, GatewayId};
 
+mod north;
 mod raw;
 mod south;
 mod tls;
+pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
 pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode};
 pub use tls::{ClientTls, ListenerTls};
@@ -82,25 +84,6 @@ pub struct DownlinkConfig {
     pub queue_cap: u64,
 }
 
-#[derive(Debug, Clone)]
-pub struct NorthConfig {
-    pub host: String,
-    pub port: u16,
-    pub client_id: String,
-    /// `(username, password)`; `None` connects anonymously.
-    pub credentials: Option<(String, String)>,
-    pub keep_alive: Duration,
-    pub ack_timeout: Duration,
-    pub max_inflight: usize,
-    /// `{topic_prefix}/{gateway}`.
-    pub prefix: String,
-    /// Largest MQTT packet ferry sends north or accepts from the upstream.
-    pub max_packet_bytes: usize,
-    /// TLS to the upstream broker (`None`: plain TCP); its certificate must
-    /// name `host`.
-    pub tls: Option<ClientTls>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryConfig {
     pub base: Duration,
@@ -139,45 +122,7 @@ impl Config {
             ));
         }
         let south = south::check(&raw.south, &gateway)?;
-        if raw.north.host.trim().is_empty() {
-            return Err(ConfigError::new("north.host", "must not be empty"));
-        }
-        if raw.north.port == 0 {
-            return Err(ConfigError::new("north.port", "must be 1..=65535"));
-        }
-        in_range("north.keep_alive_s", raw.north.keep_alive_s, 5, 3600)?;
-        in_range(
-            "north.ack_timeout_ms",
-            raw.north.ack_timeout_ms,
-            100,
-            3_600_000,
-        )?;
-        in_range("north.max_inflight", raw.north.max_inflight, 1, 1000)?;
-        if raw.north.max_packet_bytes < raw.south.max_payload_bytes + 4096 {
-            return Err(ConfigError::new(
-                "north.max_packet_bytes",
-                format!(
-                    "must be at least south.max_payload_bytes + 4096 = {} (got {}): a message \
-                     a device may send must fit in a north packet",
-                    raw.south.max_payload_bytes + 4096,
-                    raw.north.max_packet_bytes
-                ),
-            ));
-        }
-        in_range(
-            "north.max_packet_bytes",
-            raw.north.max_packet_bytes,
-            0,
-            crate::protocol::MQTT_MAX_PACKET,
-        )?;
-        topic_segment("north.topic_prefix", &raw.north.topic_prefix)?;
-        let client_id = if raw.north.client_id.is_empty() {
-            format!("ferry-{gateway}")
-        } else {
-            raw.north.client_id.clone()
-        };
-        let north_credentials = credentials("north", &raw.north.username, &raw.north.password)?;
-        let north_tls = tls::client("north.tls", &raw.north.tls)?;
+        let north = north::check(&raw.north, &gateway, raw.south.max_payload_bytes)?;
         in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000)?;
         if raw.retry.max_ms < raw.retry.base_ms {
             return Err(ConfigError::new(
@@ -277,23 +222,11 @@ impl Config {
                 ))
             }
         };
-        let prefix = format!("{}/{}", raw.north.topic_prefix, gateway);
         Ok(Config {
             gateway,
             data_dir: raw.gateway.data_dir,
             south,
-            north: NorthConfig {
-                host: raw.north.host,
-                port: raw.north.port,
-                client_id,
-                credentials: north_credentials,
-                keep_alive: Duration::from_secs(raw.north.keep_alive_s),
-                ack_timeout: Duration::from_millis(raw.north.ack_timeout_ms),
-                max_inflight: raw.north.max_inflight,
-                prefix,
-                max_packet_bytes: raw.north.max_packet_bytes,
-                tls: north_tls,
-            },
+            north,
             retry: RetryConfig {
                 base: Duration::from_millis(raw.retry.base_ms),
                 max: Duration::from_millis(raw.retry.max_ms),

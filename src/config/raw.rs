@@ -223,10 +223,20 @@ impl Default for RawSouth {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawNorth {
-    /// Upstream broker host.
+    /// Upstream broker host, when `endpoints` is empty.
     pub host: String,
-    /// Upstream broker port.
+    /// Upstream broker port; also the port of an endpoint that names none.
     pub port: u16,
+    /// The upstream's nodes as `host:port` (`[v6]:port`; no port: `port`),
+    /// tried in order, one session at a time; empty means `host`/`port`.
+    /// From the environment: comma-separated.
+    pub endpoints: Vec<String>,
+    /// While on a later endpoint, go back to the first once it accepts
+    /// connections again.
+    pub prefer_first: bool,
+    /// How often, seconds, to check whether the first endpoint is back
+    /// while on a later one (doubling after a return that fails).
+    pub prefer_first_check_s: u64,
     /// Client id upstream; empty means `ferry-{gateway.id}`.
     pub client_id: String,
     /// Upstream username; empty means anonymous.
@@ -252,6 +262,9 @@ impl Default for RawNorth {
         RawNorth {
             host: "127.0.0.1".into(),
             port: 1884,
+            endpoints: Vec::new(),
+            prefer_first: true,
+            prefer_first_check_s: 30,
             client_id: String::new(),
             username: String::new(),
             password: String::new(),
@@ -365,7 +378,10 @@ impl RawConfig {
                 config::Environment::with_prefix("FERRY")
                     .prefix_separator("_")
                     .separator("__")
-                    .try_parsing(true),
+                    .try_parsing(true)
+                    // The one list key: `FERRY_NORTH__ENDPOINTS=a:1883,b:1883`.
+                    .list_separator(",")
+                    .with_list_parse_key("north.endpoints"),
             )
             .build()
             .map_err(|e| from_config_error(&e))?;

@@ -14,7 +14,13 @@
 //! - tracked publishes: each is followed to its PUBACK by packet id, and
 //!   the one an upstream drops the link on is found and reported
 //!   ([`flow::Flow`], [`Event::Refused`]);
-//! - typed events, and a poll that is never cancelled (`poll.rs`).
+//! - typed events, and a poll that is never cancelled (`poll.rs`);
+//! - several endpoints (a broker's nodes), one connected at a time: a
+//!   failure moves to the next behind the same backoff, and with
+//!   [`Options::prefer_first`] a working session on a later one is left
+//!   cleanly for the first once it accepts again ([`endpoints::Endpoints`]).
+//!   A move is a drop like any other to the owner: `Down`, then `Up` on the
+//!   new node, with everything unacknowledged the owner's to send again.
 //!
 //! Two ways to publish:
 //! - [`Session::publish`]: tracked, made for one connection (`epoch`).
@@ -29,7 +35,9 @@
 //! to tracked publishes in the order rumqttc writes them.
 
 pub mod acks;
+pub mod endpoints;
 pub mod flow;
+mod link;
 mod poll;
 mod session;
 
@@ -43,6 +51,7 @@ use tokio::sync::{mpsc, Notify};
 pub use acks::AckToken;
 pub use flow::{Outgoing, Tag};
 
+pub use crate::config::Endpoint;
 pub use crate::protocol::MQTT_MAX_PACKET;
 /// An oversized message's head, kept so its owner can name it.
 pub const OVERSIZE_HEAD: usize = 4096;
@@ -52,8 +61,12 @@ pub const OVERSIZE_HEAD: usize = 4096;
 pub struct Options {
     /// Used in log lines: "north", "south", a client's id.
     pub name: String,
-    pub host: String,
-    pub port: u16,
+    /// The broker's nodes, in order of preference; never empty. One is
+    /// connected at a time ([`endpoints::Endpoints`]).
+    pub endpoints: Vec<Endpoint>,
+    /// While on a later endpoint, check this often whether the first
+    /// accepts again, and go back to it when it does (`None`: stay).
+    pub prefer_first: Option<Duration>,
     pub client_id: String,
     /// Username and password.
     pub credentials: Option<(String, String)>,
@@ -91,8 +104,8 @@ pub struct Options {
 pub enum Transport {
     #[default]
     Tcp,
-    /// TLS with this rustls config; the broker's certificate must name
-    /// [`Options::host`].
+    /// TLS with this rustls config; each endpoint's certificate must name
+    /// that endpoint's host (it is the SNI too).
     Tls(Arc<rustls::ClientConfig>),
 }
 
@@ -159,8 +172,8 @@ impl Options {
     ) -> Options {
         Options {
             name: name.into(),
-            host: host.into(),
-            port,
+            endpoints: vec![Endpoint::new(host, port)],
+            prefer_first: None,
             client_id: client_id.into(),
             credentials: None,
             keep_alive: Duration::from_secs(30),
@@ -188,9 +201,12 @@ impl Options {
 #[derive(Debug)]
 pub enum Event<T> {
     /// Connected and subscribed (and announced); `epoch` counts
-    /// connections. `refused` lists filters the broker would not grant.
+    /// connections, `endpoint` is the place in [`Options::endpoints`] of
+    /// the node connected to. `refused` lists filters the broker would not
+    /// grant.
     Up {
         epoch: u64,
+        endpoint: usize,
         session_present: bool,
         refused: Vec<String>,
     },

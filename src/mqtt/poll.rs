@@ -6,18 +6,39 @@
 //! rumqttc gives up on the "collision". So this task only polls, in order,
 //! never racing anything else, and hands each event to the session. After
 //! an error it clears what rumqttc would replay, waits for the session to
-//! say how long to back off, and drops whatever was queued for the dead
-//! connection before reconnecting.
+//! say how long to back off and which endpoint is next, and drops whatever
+//! was queued for the dead connection before reconnecting there.
+//!
+//! The endpoint is rumqttc's broker address in `EventLoop::mqtt_options`,
+//! which the next connect reads: the TCP address, and with TLS the server
+//! name (SNI) and the name the certificate must carry, so each node is
+//! checked against its own host name.
 
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, LastWill, MqttOptions, QoS};
 use tokio::sync::{mpsc, oneshot};
 
-/// rumqttc's client and event loop for `opts`: acks manual unless the
-/// session auto-acks, `capacity` requests queued towards the loop.
-pub(super) fn client(opts: &super::Options, capacity: usize) -> (AsyncClient, EventLoop) {
-    let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
+use super::Endpoint;
+
+/// Requests (publishes, acks) queued towards the event loop.
+const REQUEST_CAPACITY: usize = 65_536;
+
+/// rumqttc's client and event loop for `opts`, on its first endpoint.
+pub(super) fn client(opts: &super::Options) -> (AsyncClient, EventLoop) {
+    let mqtt = mqtt_options(opts, &opts.endpoints[0]);
+    let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_CAPACITY);
+    // Small messages (uplinks, acks, receipts): don't let Nagle hold them.
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    eventloop.set_network_options(net);
+    (client, eventloop)
+}
+
+/// rumqttc's options for `opts` on `endpoint`: acks manual unless the
+/// session auto-acks.
+fn mqtt_options(opts: &super::Options, endpoint: &Endpoint) -> MqttOptions {
+    let mut mqtt = MqttOptions::new(opts.client_id.clone(), endpoint.host.clone(), endpoint.port);
     mqtt.set_keep_alive(opts.keep_alive)
         .set_clean_session(opts.clean_session)
         // Automatic acks are rumqttc's own: sent as the publish is read,
@@ -26,7 +47,7 @@ pub(super) fn client(opts: &super::Options, capacity: usize) -> (AsyncClient, Ev
         .set_manual_acks(!opts.auto_ack)
         .set_inflight(opts.inflight.max(1))
         .set_max_packet_size(opts.max_incoming_packet, opts.max_outgoing_packet)
-        .set_request_channel_capacity(capacity);
+        .set_request_channel_capacity(REQUEST_CAPACITY);
     if let Some(will) = &opts.last_will {
         mqtt.set_last_will(LastWill::new(
             will.topic.clone(),
@@ -39,17 +60,29 @@ pub(super) fn client(opts: &super::Options, capacity: usize) -> (AsyncClient, Ev
         mqtt.set_credentials(user.clone(), pass.clone());
     }
     if let super::Transport::Tls(config) = &opts.transport {
-        // rumqttc checks the broker's certificate against `host`.
+        // rumqttc checks the broker's certificate against the endpoint's
+        // host, and sends it as the SNI.
         mqtt.set_transport(rumqttc::Transport::tls_with_config(
             rumqttc::TlsConfiguration::Rustls(config.clone()),
         ));
     }
-    let (client, mut eventloop) = AsyncClient::new(mqtt, capacity);
-    // Small messages (uplinks, acks, receipts): don't let Nagle hold them.
-    let mut net = rumqttc::NetworkOptions::new();
-    net.set_tcp_nodelay(true);
-    eventloop.set_network_options(net);
-    (client, eventloop)
+    mqtt
+}
+
+/// Whether `endpoint` accepts a TCP connection within `within` (closed at
+/// once: a check, not a session).
+pub(super) async fn accepts(endpoint: Endpoint, within: Duration) -> bool {
+    let address = (endpoint.host.as_str(), endpoint.port);
+    matches!(
+        tokio::time::timeout(within, tokio::net::TcpStream::connect(address)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// The session's answer to an error: wait `delay`, then connect to `to`.
+pub(super) struct Resume {
+    pub delay: Duration,
+    pub to: Endpoint,
 }
 
 /// What the poller hands the session.
@@ -57,12 +90,17 @@ pub(super) enum Polled {
     Event(Event),
     /// The connection failed; the poller reconnects after the session
     /// answers with how long to wait.
-    Error(ConnectionError, oneshot::Sender<Duration>),
+    Error(ConnectionError, oneshot::Sender<Resume>),
 }
 
 /// Polls the event loop, and nothing else, so a poll is never cancelled.
 /// With `replay`, rumqttc keeps what it would resend after a reconnect.
-pub(super) async fn run(mut eventloop: EventLoop, session: mpsc::Sender<Polled>, replay: bool) {
+pub(super) async fn run(
+    mut eventloop: EventLoop,
+    session: mpsc::Sender<Polled>,
+    opts: super::Options,
+) {
+    let replay = opts.replay;
     loop {
         match eventloop.poll().await {
             Ok(event) => {
@@ -83,8 +121,13 @@ pub(super) async fn run(mut eventloop: EventLoop, session: mpsc::Sender<Polled>,
                 if session.send(Polled::Error(e, resume)).await.is_err() {
                     return;
                 }
-                let Ok(delay) = after.await else { return };
+                let Ok(Resume { delay, to }) = after.await else {
+                    return;
+                };
                 tokio::time::sleep(delay).await;
+                if eventloop.mqtt_options.broker_address() != (to.host.clone(), to.port) {
+                    eventloop.mqtt_options = mqtt_options(&opts, &to);
+                }
                 if !replay {
                     // Anything queued for the dead connection (publishes
                     // made before the session heard of the drop, acks of
@@ -94,5 +137,42 @@ pub(super) async fn run(mut eventloop: EventLoop, session: mpsc::Sender<Polled>,
                 }
             }
         }
+    }
+}
+
+/// Stops the poller when the session ends. Its poll may be cut short
+/// mid-write then, which is harmless: nobody is left to care.
+pub(super) struct PollerGuard(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for PollerGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// rumqttc connects to `format!("{host}:{port}")` and names the TLS
+    /// server `host`: an IPv6 endpoint is kept without its brackets, and
+    /// that address must still resolve (std splits at the last colon).
+    #[tokio::test]
+    async fn an_ipv6_endpoint_resolves_the_way_rumqttc_writes_it() {
+        let ipv6 = Endpoint::new("::1", 1883);
+        let written = format!("{}:{}", ipv6.host, ipv6.port);
+        let resolved: Vec<_> = tokio::net::lookup_host(written).await.unwrap().collect();
+        assert_eq!(resolved, vec!["[::1]:1883".parse().unwrap()]);
+        assert!(rustls::pki_types::ServerName::try_from(ipv6.host.as_str()).is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_check_of_an_endpoint_is_a_bounded_tcp_connect() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Endpoint::new("127.0.0.1", port);
+        assert!(accepts(open.clone(), Duration::from_secs(2)).await);
+        drop(listener);
+        assert!(!accepts(open, Duration::from_secs(2)).await);
     }
 }

@@ -1,6 +1,7 @@
 //! The session task: owns the rumqttc client side, the connection's
-//! lifecycle, the tracked publishes and the ordered acks. The poller
-//! (`poll.rs`) hands it every event of the event loop.
+//! lifecycle, the tracked publishes and the ordered acks, and the choice
+//! of endpoint (`endpoints.rs`). The poller (`poll.rs`) hands it every
+//! event of the event loop.
 
 use std::sync::Arc;
 
@@ -13,18 +14,20 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::acks::{AckToken, OrderedAcks};
+use super::endpoints::Endpoints;
 use super::flow::{Flow, Outgoing, Tag};
-use super::poll::{self, Polled as FromPoller};
-use super::{Event, Message, Options, Session, Will, OVERSIZE_HEAD, PUBLISH_QUEUE};
+use super::link::{Link, Stage};
+use super::poll::{self, Polled as FromPoller, PollerGuard, Resume};
+use super::{Event, Options, Session, Will, PUBLISH_QUEUE};
 use crate::deadlines::sleep_until;
 
-/// Requests (publishes, acks) queued towards the event loop.
-const REQUEST_CAPACITY: usize = 65_536;
+mod failover;
+mod incoming;
+
 /// Events the poller may be ahead of the session.
 const POLLED_QUEUE: usize = 1024;
 /// Events the session may be ahead of its owner.
 const EVENT_QUEUE: usize = 4096;
-
 pub(super) enum Command {
     Ack(AckToken),
     Close(Option<Will>),
@@ -40,45 +43,18 @@ enum Tracked<T> {
     Farewell,
 }
 
-/// The connection's lifecycle.
-enum Link {
-    /// Connecting, or waiting to reconnect after `failures` failures.
-    Down { failures: u32 },
-    /// Connected since `at`, `failures` before it.
-    Connected {
-        at: Instant,
-        failures: u32,
-        stage: Stage,
-    },
-    /// DISCONNECT requested; the session ends when it is written.
-    Closing,
-}
-
-/// How far a connection got.
-#[derive(Debug, PartialEq)]
-enum Stage {
-    /// Waiting for the SubAck.
-    Subscribing { session_present: bool },
-    /// Subscribed; the announce is out, alone, so that a drop is never
-    /// blamed on it when the owner's traffic follows.
-    Announcing {
-        session_present: bool,
-        refused: Vec<String>,
-    },
-    /// `Up` was told: the owner publishes.
-    Up,
-}
-
 pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<T>>) {
-    let (client, eventloop) = poll::client(&opts, REQUEST_CAPACITY);
+    let (client, eventloop) = poll::client(&opts);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let (polled_tx, polled_rx) = mpsc::channel(POLLED_QUEUE);
-    let poller = PollerGuard(tokio::spawn(poll::run(eventloop, polled_tx, opts.replay)));
+    let poller = PollerGuard(tokio::spawn(poll::run(eventloop, polled_tx, opts.clone())));
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (publishes_tx, publishes_rx) = mpsc::channel(PUBLISH_QUEUE);
     let closed = Arc::new(Notify::new());
     let task = Task {
         flow: Flow::new(opts.inflight.max(1) as usize),
+        endpoints: Endpoints::new(opts.endpoints.clone(), opts.prefer_first),
+        first_check: None,
         opts,
         client: client.clone(),
         events: events_tx,
@@ -105,6 +81,9 @@ struct Task<T> {
     client: AsyncClient,
     events: mpsc::Sender<Event<T>>,
     flow: Flow<Tracked<T>>,
+    endpoints: Endpoints,
+    /// A check of the first endpoint under way (`prefer_first`).
+    first_check: Option<oneshot::Receiver<bool>>,
     acks: OrderedAcks<Publish>,
     epoch: u64,
     closed: Arc<Notify>,
@@ -152,6 +131,10 @@ impl<T: Tag> Task<T> {
                 self.hand_over();
             }
             let probe_deadline = self.flow.probe_deadline();
+            let check_at = self
+                .endpoints
+                .check_at()
+                .filter(|_| self.first_check.is_none());
             let polled = tokio::select! {
                 polled = polled.recv() => match polled {
                     Some(p) => {
@@ -181,6 +164,8 @@ impl<T: Tag> Task<T> {
                                 self.closed.notify_waiters();
                                 return;
                             }
+                            // Its DISCONNECT is on the way already.
+                            Link::Moving => link = Link::Closing,
                             Link::Closing => {}
                         },
                         // Every handle is gone; the owner still reads events.
@@ -196,6 +181,15 @@ impl<T: Tag> Task<T> {
                         tag: Tracked::Owner(out.tag),
                         epoch: out.epoch,
                     });
+                    continue;
+                }
+                _ = sleep_until(check_at), if check_at.is_some() => {
+                    self.check_first();
+                    continue;
+                }
+                accepts = failover::answer(&mut self.first_check) => {
+                    self.first_check = None;
+                    link = self.checked_first(accepts, link);
                     continue;
                 }
                 _ = sleep_until(probe_deadline), if probe_deadline.is_some() => {
@@ -223,7 +217,7 @@ impl<T: Tag> Task<T> {
                 self.epoch += 1;
                 self.flow.connected(self.epoch);
                 self.acks.connected(self.epoch);
-                info!(event = "link_connected", link = %self.opts.name, host = %self.opts.host, port = self.opts.port, session_present = ack.session_present, epoch = self.epoch, "connected");
+                self.connected_to_endpoint(ack.session_present);
                 if self.opts.subscriptions.is_empty() {
                     // No SubAck will come.
                     return self
@@ -282,12 +276,7 @@ impl<T: Tag> Task<T> {
                                 },
                         },
                     ) => {
-                        self.emit(Event::Up {
-                            epoch: self.epoch,
-                            session_present,
-                            refused,
-                        })
-                        .await?;
+                        self.up(session_present, refused).await?;
                         Some(Link::Connected {
                             at,
                             failures,
@@ -305,6 +294,8 @@ impl<T: Tag> Task<T> {
                 self.on_publish(p).await?;
                 Some(link)
             }
+            // Leaving for the first endpoint: the drop follows.
+            (Polled::Outgoing(Sent::Disconnect), Link::Moving) => Some(Link::Moving),
             (Polled::Outgoing(Sent::Disconnect), _) => {
                 info!(event = "link_session_closed", link = %self.opts.name, "session closed");
                 self.closed.notify_waiters();
@@ -318,7 +309,7 @@ impl<T: Tag> Task<T> {
     async fn on_error(
         &mut self,
         e: ConnectionError,
-        resume: oneshot::Sender<std::time::Duration>,
+        resume: oneshot::Sender<Resume>,
         link: Link,
     ) -> Option<Link> {
         // What was received on the lost connection the broker sends again;
@@ -329,6 +320,18 @@ impl<T: Tag> Task<T> {
             Link::Closing => {
                 self.closed.notify_waiters();
                 return None;
+            }
+            Link::Moving => {
+                // Left on purpose, from a working link: no failure, and no
+                // strike against what was in flight (the owner sends it
+                // again on the first endpoint). That one is next already.
+                self.emit(Event::Down).await?;
+                let to = self.endpoints.current().1.clone();
+                let _ = resume.send(Resume {
+                    delay: std::time::Duration::ZERO,
+                    to,
+                });
+                return Some(Link::Down { failures: 0 });
             }
             Link::Down { failures } => failures,
             Link::Connected {
@@ -346,27 +349,34 @@ impl<T: Tag> Task<T> {
                 }
             }
         };
+        let (index, endpoint) = self.endpoints.current();
+        let endpoint = endpoint.clone();
         let delay = match strike {
             Some(Tracked::Owner(tag)) => {
                 warn!(event = "link_dropped_on_message", link = %self.opts.name, tag = ?tag, error = %e, "the broker dropped the link on this message");
                 self.emit(Event::Refused(tag)).await?;
                 // A drop explained by one message is no reason to wait
-                // longer: that message backs off on its own.
+                // longer, nor to leave the node: that message backs off on
+                // its own.
+                self.endpoints.retry_same(Instant::now());
                 self.opts.reconnect.delay(0)
             }
             _ => {
                 failures = failures.saturating_add(1);
+                self.endpoints.failed(Instant::now());
                 self.opts.reconnect.delay(failures - 1)
             }
         };
+        let (next_index, next) = self.endpoints.current();
         // The first failures of an outage are worth a warning; the rest
         // only say the same thing again.
         if failures <= 3 || failures.is_power_of_two() {
-            warn!(event = "link_down", link = %self.opts.name, host = %self.opts.host, port = self.opts.port, error = %e, failures, retry_in_ms = delay.as_millis() as u64, "link down");
+            warn!(event = "link_down", link = %self.opts.name, endpoint = %endpoint, endpoint_index = index, host = %endpoint.host, port = endpoint.port, error = %e, failures, retry_in_ms = delay.as_millis() as u64, next = %next, next_index, "link down");
         } else {
-            debug!(link = %self.opts.name, error = %e, failures, "link still down");
+            debug!(link = %self.opts.name, endpoint = %endpoint, error = %e, failures, next = %next, "link still down");
         }
-        let _ = resume.send(delay);
+        let to = next.clone();
+        let _ = resume.send(Resume { delay, to });
         Some(Link::Down { failures })
     }
 
@@ -393,12 +403,7 @@ impl<T: Tag> Task<T> {
                 }
             }
             None => {
-                self.emit(Event::Up {
-                    epoch: self.epoch,
-                    session_present,
-                    refused,
-                })
-                .await?;
+                self.up(session_present, refused).await?;
                 Stage::Up
             }
         };
@@ -407,6 +412,19 @@ impl<T: Tag> Task<T> {
             failures,
             stage,
         })
+    }
+
+    /// Tells the owner the link is up (and starts the checks of the first
+    /// endpoint, if it is on a later one).
+    async fn up(&mut self, session_present: bool, refused: Vec<String>) -> Option<()> {
+        self.endpoints.up(Instant::now());
+        self.emit(Event::Up {
+            epoch: self.epoch,
+            endpoint: self.endpoints.current().0,
+            session_present,
+            refused,
+        })
+        .await
     }
 
     async fn emit(&self, event: Event<T>) -> Option<()> {
@@ -458,48 +476,6 @@ impl<T: Tag> Task<T> {
         if self.client.try_disconnect().is_err() {
             self.closed.notify_waiters();
         }
-    }
-
-    /// Hands one incoming publish to the owner.
-    async fn on_publish(&mut self, p: Publish) -> Option<()> {
-        let size = p.topic.len() + p.payload.len();
-        let oversize = (size > self.opts.max_message_bytes).then_some(size);
-        let payload = match oversize {
-            Some(_) => p.payload.slice(..OVERSIZE_HEAD.min(p.payload.len())),
-            None => p.payload.clone(),
-        };
-        let message = Message {
-            topic: p.topic.clone(),
-            payload,
-            retain: p.retain,
-            token: AckToken::default(),
-            oversize,
-        };
-        let message = if p.qos == QoS::AtMostOnce || self.opts.auto_ack {
-            message
-        } else {
-            let token = self.acks.received(p);
-            Message { token, ..message }
-        };
-        self.emit(Event::Message(message)).await
-    }
-
-    fn ready(&mut self, token: AckToken) {
-        for publish in self.acks.ready(token) {
-            if let Err(e) = self.client.try_ack(&publish) {
-                warn!(event = "link_ack_not_queued", link = %self.opts.name, error = %e, "ack could not be queued");
-            }
-        }
-    }
-}
-
-/// Stops the poller when the session ends. Its poll may be cut short
-/// mid-write then, which is harmless: nobody is left to care.
-struct PollerGuard(tokio::task::JoinHandle<()>);
-
-impl Drop for PollerGuard {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -7,6 +7,11 @@
 //! and on a clean leave — and the routing of what arrives into
 //! [`NorthEvent`]s for the two pipelines.
 //!
+//! The session goes to one of `north.endpoints` at a time (see
+//! [`crate::mqtt::endpoints`]); the subscriptions and the status announce
+//! are made on every connection, so on every node. The gauge
+//! `ferry_north_endpoint_index` follows `Up` and `Down`.
+//!
 //! The pipeline learns of the link through `Up(epoch)` and `Down`. Every
 //! publish is made against the current epoch and is followed to its PUBACK;
 //! the one the upstream drops the link on comes back as `Refused`. What was
@@ -129,8 +134,8 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
     let status = topics.north_status();
     let opts = mqtt::Options {
         name: "north".into(),
-        host: cfg.host.clone(),
-        port: cfg.port,
+        endpoints: cfg.endpoints.clone(),
+        prefer_first: cfg.prefer_first,
         client_id: cfg.client_id.clone(),
         credentials: cfg.credentials.clone(),
         keep_alive: cfg.keep_alive,
@@ -191,8 +196,16 @@ impl Router {
     async fn run(self, mut events: mpsc::Receiver<Event<Tag>>) {
         while let Some(event) = events.recv().await {
             let routed = match event {
-                Event::Up { epoch, .. } => Some(NorthEvent::Up(epoch)),
-                Event::Down => Some(NorthEvent::Down),
+                Event::Up {
+                    epoch, endpoint, ..
+                } => {
+                    crate::metrics::set_north_endpoint(Some(endpoint));
+                    Some(NorthEvent::Up(epoch))
+                }
+                Event::Down => {
+                    crate::metrics::set_north_endpoint(None);
+                    Some(NorthEvent::Down)
+                }
                 Event::Published(tag @ (Tag::Receipts(_) | Tag::Alert(_))) => {
                     Some(NorthEvent::Published(tag))
                 }

@@ -43,8 +43,8 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
     super::auth::reload_on_hangup(None, crate::signals::hangups());
     let opts = mqtt::Options {
         name: "south".into(),
-        host: site.host.clone(),
-        port: site.port,
+        endpoints: vec![mqtt::Endpoint::new(site.host.clone(), site.port)],
+        prefer_first: None,
         client_id: site.client_id.clone(),
         credentials: site.credentials.clone(),
         keep_alive: site.keep_alive,
@@ -102,6 +102,7 @@ async fn receive(
                 epoch,
                 session_present,
                 refused,
+                ..
             } => {
                 if refused.is_empty() {
                     info!(

@@ -74,6 +74,16 @@ impl Pki {
         self.issue(name, params)
     }
 
+    /// A server certificate for `names` only (DNS names or IP addresses).
+    pub fn server_for(&self, name: &str, names: &[&str]) -> Issued {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).expect("server names");
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(name, params)
+    }
+
     /// A client certificate with subject CN `cn` (a device id, for ferry).
     pub fn client(&self, cn: &str) -> Issued {
         let mut params = CertificateParams::default();

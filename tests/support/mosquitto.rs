@@ -291,6 +291,14 @@ impl Mosquitto {
         }
     }
 
+    /// SIGKILL, as a crash or a pulled plug: its clients get no clean
+    /// close, and it forgets what it held.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            blocking(|| kill_and_reap(&mut child));
+        }
+    }
+
     /// Starts it again on the same port (stopping it first if it runs).
     pub fn restart(&mut self) {
         self.stop();

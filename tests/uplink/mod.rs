@@ -19,6 +19,7 @@ use ferry::ids::DeviceId;
 
 mod backend;
 mod delivery;
+mod failover;
 mod fairness;
 mod restarts;
 mod retries;
