@@ -443,7 +443,7 @@ pub fn nack(
 }
 
 /// Expires every stored delivery of messages whose ttl passed by `now`
-/// (store clock); what it writes down is stamped with the wall clock.
+/// (store clock); what it writes down is stamped with both clocks.
 pub fn sweep_expired(tx: &Transaction<'_>, now: Now) -> Result<Swept> {
     let now_ms = now.wall_ms;
     let due: Vec<(i64, String)> = tx

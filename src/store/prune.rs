@@ -19,7 +19,7 @@
 //!
 //! "Before the cutoff" holds on both clocks: a row is old by its wall
 //! stamp AND, if it has a store stamp (rows written since schema 13), by
-//! that too. A forward wall-clock step, however large, so prunes nothing
+//! that too. A forward wall-clock step, however large, thus prunes nothing
 //! early; a reboot (the store clock does not count the time the box was
 //! off) only keeps rows longer. Rows without a store stamp are judged on
 //! the wall clock, as before.
