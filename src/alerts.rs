@@ -176,11 +176,10 @@ impl Monitor {
                 ));
             }
         }
-        let oldest = [scan.oldest_uplink_ms, scan.oldest_downlink_ms]
+        let age = [scan.oldest_uplink_age, scan.oldest_downlink_age]
             .into_iter()
             .flatten()
-            .min();
-        let age = oldest.map(|ms| Duration::from_millis(now_ms.saturating_sub(ms).max(0) as u64));
+            .max();
         match age {
             Some(age) if age >= self.cfg.backlog_age => {
                 if !self.backlog_raised {

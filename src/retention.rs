@@ -7,14 +7,15 @@
 //! store is at its disk budget, every [`UNDER_PRESSURE_EVERY`], and then
 //! delivered messages go whatever their age (oldest first) so new ones can
 //! be taken again. Nothing undelivered is ever deleted (see
-//! [`crate::store::prune`]).
+//! [`crate::store::prune`]). Ages are counted on the store clock as well
+//! as the wall clock: a row goes only once it is old on both.
 
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::protocol::now_ms;
 use crate::shutdown::Shutdown;
+use crate::store::clock::Now;
 use crate::store::prune::{Cutoffs, Pruned};
 use crate::store::Store;
 
@@ -28,22 +29,28 @@ const EVERY: Duration = Duration::from_secs(60);
 /// the pruner looks whether it is.
 const UNDER_PRESSURE_EVERY: Duration = Duration::from_secs(1);
 
-/// What a pass deletes before, `now_ms` being now.
-pub fn cutoffs(
-    now_ms: i64,
-    retention: Duration,
-    dead_retention: Duration,
-    pressure: bool,
-) -> Cutoffs {
-    let before = |d: Duration| now_ms.saturating_sub(d.as_millis().min(i64::MAX as u128) as i64);
+/// What a pass deletes before, `now` being now on both clocks: the
+/// retention back from it on each (a row must be that old on both, see
+/// [`crate::store::prune`]).
+pub fn cutoffs(now: Now, retention: Duration, dead_retention: Duration, pressure: bool) -> Cutoffs {
+    let before = |d: Duration| {
+        let d = d.as_millis().min(i64::MAX as u128) as i64;
+        Now {
+            wall_ms: now.wall_ms.saturating_sub(d),
+            store_ms: now.store_ms.saturating_sub(d),
+        }
+    };
     Cutoffs {
-        // Under pressure: everything delivered up to now.
-        delivered_ms: if pressure {
-            now_ms.saturating_add(1)
+        // Under pressure: everything delivered, whatever either clock says.
+        delivered: if pressure {
+            Now {
+                wall_ms: i64::MAX,
+                store_ms: i64::MAX,
+            }
         } else {
             before(retention)
         },
-        dead_ms: before(dead_retention),
+        dead: before(dead_retention),
         limit: BATCH,
     }
 }
@@ -73,7 +80,7 @@ pub async fn run(
         let pressure = store.budget().over();
         let mut total = Pruned::default();
         loop {
-            let c = cutoffs(now_ms(), retention, dead_retention, pressure);
+            let c = cutoffs(store.now(), retention, dead_retention, pressure);
             match store.prune(c).await {
                 Ok(p) => {
                     total.uplinks += p.uplinks;
@@ -128,17 +135,32 @@ mod tests {
     const DAY: Duration = Duration::from_secs(86_400);
 
     #[test]
-    fn cutoffs_are_the_retentions_before_now_and_now_under_pressure() {
-        let now = 100 * 86_400_000;
+    fn cutoffs_are_the_retentions_before_now_on_both_clocks() {
+        let day = 86_400_000;
+        // The wall clock a year ahead of the store clock.
+        let now = Now {
+            wall_ms: 465 * day,
+            store_ms: 100 * day,
+        };
         let c = cutoffs(now, 30 * DAY, 90 * DAY, false);
-        assert_eq!(c.delivered_ms, 70 * 86_400_000);
-        assert_eq!(c.dead_ms, 10 * 86_400_000);
+        assert_eq!(c.delivered.wall_ms, 435 * day);
+        assert_eq!(c.delivered.store_ms, 70 * day);
+        assert_eq!(c.dead.wall_ms, 375 * day);
+        assert_eq!(c.dead.store_ms, 10 * day);
         assert_eq!(c.limit, BATCH);
-        let c = cutoffs(now, 30 * DAY, 90 * DAY, true);
-        assert_eq!(c.delivered_ms, now + 1);
-        // Dead letters are never pruned early.
-        assert_eq!(c.dead_ms, 10 * 86_400_000);
-        // A retention past the epoch does not wrap.
-        assert!(cutoffs(5, 36_500 * DAY, 36_500 * DAY, false).dead_ms < 0);
+        // A retention past the epoch, or past the store's age, does not wrap.
+        let c = cutoffs(Now::at(5), 36_500 * DAY, 36_500 * DAY, false);
+        assert!(c.dead.wall_ms < 0 && c.dead.store_ms < 0);
+    }
+
+    #[test]
+    fn under_pressure_anything_delivered_goes_and_dead_letters_keep_their_retention() {
+        let c = cutoffs(Now::at(100 * 86_400_000), 30 * DAY, 90 * DAY, true);
+        assert_eq!(c.delivered.wall_ms, i64::MAX);
+        assert_eq!(c.delivered.store_ms, i64::MAX);
+        assert_eq!(
+            c.dead,
+            cutoffs(Now::at(100 * 86_400_000), 30 * DAY, 90 * DAY, false).dead
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! ferry under a wrong or stepped wall clock (libfaketime preloaded into
-//! the real binary, Mosquitto on the real clock): `ttl_s` counts time in
-//! the store, and no retry, sweep or confirm timeout waits on the wall
-//! clock.
+//! the real binary, Mosquitto on the real clock): `ttl_s`, retention and
+//! the backlog age count time in the store, and no retry, sweep or
+//! confirm timeout waits on the wall clock.
 
 use std::time::{Duration, Instant};
 
@@ -10,8 +10,8 @@ use ferry::client::device::{DeviceClient, DeviceEvent, DeviceOptions};
 use serde_json::{json, Value};
 
 use crate::support::faketime::FakeClock;
-use crate::support::receipts::{ids_with, status};
-use crate::support::{now_ms, Backend, Device, Ferry, FerryOpts, Mosquitto};
+use crate::support::receipts::{eventually, ids_with, status};
+use crate::support::{logged, now_ms, Backend, Device, Ferry, FerryOpts, Mosquitto};
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
@@ -204,6 +204,107 @@ async fn a_wall_clock_stepped_back_an_hour_stops_no_retry_no_ttl_and_no_confirm_
             e.receipt("unconfirmed", "delivered")
         })
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_dead_letters_made_a_year_behind_outlive_the_step_and_raise_no_backlog_alert() {
+    let gw = "gw-clock-keep";
+    let clock = FakeClock::new("-365d");
+    let mut mq = Mosquitto::start();
+    // Everything at its shortest: a day of retention, ten minutes of backlog.
+    let opts = FerryOpts::new(gw, mq.port).with(|c| {
+        c.store.retention_days = 1;
+        c.store.dead_letter_retention_days = 1;
+        c.alerts.backlog_age_s = 600;
+    });
+    let mut ferry = Ferry::start(clock.on(opts));
+    let backend = Backend::connect_auto_ack(mq.port, gw).await;
+    let mut device = Device::connect(ferry.south_port, "clk-keep").await;
+
+    // A year behind: four uplinks delivered, two malformed ones dead-lettered,
+    // and, with north gone, one waiting.
+    let delivered = ["kept-0", "kept-1", "kept-2", "aged"];
+    for id in delivered {
+        device.publish_envelope("t", id, json!(1)).await;
+    }
+    let got = device
+        .receipts_until(SECS_30, |all| ids_with(all, "delivered").len() == 4)
+        .await;
+    assert_eq!(ids_with(&got, "delivered").len(), 4, "{got:?}");
+    for _ in 0..2 {
+        device.publish_raw(&device.up_topic("t"), "{not json").await;
+    }
+    eventually(SECS_10, "two dead letters", || {
+        ferry.query_i64("SELECT count(*) FROM dead_letter", []) == 2
+    })
+    .await;
+    drop(backend);
+    mq.stop();
+    device.publish_envelope("t", "waiting", json!(1)).await;
+    let got = device
+        .receipts_until(SECS_10, |all| ids_with(all, "stored").contains("waiting"))
+        .await;
+    assert!(ids_with(&got, "stored").contains("waiting"), "{got:?}");
+    assert!(ferry.terminate(SECS_10), "ferry stops cleanly");
+
+    // One delivered uplink and one dead letter made truly old: two days
+    // before on the store clock as well.
+    {
+        let conn = rusqlite::Connection::open(ferry.data_dir.join("ferry.db")).unwrap();
+        conn.execute_batch(&format!(
+            "UPDATE uplink SET done_store_ms = done_store_ms - {two_days} WHERE msg_id = 'aged';
+             UPDATE dead_letter SET at_store_ms = at_store_ms - {two_days}
+                 WHERE id = (SELECT min(id) FROM dead_letter);",
+            two_days = 2 * DAY_MS
+        ))
+        .unwrap();
+    }
+
+    // NTP syncs while ferry is down: everything is a year old on the wall
+    // clock, seconds old in the store.
+    clock.set("+0");
+    ferry.restart();
+    eventually(SECS_10, "a prune after the restart", || {
+        logged(&ferry.log(), "pruned", "") > 0
+    })
+    .await;
+    let uplinks = |sql: &str| ferry.query_i64(sql, []);
+    assert_eq!(
+        uplinks("SELECT count(*) FROM uplink WHERE msg_id = 'aged'"),
+        0,
+        "old on both clocks: pruned"
+    );
+    assert_eq!(
+        uplinks("SELECT count(*) FROM uplink WHERE msg_id LIKE 'kept-%' AND state = 'delivered'"),
+        3,
+        "delivered a year ago on the wall clock, seconds ago in the store: kept"
+    );
+    assert_eq!(
+        uplinks("SELECT count(*) FROM dead_letter"),
+        1,
+        "the fresh dead letter is kept"
+    );
+    assert_eq!(
+        uplinks("SELECT count(*) FROM uplink WHERE msg_id = 'waiting' AND state = 'stored'"),
+        1
+    );
+
+    // The alerts look at once and every 5 s: two looks, and the waiting
+    // uplink, a year old on the wall clock, is not a backlog_age.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let log = ferry.log();
+    assert_eq!(
+        logged(&log, "alert_raised", "backlog_age"),
+        0,
+        "{}",
+        ferry.log_tail()
+    );
+    let status = crate::ops::cli_json(&ferry, &["status"]);
+    let age = status["uplink_oldest_age_s"].as_f64().unwrap_or(f64::MAX);
+    assert!(
+        age < 600.0,
+        "ferry status counts the age in the store: {status}"
+    );
 }
 
 /// What the backend heard.

@@ -345,14 +345,16 @@ async fn retention_prunes_delivered_rows_and_old_dead_letters_and_keeps_undelive
     );
 
     // Age everything by 31 days, the dead letter by 91: past both
-    // retentions (30 and 90 days by default).
+    // retentions (30 and 90 days by default), on the wall clock and the
+    // store clock (old on the wall clock alone is a clock step, kept).
     {
         let conn =
             rusqlite::Connection::open(ferry.data_dir.join("ferry.db")).expect("open the store");
         conn.execute_batch(&format!(
-            "UPDATE uplink SET stored_ms = stored_ms - {a}, done_ms = done_ms - {a};
+            "UPDATE uplink SET stored_ms = stored_ms - {a}, done_ms = done_ms - {a},
+                 stored_store_ms = stored_store_ms - {a}, done_store_ms = done_store_ms - {a};
              UPDATE uplink_history SET at_ms = at_ms - {a};
-             UPDATE dead_letter SET at_ms = at_ms - {b};",
+             UPDATE dead_letter SET at_ms = at_ms - {b}, at_store_ms = at_store_ms - {b};",
             a = 31 * DAY_MS,
             b = 91 * DAY_MS
         ))

@@ -94,7 +94,7 @@ async fn an_old_backlog_and_the_disk_budget_are_raised_once_until_they_clear() {
     m.link_up();
     let now_ms = 10_000_000;
     let old = AlertScan {
-        oldest_uplink_ms: Some(now_ms - 601_000),
+        oldest_uplink_age: Some(Duration::from_secs(601)),
         backlog: Backlog {
             uplinks: 3,
             downlinks: 0,
@@ -109,7 +109,7 @@ async fn an_old_backlog_and_the_disk_budget_are_raised_once_until_they_clear() {
     );
     assert!(m.check(Instant::now(), now_ms, &old).is_empty());
     let young = AlertScan {
-        oldest_downlink_ms: Some(now_ms - 1000),
+        oldest_downlink_age: Some(Duration::from_secs(1)),
         ..scan()
     };
     assert!(m.check(Instant::now(), now_ms, &young).is_empty());

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::live::{self, Backend, Link};
 use super::{sqlite, OpsError};
+use crate::store::clock::{self, Now};
 use crate::store::{figures, DB_FILE};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -55,12 +56,14 @@ pub struct StatusView {
     pub store: StoreSize,
 }
 
-fn age_s(now_ms: i64, oldest: Option<i64>) -> Option<f64> {
-    oldest.map(|ms| (now_ms - ms).max(0) as f64 / 1000.0)
+fn age_s(age: Option<std::time::Duration>) -> Option<f64> {
+    age.map(|a| a.as_secs_f64())
 }
 
 /// The status of the gateway on `data_dir`, `top` devices by downlink
-/// backlog, the store against its budget of `budget_bytes`.
+/// backlog, the store against its budget of `budget_bytes`. The backlog
+/// ages are on the store clock as the store last saved it, resumed as a
+/// start would (`now_ms` for rows from before it had one).
 pub fn status(
     conn: &Connection,
     data_dir: &Path,
@@ -70,7 +73,11 @@ pub fn status(
 ) -> Result<StatusView, OpsError> {
     let read = sqlite("cannot read the store's figures");
     let backlog = figures::backlog(conn).map_err(&read)?;
-    let oldest = figures::oldest(conn).map_err(&read)?;
+    let now = Now {
+        wall_ms: now_ms,
+        store_ms: clock::read_now(conn).map_err(&read)?,
+    };
+    let oldest = figures::oldest(conn, now).map_err(&read)?;
     let downlink_top = figures::downlink_top(conn, top)
         .map_err(&read)?
         .into_iter()
@@ -94,10 +101,10 @@ pub fn status(
         devices_online: live.as_ref().and_then(|l| l.devices_online),
         backend: live.as_ref().and_then(|l| l.backend),
         uplink_backlog: backlog.uplinks as i64,
-        uplink_oldest_age_s: age_s(now_ms, oldest.uplink_ms),
+        uplink_oldest_age_s: age_s(oldest.uplink),
         downlink_backlog: backlog.downlinks as i64,
         downlink_top,
-        downlink_oldest_age_s: age_s(now_ms, oldest.downlink_ms),
+        downlink_oldest_age_s: age_s(oldest.downlink),
         dead_letters,
         store: StoreSize {
             db_bytes,

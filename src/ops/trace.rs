@@ -162,7 +162,7 @@ mod tests {
                       (2, 'd', 'old', 2, 't', 'stored', '{}', 2000, NULL);
              INSERT INTO uplink_history VALUES (1, 1000, 'stored', NULL), (2, 2000, 'stored', NULL);
              INSERT INTO down_message (id, msg_id, body, stored_ms, received_ms) VALUES (1, 'down', '{}', 3000, 2990);
-             INSERT INTO down_delivery VALUES ('d', 1, 1, 'stored', 3000);
+             INSERT INTO down_delivery (device, seq, message_id, state, at_ms) VALUES ('d', 1, 1, 'stored', 3000);
              INSERT INTO down_history VALUES ('d', 1, 3000, 'stored', NULL);",
         )
         .unwrap();

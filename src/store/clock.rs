@@ -19,9 +19,11 @@
 //!   counts); after a reboot it adds nothing, the downtime being unknown.
 //!   Either way it never goes back and never jumps ahead: a message can
 //!   live longer than its ttl across a reboot, never shorter.
-//! - Only `ttl_s` expiry is decided on it. Every timestamp a person or a
-//!   peer reads (`ts`, `stored_ts`, `at_ms`, trace times, receipts) stays
-//!   wall-clock ms.
+//! - `ttl_s` expiry is decided on it; retention and the backlog age count
+//!   on it as well as on the wall clock (rows carry a store stamp beside
+//!   their wall one, see `store::prune` and `store::figures`). Every
+//!   timestamp a person or a peer reads (`ts`, `stored_ts`, `at_ms`,
+//!   trace times, receipts) stays wall-clock ms.
 //!
 //! Reading the host (boot id, BOOTTIME) is kept to [`Boot::read`], and
 //! [`resume`] is a plain function of what was persisted and what the host

@@ -76,8 +76,9 @@ pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> Result<Cursors> {
 }
 
 /// Stores the message once and queues it for every addressed device that
-/// does not have it yet.
-pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcome> {
+/// does not have it yet; `store_ms` (the store clock) stamps what it
+/// writes beside `msg.stored_ms`.
+pub fn intake(tx: &Transaction<'_>, msg: &DownIntake, store_ms: i64) -> Result<DownIntakeOutcome> {
     let existing: Option<i64> = tx
         .prepare_cached("SELECT id FROM down_message WHERE msg_id = ?1")?
         .query_row([msg.msg_id.as_str()], |r| r.get(0))
@@ -85,8 +86,8 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcom
     let message_id = match existing {
         Some(id) => id,
         None => {
-            tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms, received_ms) VALUES (?1, ?2, ?3, ?4, ?5)")?
-                .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms, msg.received_ms])?;
+            tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms, received_ms, stored_store_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
+                .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms, msg.received_ms, store_ms])?;
             tx.last_insert_rowid()
         }
     };
@@ -121,9 +122,9 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcom
             )?
             .query_row([device.as_str()], |r| r.get(0))?;
         tx.prepare_cached(
-            "INSERT INTO down_delivery (device, seq, message_id, state, at_ms) VALUES (?1, ?2, ?3, 'stored', ?4)",
+            "INSERT INTO down_delivery (device, seq, message_id, state, at_ms, at_store_ms) VALUES (?1, ?2, ?3, 'stored', ?4, ?5)",
         )?
-        .execute(params![device.as_str(), s, message_id, msg.stored_ms])?;
+        .execute(params![device.as_str(), s, message_id, msg.stored_ms, store_ms])?;
         let event = DeliveryEvent {
             device: device.clone(),
             seq: seq(s),
@@ -138,10 +139,13 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake) -> Result<DownIntakeOutcom
         if old >= 1 {
             let pushed: Option<i64> = tx
                 .prepare_cached(
-                    "UPDATE down_delivery SET state = 'expired', at_ms = ?3
+                    "UPDATE down_delivery SET state = 'expired', at_ms = ?3, at_store_ms = ?4
                      WHERE device = ?1 AND seq = ?2 AND state = 'stored' RETURNING message_id",
                 )?
-                .query_row(params![device.as_str(), old, msg.stored_ms], |r| r.get(0))
+                .query_row(
+                    params![device.as_str(), old, msg.stored_ms, store_ms],
+                    |r| r.get(0),
+                )
                 .optional()?;
             if let Some(mid) = pushed {
                 out.expired.push(DeliveryEvent {
@@ -225,8 +229,8 @@ pub fn read_batch(
         let id = msg_id(id)?;
         if st == DeliveryState::Stored && expires_ms.is_some_and(|e| e <= now.store_ms) {
             st.check_move(DeliveryState::Expired)?;
-            tx.prepare_cached("UPDATE down_delivery SET state = 'expired', at_ms = ?3 WHERE device = ?1 AND seq = ?2")?
-                .execute(params![device.as_str(), s, now_ms])?;
+            tx.prepare_cached("UPDATE down_delivery SET state = 'expired', at_ms = ?3, at_store_ms = ?4 WHERE device = ?1 AND seq = ?2")?
+                .execute(params![device.as_str(), s, now_ms, now.store_ms])?;
             st = DeliveryState::Expired;
             out.expired.push(DeliveryEvent {
                 device: device.clone(),
@@ -269,14 +273,15 @@ fn sent_upto(tx: &Transaction<'_>, device: &DeviceId) -> Result<Seq> {
 
 /// Moves the confirm cursor to `upto` (never backwards, never past what
 /// was sent: a device's word for a seq it was never sent marks nothing
-/// delivered), and with `read` the read cursor too.
+/// delivered), and with `read` the read cursor too, at `now`.
 pub fn advance(
     tx: &Transaction<'_>,
     device: &DeviceId,
     upto: Seq,
     read: bool,
-    now_ms: i64,
+    now: Now,
 ) -> Result<CursorMove> {
+    let now_ms = now.wall_ms;
     let mut c = cursors(tx, device)?;
     let upto = upto.min(sent_upto(tx, device)?).min(c.head);
     let mut events = Vec::new();
@@ -287,7 +292,7 @@ pub fn advance(
             from: DeliveryState::Stored,
             to: DeliveryState::Delivered,
         };
-        for (event, stored_ms) in step.apply(tx, device, c.delivered_upto, upto, now_ms)? {
+        for (event, stored_ms) in step.apply(tx, device, c.delivered_upto, upto, now)? {
             delivered_after_ms.push(now_ms - stored_ms);
             events.push(event);
         }
@@ -300,7 +305,7 @@ pub fn advance(
             to: DeliveryState::Read,
         };
         events.extend(
-            step.apply(tx, device, c.read_upto, upto, now_ms)?
+            step.apply(tx, device, c.read_upto, upto, now)?
                 .into_iter()
                 .map(|(event, _)| event),
         );
@@ -335,16 +340,16 @@ impl Step {
         device: &DeviceId,
         after: Seq,
         upto: Seq,
-        now_ms: i64,
+        now: Now,
     ) -> Result<Vec<(DeliveryEvent, i64)>> {
         self.from.check_move(self.to)?;
         let moved: Vec<(i64, i64)> = tx
             .prepare_cached(
-                "UPDATE down_delivery SET state = ?5, at_ms = ?4
+                "UPDATE down_delivery SET state = ?5, at_ms = ?4, at_store_ms = ?7
                  WHERE device = ?1 AND seq > ?2 AND seq <= ?3 AND state = ?6 RETURNING seq, message_id",
             )?
             .query_map(
-                params![device.as_str(), sql(after), sql(upto), now_ms, self.to.as_str(), self.from.as_str()],
+                params![device.as_str(), sql(after), sql(upto), now.wall_ms, self.to.as_str(), self.from.as_str(), now.store_ms],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?
             .collect::<rusqlite::Result<_>>()?;
@@ -378,8 +383,9 @@ pub fn nack(
     device: &DeviceId,
     at: Seq,
     reason: &str,
-    now_ms: i64,
+    now: Now,
 ) -> Result<CursorMove> {
+    let now_ms = now.wall_ms;
     if at > sent_upto(tx, device)? {
         return Ok(CursorMove {
             cursors: cursors(tx, device)?,
@@ -388,10 +394,10 @@ pub fn nack(
     }
     let dead: Option<i64> = tx
         .prepare_cached(
-            "UPDATE down_delivery SET state = 'dead', at_ms = ?3
+            "UPDATE down_delivery SET state = 'dead', at_ms = ?3, at_store_ms = ?4
              WHERE device = ?1 AND seq = ?2 AND state IN ('stored', 'delivered') RETURNING message_id",
         )?
-        .query_row(params![device.as_str(), sql(at), now_ms], |r| r.get(0))
+        .query_row(params![device.as_str(), sql(at), now_ms, now.store_ms], |r| r.get(0))
         .optional()?;
     let mut c = cursors(tx, device)?;
     let Some(mid) = dead else {
@@ -402,15 +408,16 @@ pub fn nack(
     };
     let id = message_msg_id(tx, mid)?;
     tx.prepare_cached(
-        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw)
-         SELECT ?1, 'down', ?2, msg_id, ?3, ?4, body FROM down_message WHERE id = ?5",
+        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw, at_store_ms)
+         SELECT ?1, 'down', ?2, msg_id, ?3, ?4, body, ?6 FROM down_message WHERE id = ?5",
     )?
     .execute(params![
         now_ms,
         device.as_str(),
         reason,
         format!("seq {}", at.0),
-        mid
+        mid,
+        now.store_ms
     ])?;
     if at == c.delivered_upto.next() {
         c.delivered_upto = at;
@@ -436,7 +443,7 @@ pub fn nack(
 }
 
 /// Expires every stored delivery of messages whose ttl passed by `now`
-/// (store clock); what it writes down is stamped with the wall clock.
+/// (store clock); what it writes down is stamped with both clocks.
 pub fn sweep_expired(tx: &Transaction<'_>, now: Now) -> Result<Swept> {
     let now_ms = now.wall_ms;
     let due: Vec<(i64, String)> = tx
@@ -450,10 +457,12 @@ pub fn sweep_expired(tx: &Transaction<'_>, now: Now) -> Result<Swept> {
         let id = msg_id(id)?;
         let moved: Vec<(String, i64)> = tx
             .prepare_cached(
-                "UPDATE down_delivery SET state = 'expired', at_ms = ?2 WHERE message_id = ?1 AND state = 'stored'
-                 RETURNING device, seq",
+                "UPDATE down_delivery SET state = 'expired', at_ms = ?2, at_store_ms = ?3
+                 WHERE message_id = ?1 AND state = 'stored' RETURNING device, seq",
             )?
-            .query_map(params![mid, now_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .query_map(params![mid, now_ms, now.store_ms], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
             .collect::<rusqlite::Result<_>>()?;
         for (d, s) in moved {
             if let Ok(device) = DeviceId::new(d) {
@@ -470,7 +479,7 @@ pub fn sweep_expired(tx: &Transaction<'_>, now: Now) -> Result<Swept> {
             .execute([mid])?;
     }
     history(tx, &events, now_ms)?;
-    let replayed = replay::take(tx, now_ms)?;
+    let replayed = replay::take(tx, now)?;
     let reported = events.iter().chain(&replayed);
     let receipts = outbox::report(tx, reported, now_ms)?;
     Ok(Swept {

@@ -3,11 +3,14 @@
 //! `/metrics`. Each is a seek per device or a read of a partial index,
 //! never a pass over the deliveries or the uplinks kept for retention: a
 //! scrape of a store with a million undelivered uplinks stays cheap
-//! (docs/BENCHMARKS.md). Plain connections: the writer's transactions and
+//! (docs/BENCHMARKS.md). Ages are on the store clock (see [`oldest`]). Plain connections: the writer's transactions and
 //! the operators' read-only connections both use them.
+
+use std::time::Duration;
 
 use rusqlite::{params, Connection, Result};
 
+use super::clock::Now;
 use super::Backlog;
 
 /// What waits to be delivered in each direction.
@@ -27,38 +30,50 @@ pub fn backlog(conn: &Connection) -> Result<Backlog> {
     })
 }
 
-/// When the oldest undelivered message of each direction was stored.
+/// How long the oldest undelivered message of each direction has waited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Oldest {
-    pub uplink_ms: Option<i64>,
-    pub downlink_ms: Option<i64>,
+    pub uplink: Option<Duration>,
+    pub downlink: Option<Duration>,
 }
 
-pub fn oldest(conn: &Connection) -> Result<Oldest> {
+/// A row's age at `?1` (wall) / `?2` (store): on the store clock where it
+/// has a store stamp, so a wall-clock step neither ages nor rejuvenates
+/// it; on the wall clock for rows from before schema 13.
+fn age(wall: &str, store: &str) -> String {
+    format!("CASE WHEN {store} IS NULL THEN ?1 - {wall} ELSE ?2 - {store} END")
+}
+
+pub fn oldest(conn: &Connection, now: Now) -> Result<Oldest> {
+    let now = params![now.wall_ms, now.store_ms];
     // Each device's first stored message, found by a seek in the partial
     // index of stored rows: one lookup per device, not a pass over the
-    // backlog (seqs are assigned in stored order).
-    let uplink_ms: Option<i64> = conn
-        .prepare_cached(
-            "SELECT min((SELECT u.stored_ms FROM uplink u
+    // backlog (seqs are assigned in stored order, so it is the oldest).
+    let uplink: Option<i64> = conn
+        .prepare_cached(&format!(
+            "SELECT max((SELECT {} FROM uplink u
                          WHERE u.device = v.device AND u.state = 'stored'
                          ORDER BY u.seq LIMIT 1))
              FROM devices v",
-        )?
-        .query_row([], |r| r.get(0))?;
+            age("u.stored_ms", "u.stored_store_ms")
+        ))?
+        .query_row(now, |r| r.get(0))?;
     // The delivery at each device's cursor, by primary key: one row per
     // device, not a scan of the queues (CROSS JOIN keeps `devices` the
     // outer loop, which the planner would otherwise swap).
-    let downlink_ms: Option<i64> = conn
-        .prepare_cached(
-            "SELECT min(d.at_ms) FROM devices v CROSS JOIN down_delivery d
+    let downlink: Option<i64> = conn
+        .prepare_cached(&format!(
+            "SELECT max({}) FROM devices v CROSS JOIN down_delivery d
                  ON d.device = v.device AND d.seq = v.delivered_upto + 1
              WHERE d.state = 'stored'",
-        )?
-        .query_row([], |r| r.get(0))?;
+            age("d.at_ms", "d.at_store_ms")
+        ))?
+        .query_row(now, |r| r.get(0))?;
+    // A row stamped after now (a wall step back, for an old row) is new.
+    let dur = |ms: Option<i64>| ms.map(|ms| Duration::from_millis(ms.max(0) as u64));
     Ok(Oldest {
-        uplink_ms,
-        downlink_ms,
+        uplink: dur(uplink),
+        downlink: dur(downlink),
     })
 }
 
@@ -79,10 +94,10 @@ pub fn downlink_top(conn: &Connection, top: usize) -> Result<Vec<(String, i64)>>
 /// What [`crate::alerts`] looks at, read in one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AlertScan {
-    /// When the oldest stored uplink was stored.
-    pub oldest_uplink_ms: Option<i64>,
-    /// When the oldest delivery waiting at a device's cursor was queued.
-    pub oldest_downlink_ms: Option<i64>,
+    /// How long the oldest stored uplink has waited ([`oldest`]).
+    pub oldest_uplink_age: Option<Duration>,
+    /// How long the oldest delivery waiting at a device's cursor has.
+    pub oldest_downlink_age: Option<Duration>,
     pub backlog: Backlog,
     /// Dead letters with an id past the one asked, oldest first.
     pub dead: Vec<DeadSummary>,

@@ -65,15 +65,20 @@ pub fn delete(tx: &Transaction<'_>, ids: &[i64]) -> Result<()> {
 
 /// A receipt the upstream will never take: out of the outbox and into the
 /// dead letters, in one transaction. Returns the dead letter's id.
-pub fn dead_letter(tx: &Transaction<'_>, id: i64, dl: &DeadLetter) -> Result<i64> {
+pub fn dead_letter(tx: &Transaction<'_>, id: i64, dl: &DeadLetter, store_ms: i64) -> Result<i64> {
     delete(tx, &[id])?;
-    uplink::dead_letter(tx, dl)
+    uplink::dead_letter(tx, dl, store_ms)
 }
 
 /// A downlink refused at intake: its dead letter and its `rejected`
 /// receipt (naming the dead letter), in one transaction.
-pub fn reject(tx: &Transaction<'_>, dl: &DeadLetter, receipt: &NorthReceipt) -> Result<Rejected> {
-    let dead_letter = uplink::dead_letter(tx, dl)?;
+pub fn reject(
+    tx: &Transaction<'_>,
+    dl: &DeadLetter,
+    receipt: &NorthReceipt,
+    store_ms: i64,
+) -> Result<Rejected> {
+    let dead_letter = uplink::dead_letter(tx, dl, store_ms)?;
     let receipt = NorthReceipt {
         reason: Some(reason::rejected(&dl.reason, dead_letter)),
         ..receipt.clone()

@@ -16,20 +16,28 @@
 //! Never: a stored (undelivered) uplink, a delivery still waiting for its
 //! device, the `devices` rows (their sequence counters and cursors), or a
 //! receipt in the outbox.
+//!
+//! "Before the cutoff" holds on both clocks: a row is old by its wall
+//! stamp AND, if it has a store stamp (rows written since schema 13), by
+//! that too. A forward wall-clock step, however large, thus prunes nothing
+//! early; a reboot (the store clock does not count the time the box was
+//! off) only keeps rows longer. Rows without a store stamp are judged on
+//! the wall clock, as before.
 
 use rusqlite::{params, Transaction};
 
+use super::clock::Now;
 use super::StoreError;
 
 type Result<T> = std::result::Result<T, StoreError>;
 
-/// What one call deletes before, and how much.
+/// What one call deletes before, on both clocks, and how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cutoffs {
     /// Delivered messages finished before this are deleted.
-    pub delivered_ms: i64,
+    pub delivered: Now,
     /// Dead letters written before this are deleted.
-    pub dead_ms: i64,
+    pub dead: Now,
     /// Rows of each kind per call, at most.
     pub limit: usize,
 }
@@ -55,25 +63,47 @@ impl Pruned {
 
 pub fn prune(tx: &Transaction<'_>, c: &Cutoffs) -> Result<Pruned> {
     let limit = c.limit as i64;
+    // Each kind in two seeks of its index: the rows without a store stamp
+    // by their wall stamp, then the others by their store stamp.
     let uplinks: Vec<i64> = tx
         .prepare_cached(
             "DELETE FROM uplink WHERE id IN (
-                 SELECT id FROM uplink WHERE state = 'delivered' AND done_ms < ?1
-                 ORDER BY done_ms LIMIT ?2)
+                 SELECT id FROM (SELECT id FROM uplink
+                     WHERE state = 'delivered' AND done_store_ms IS NULL AND done_ms < ?1
+                     ORDER BY done_ms LIMIT ?3)
+                 UNION ALL
+                 SELECT id FROM (SELECT id FROM uplink
+                     WHERE state = 'delivered' AND done_store_ms < ?2 AND done_ms < ?1
+                     ORDER BY done_store_ms LIMIT ?3)
+                 LIMIT ?3)
              RETURNING id",
         )?
-        .query_map(params![c.delivered_ms, limit], |r| r.get(0))?
+        .query_map(
+            params![c.delivered.wall_ms, c.delivered.store_ms, limit],
+            |r| r.get(0),
+        )?
         .collect::<rusqlite::Result<_>>()?;
     delete_history(tx, &uplinks)?;
 
+    // A message goes once every delivery of it is finished since before
+    // the cutoff (a delivery's NULL store stamp compares as not after it).
     let messages: Vec<i64> = tx
         .prepare_cached(
-            "SELECT id FROM down_message m WHERE stored_ms < ?1
-                 AND NOT EXISTS (SELECT 1 FROM down_delivery d WHERE d.message_id = m.id
-                                 AND (d.state = 'stored' OR d.at_ms >= ?1))
-             ORDER BY stored_ms LIMIT ?2",
+            "WITH old (id) AS (
+                 SELECT id FROM (SELECT id FROM down_message
+                     WHERE stored_store_ms IS NULL AND stored_ms < ?1 ORDER BY stored_ms)
+                 UNION ALL
+                 SELECT id FROM (SELECT id FROM down_message
+                     WHERE stored_store_ms < ?2 AND stored_ms < ?1 ORDER BY stored_store_ms))
+             SELECT id FROM old m WHERE NOT EXISTS (
+                 SELECT 1 FROM down_delivery d WHERE d.message_id = m.id
+                 AND (d.state = 'stored' OR d.at_ms >= ?1 OR d.at_store_ms >= ?2))
+             LIMIT ?3",
         )?
-        .query_map(params![c.delivered_ms, limit], |r| r.get(0))?
+        .query_map(
+            params![c.delivered.wall_ms, c.delivered.store_ms, limit],
+            |r| r.get(0),
+        )?
         .collect::<rusqlite::Result<_>>()?;
     {
         // Their history (`ferry trace`) goes with them.
@@ -94,10 +124,17 @@ pub fn prune(tx: &Transaction<'_>, c: &Cutoffs) -> Result<Pruned> {
     let dead: Vec<Option<i64>> = tx
         .prepare_cached(
             "DELETE FROM dead_letter WHERE id IN (
-                 SELECT id FROM dead_letter WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)
+                 SELECT id FROM (SELECT id FROM dead_letter
+                     WHERE at_store_ms IS NULL AND at_ms < ?1 ORDER BY at_ms LIMIT ?3)
+                 UNION ALL
+                 SELECT id FROM (SELECT id FROM dead_letter
+                     WHERE at_store_ms < ?2 AND at_ms < ?1 ORDER BY at_store_ms LIMIT ?3)
+                 LIMIT ?3)
              RETURNING uplink_id",
         )?
-        .query_map(params![c.dead_ms, limit], |r| r.get(0))?
+        .query_map(params![c.dead.wall_ms, c.dead.store_ms, limit], |r| {
+            r.get(0)
+        })?
         .collect::<rusqlite::Result<_>>()?;
     let mut dead_uplinks = Vec::new();
     {

@@ -230,6 +230,25 @@ const MIGRATIONS: &[&str] = &[
         max(0, expires_ms - CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
         WHERE expires_ms IS NOT NULL;
     "#,
+    // 13: store-clock stamps beside the wall-clock ones that retention and
+    // the backlog age are measured from, so a wall-clock step moves
+    // neither (store::prune, store::figures). Each `X_store_ms` is the
+    // store clock at the commit that set `X_ms`; rows from before have
+    // NULL and are judged on the wall clock alone.
+    r#"
+    ALTER TABLE uplink ADD COLUMN stored_store_ms INTEGER;
+    ALTER TABLE uplink ADD COLUMN done_store_ms INTEGER;
+    ALTER TABLE down_message ADD COLUMN stored_store_ms INTEGER;
+    ALTER TABLE down_delivery ADD COLUMN at_store_ms INTEGER;
+    ALTER TABLE dead_letter ADD COLUMN at_store_ms INTEGER;
+    -- What retention looks for: rows without a store stamp by their wall
+    -- stamp, the others by their store stamp, each oldest first.
+    DROP INDEX uplink_delivered;
+    CREATE INDEX uplink_delivered ON uplink (done_store_ms, done_ms) WHERE state = 'delivered';
+    DROP INDEX down_message_by_time;
+    CREATE INDEX down_message_by_time ON down_message (stored_store_ms, stored_ms);
+    CREATE INDEX dead_letter_by_store_time ON dead_letter (at_store_ms, at_ms);
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.
@@ -321,7 +340,7 @@ mod tests {
     #[test]
     fn wall_clock_expiries_become_what_remained_on_the_store_clock() {
         let mut conn = Connection::open_in_memory().unwrap();
-        let before_clock = MIGRATIONS.len() - 1;
+        let before_clock = 11;
         for (i, sql) in MIGRATIONS.iter().enumerate().take(before_clock) {
             conn.execute_batch(sql).unwrap();
             conn.pragma_update(None, "user_version", (i + 1) as i64)

@@ -173,6 +173,7 @@ async fn a_reopened_store_resumes_seqs_and_pending_work() {
     ));
 }
 
+mod clocks;
 mod down;
 mod errors;
 mod outbox;

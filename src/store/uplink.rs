@@ -75,14 +75,20 @@ impl SeqCache {
 }
 
 /// Stores a new message with the device's next seq, or reports the
-/// existing one for a repeated `(device, msg_id)`.
-pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result<IntakeOutcome> {
+/// existing one for a repeated `(device, msg_id)`; `store_ms` (the store
+/// clock) stamps it beside `stored_ms`.
+pub fn intake(
+    tx: &Transaction<'_>,
+    seqs: &mut SeqCache,
+    msg: &Intake,
+    store_ms: i64,
+) -> Result<IntakeOutcome> {
     let seq = Seq(seqs.last(tx, &msg.device)? + 1);
     let body = Bytes::from(with_seq(&msg.body, seq));
     let inserted = tx
         .prepare_cached(
-            "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry, received_ms)
-             VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8, ?9)
+            "INSERT INTO uplink (device, msg_id, seq, stream, state, body, stored_ms, expires_ms, no_retry, received_ms, stored_store_ms)
+             VALUES (?1, ?2, ?3, ?4, 'stored', ?5, ?6, ?7, ?8, ?9, ?10)
              ON CONFLICT (device, msg_id) DO NOTHING",
         )?
         .execute(params![
@@ -95,6 +101,7 @@ pub fn intake(tx: &Transaction<'_>, seqs: &mut SeqCache, msg: &Intake) -> Result
             msg.expires_ms,
             msg.no_retry,
             msg.received_ms,
+            store_ms,
         ])?;
     if inserted == 0 {
         let dup =
@@ -168,18 +175,19 @@ fn history(
     Ok(())
 }
 
-/// Moves a `stored` message to `t.to`; `None` if it is not `stored` (or
-/// unknown). A move the state machine forbids is refused before any write.
-pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>> {
+/// Moves a `stored` message to `t.to`, done at `t.at_ms` and `store_ms`
+/// (the store clock); `None` if it is not `stored` (or unknown). A move
+/// the state machine forbids is refused before any write.
+pub fn transition(tx: &Transaction<'_>, t: &Transition, store_ms: i64) -> Result<Option<Moved>> {
     MessageState::Stored.check_move(t.to)?;
     let moved = tx
         .prepare_cached(
-            "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL, done_ms = ?6
+            "UPDATE uplink SET state = ?3, attempts = ?4, last_error = coalesce(?5, last_error), next_attempt_ms = NULL, done_ms = ?6, done_store_ms = ?7
              WHERE device = ?1 AND msg_id = ?2 AND state = 'stored'
              RETURNING id, seq, stored_ms, attempts",
         )?
         .query_row(
-            params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason, t.at_ms],
+            params![t.device.as_str(), t.msg_id.as_str(), t.to.as_str(), t.attempts, t.reason, t.at_ms, store_ms],
             |r| Ok(Moved { id: r.get(0)?, seq: Seq(r.get::<_, i64>(1)? as u64), stored_ms: r.get(2)?, attempts: r.get(3)? }),
         )
         .optional()?;
@@ -187,19 +195,20 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition) -> Result<Option<Moved>>
     history(tx, moved.id, t.at_ms, t.to, t.reason.as_deref())?;
     if t.to == MessageState::Dead {
         tx.prepare_cached(
-            "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw)
-             SELECT ?2, 'up', device, msg_id, id, ?3, attempts, last_error, stream, body FROM uplink WHERE id = ?1",
+            "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw, at_store_ms)
+             SELECT ?2, 'up', device, msg_id, id, ?3, attempts, last_error, stream, body, ?4 FROM uplink WHERE id = ?1",
         )?
-        .execute(params![moved.id, t.at_ms, t.dead_reason()])?;
+        .execute(params![moved.id, t.at_ms, t.dead_reason(), store_ms])?;
     }
     Ok(Some(moved))
 }
 
-/// Writes a rejected message to the dead-letter table; returns its id.
-pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter) -> Result<i64> {
+/// Writes a rejected message to the dead-letter table, at `dl.at_ms` and
+/// `store_ms` (the store clock); returns its id.
+pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter, store_ms: i64) -> Result<i64> {
     tx.prepare_cached(
-        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw)
-         VALUES (?1, ?7, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw, at_store_ms)
+         VALUES (?1, ?7, ?2, ?3, ?4, ?5, ?6, ?8)",
     )?
     .execute(params![
         dl.at_ms,
@@ -208,7 +217,8 @@ pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter) -> Result<i64> {
         dl.reason,
         dl.topic,
         &dl.raw[..],
-        dl.direction
+        dl.direction,
+        store_ms
     ])?;
     Ok(tx.last_insert_rowid())
 }
@@ -347,7 +357,7 @@ pub fn expire_due(
             reason: Some(reason.to_string()),
             at_ms: now.wall_ms,
         };
-        if let Some(moved) = transition(tx, &t)? {
+        if let Some(moved) = transition(tx, &t, now.store_ms)? {
             out.push((device, msg_id, moved));
         }
     }
@@ -368,9 +378,14 @@ pub fn pending_devices(tx: &Transaction<'_>) -> Result<Vec<DeviceId>> {
     Ok(out)
 }
 
-/// What the alerts look at (see [`super::AlertScan`]).
-pub fn alert_scan(tx: &Transaction<'_>, after_dead: i64, limit: usize) -> Result<super::AlertScan> {
-    let oldest = super::figures::oldest(tx)?;
+/// What the alerts look at at `now` (see [`super::AlertScan`]).
+pub fn alert_scan(
+    tx: &Transaction<'_>,
+    now: Now,
+    after_dead: i64,
+    limit: usize,
+) -> Result<super::AlertScan> {
+    let oldest = super::figures::oldest(tx, now)?;
     let dead: Vec<super::DeadSummary> = tx
         .prepare_cached(
             "SELECT id, direction, device, msg_id, reason FROM dead_letter
@@ -404,8 +419,8 @@ pub fn alert_scan(tx: &Transaction<'_>, after_dead: i64, limit: usize) -> Result
     Ok(super::AlertScan {
         after_dead,
         dead_alerted,
-        oldest_uplink_ms: oldest.uplink_ms,
-        oldest_downlink_ms: oldest.downlink_ms,
+        oldest_uplink_age: oldest.uplink,
+        oldest_downlink_age: oldest.downlink,
         backlog: super::figures::backlog(tx)?,
         dead,
         more_dead: more_dead.max(0) as u64,

@@ -244,10 +244,12 @@ impl Writer {
     fn apply(&mut self, batch: &[Op]) -> rusqlite::Result<Vec<Answer>> {
         let tx = self.conn.transaction()?;
         let mut answers = Vec::with_capacity(batch.len());
+        // The store stamp of every row the batch writes (see schema 13).
+        let store_ms = self.clock.0.store_ms();
         for op in batch {
             // Reads are answered after the commit too, so nobody acts on a
             // row that a failed commit would take back.
-            answers.push(apply_one(&tx, &mut self.seqs, &self.clock, op)?);
+            answers.push(apply_one(&tx, &mut self.seqs, &self.clock, store_ms, op)?);
         }
         self.seqs.flush(&tx)?;
         tx.commit()?;
@@ -282,6 +284,7 @@ fn apply_one(
     tx: &Transaction<'_>,
     seqs: &mut uplink::SeqCache,
     (clock, boot_id): &(StoreClock, String),
+    store_ms: i64,
     op: &Op,
 ) -> rusqlite::Result<Answer> {
     match op {
@@ -289,15 +292,15 @@ fn apply_one(
             clock::save(tx, &clock::mark(clock, boot_id))?;
             Ok(Box::new(|_| {}))
         }
-        Op::Intake(msg, _) => answer(uplink::intake(tx, seqs, msg), |op| match op {
+        Op::Intake(msg, _) => answer(uplink::intake(tx, seqs, msg, store_ms), |op| match op {
             Op::Intake(_, reply) => Some(reply),
             _ => None,
         }),
-        Op::Reject(dl, _) => answer(uplink::dead_letter(tx, dl), |op| match op {
+        Op::Reject(dl, _) => answer(uplink::dead_letter(tx, dl, store_ms), |op| match op {
             Op::Reject(_, reply) => Some(reply),
             _ => None,
         }),
-        Op::Transition(t, _) => answer(uplink::transition(tx, t), |op| match op {
+        Op::Transition(t, _) => answer(uplink::transition(tx, t, store_ms), |op| match op {
             Op::Transition(_, reply) => Some(reply),
             _ => None,
         }),
@@ -343,7 +346,7 @@ fn apply_one(
             Op::TakeReplays(reply) => Some(reply),
             _ => None,
         }),
-        Op::Down(down) => apply_down(tx, down),
+        Op::Down(down) => apply_down(tx, down, store_ms),
         Op::Ping(_) => answer(
             super::figures::backlog(tx).map_err(StoreError::from),
             |op| match op {
@@ -353,10 +356,13 @@ fn apply_one(
         ),
         Op::AlertScan {
             after_dead, limit, ..
-        } => answer(uplink::alert_scan(tx, *after_dead, *limit), |op| match op {
-            Op::AlertScan { reply, .. } => Some(reply),
-            _ => None,
-        }),
+        } => answer(
+            uplink::alert_scan(tx, clock.now(), *after_dead, *limit),
+            |op| match op {
+                Op::AlertScan { reply, .. } => Some(reply),
+                _ => None,
+            },
+        ),
         Op::Prune(cutoffs, _) => {
             let pruned = prune::prune(tx, cutoffs);
             if matches!(&pruned, Ok(p) if p.any()) {

@@ -7,6 +7,7 @@ use super::{message_msg_id, seq};
 use crate::downlink::record::DeliveryEvent;
 use crate::ids::DeviceId;
 use crate::state::DeliveryState;
+use crate::store::clock::Now;
 use crate::store::StoreError;
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -18,7 +19,8 @@ type Result<T> = std::result::Result<T, StoreError>;
 /// cursors never move back), so no batch sees a gap; the device takes it
 /// as any new delivery. A request whose delivery is no longer dead is
 /// dropped.
-pub(super) fn take(tx: &Transaction<'_>, now_ms: i64) -> Result<Vec<DeliveryEvent>> {
+pub(super) fn take(tx: &Transaction<'_>, now: Now) -> Result<Vec<DeliveryEvent>> {
+    let now_ms = now.wall_ms;
     type Asked = (i64, Option<String>, Option<String>, Option<String>);
     let asked: Vec<Asked> = tx
         .prepare_cached(
@@ -51,9 +53,10 @@ pub(super) fn take(tx: &Transaction<'_>, now_ms: i64) -> Result<Vec<DeliveryEven
             )?
             .query_row([device.as_str()], |r| r.get(0))?;
         tx.prepare_cached(
-            "UPDATE down_delivery SET seq = ?3, state = 'stored', at_ms = ?4 WHERE device = ?1 AND seq = ?2",
+            "UPDATE down_delivery SET seq = ?3, state = 'stored', at_ms = ?4, at_store_ms = ?5
+             WHERE device = ?1 AND seq = ?2",
         )?
-        .execute(params![device.as_str(), old, new, now_ms])?;
+        .execute(params![device.as_str(), old, new, now_ms, now.store_ms])?;
         tx.prepare_cached("UPDATE down_history SET seq = ?3 WHERE device = ?1 AND seq = ?2")?
             .execute(params![device.as_str(), old, new])?;
         tx.prepare_cached(

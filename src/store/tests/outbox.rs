@@ -17,7 +17,7 @@ fn a_receipt_commits_or_rolls_back_with_the_state_change_it_reports() {
     schema::migrate(&mut conn).unwrap();
     let a = dev("a");
     let tx = conn.transaction().unwrap();
-    let out = downlink::intake(&tx, &msg("n-1", &["a"], 10, None)).unwrap();
+    let out = downlink::intake(&tx, &msg("n-1", &["a"], 10, None), 1).unwrap();
     assert_eq!(
         out.receipts.len(),
         1,
@@ -29,7 +29,7 @@ fn a_receipt_commits_or_rolls_back_with_the_state_change_it_reports() {
     // A confirm whose transaction is rolled back leaves neither the cursor
     // move nor its receipt.
     let tx = conn.transaction().unwrap();
-    let moved = downlink::advance(&tx, &a, Seq(1), false, 5).unwrap();
+    let moved = downlink::advance(&tx, &a, Seq(1), false, Now::at(5)).unwrap();
     assert_eq!(moved.receipts.len(), 1);
     assert_eq!(outbox_rows(&tx), 2, "visible inside the transaction");
     drop(tx);
@@ -37,7 +37,7 @@ fn a_receipt_commits_or_rolls_back_with_the_state_change_it_reports() {
     let tx = conn.transaction().unwrap();
     assert_eq!(downlink::cursors(&tx, &a).unwrap().delivered_upto, Seq(0));
     // Committed, both are there, and the receipt says what moved.
-    let moved = downlink::advance(&tx, &a, Seq(1), false, 5).unwrap();
+    let moved = downlink::advance(&tx, &a, Seq(1), false, Now::at(5)).unwrap();
     tx.commit().unwrap();
     assert_eq!(outbox_rows(&conn), 2);
     let r: serde_json::Value = serde_json::from_slice(&moved.receipts[0].body).unwrap();

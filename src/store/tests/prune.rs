@@ -5,6 +5,15 @@ use super::down::{dev, msg};
 use super::*;
 use crate::store::prune::Cutoffs;
 
+/// A cutoff at `wall_ms` on the wall clock and past anything on the store
+/// clock.
+fn wall(wall_ms: i64) -> Now {
+    Now {
+        wall_ms,
+        store_ms: i64::MAX,
+    }
+}
+
 fn count(dir: &std::path::Path, sql: &str) -> i64 {
     let conn = rusqlite::Connection::open(dir.join(DB_FILE)).unwrap();
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
@@ -66,9 +75,10 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
         .unwrap();
     }
 
+    // Old by the store clock whatever it reads: the wall stamps decide.
     let cutoffs = Cutoffs {
-        delivered_ms: 500,
-        dead_ms: 50,
+        delivered: wall(500),
+        dead: wall(50),
         limit: 1,
     };
     let first = store.prune(cutoffs).await.unwrap();
@@ -125,8 +135,8 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
 
     // Dead letters past their own retention go with their uplink row.
     let later = Cutoffs {
-        delivered_ms: 500,
-        dead_ms: 1000,
+        delivered: wall(500),
+        dead: wall(1000),
         limit: 500,
     };
     let third = store.prune(later).await.unwrap();
@@ -163,11 +173,14 @@ async fn the_alert_scan_finds_new_dead_letters_and_the_oldest_waiting_message() 
         .unwrap();
 
     let scan = store.alert_scan(0, 10).await.unwrap();
-    // Both uplinks were stored at 1 (the test intake's time); m2 waits.
-    assert_eq!(scan.oldest_uplink_ms, Some(1));
+    // Both uplinks were stamped 1 ms after the epoch on the wall clock
+    // (the test intake's time), and just now on the store clock, which
+    // the age is counted on; m2 waits.
+    let age = scan.oldest_uplink_age.unwrap();
+    assert!(age < std::time::Duration::from_secs(60), "{age:?}");
     assert_eq!(scan.backlog.uplinks, 1);
     assert_eq!(scan.backlog.downlinks, 1);
-    assert!(scan.oldest_downlink_ms.is_some());
+    assert!(scan.oldest_downlink_age.is_some());
     assert_eq!(scan.dead.len(), 1);
     assert_eq!(scan.dead[0].msg_id.as_deref(), Some("m1"));
     assert_eq!(scan.dead[0].direction, "up");

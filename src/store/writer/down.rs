@@ -4,10 +4,17 @@
 use rusqlite::Transaction;
 use tracing::warn;
 
+use super::super::clock::Now;
 use super::super::{downlink, outbox, DownOp, Op, Reply, StoreError};
 use super::{settle, Answer};
 
-pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<Answer> {
+/// `store_ms`: the store clock of the batch, which stamps what it writes.
+pub(super) fn apply_down(
+    tx: &Transaction<'_>,
+    op: &DownOp,
+    store_ms: i64,
+) -> rusqlite::Result<Answer> {
+    let at = |wall_ms: i64| Now { wall_ms, store_ms };
     /// An answer that takes the reply out of the down op it was made for.
     fn answer<T: Send + 'static>(
         r: Result<T, StoreError>,
@@ -23,7 +30,7 @@ pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<
         }))
     }
     match op {
-        DownOp::Intake(msg, _) => answer(downlink::intake(tx, msg), |op| match op {
+        DownOp::Intake(msg, _) => answer(downlink::intake(tx, msg, store_ms), |op| match op {
             DownOp::Intake(_, reply) => Some(reply),
             _ => None,
         }),
@@ -47,7 +54,7 @@ pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<
             now_ms,
             ..
         } => answer(
-            downlink::advance(tx, device, *upto, *read, *now_ms),
+            downlink::advance(tx, device, *upto, *read, at(*now_ms)),
             |op| match op {
                 DownOp::Advance { reply, .. } => Some(reply),
                 _ => None,
@@ -60,7 +67,7 @@ pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<
             now_ms,
             ..
         } => answer(
-            downlink::nack(tx, device, *seq, reason, *now_ms),
+            downlink::nack(tx, device, *seq, reason, at(*now_ms)),
             |op| match op {
                 DownOp::Nack { reply, .. } => Some(reply),
                 _ => None,
@@ -75,7 +82,7 @@ pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<
             _ => None,
         }),
         DownOp::Reject { dl, receipt, .. } => {
-            answer(outbox::reject(tx, dl, receipt), |op| match op {
+            answer(outbox::reject(tx, dl, receipt, store_ms), |op| match op {
                 DownOp::Reject { reply, .. } => Some(reply),
                 _ => None,
             })
@@ -97,7 +104,7 @@ pub(super) fn apply_down(tx: &Transaction<'_>, op: &DownOp) -> rusqlite::Result<
             Ok(Box::new(|_| {}))
         }
         DownOp::ReceiptDead { id, dl, .. } => {
-            answer(outbox::dead_letter(tx, *id, dl), |op| match op {
+            answer(outbox::dead_letter(tx, *id, dl, store_ms), |op| match op {
                 DownOp::ReceiptDead { reply, .. } => Some(reply),
                 _ => None,
             })
