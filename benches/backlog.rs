@@ -18,9 +18,6 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -28,8 +25,7 @@ use serde_json::json;
 
 use support::backend::AckingBackend;
 use support::harness::backlog;
-use support::harness::session::{unique_client_id, Session};
-use support::harness::{north_topics, Device, NorthMessage};
+use support::harness::Device;
 use support::report::{dist, mib};
 use support::{reset_peak_rss, vm_kib, CargoBench, Env};
 
@@ -83,33 +79,7 @@ async fn bench(args: Args) {
     let alarm = Device::connect(env.ferry.south_port, "alarm").await;
     env.mosquitto.restart();
 
-    let bulk_seen = Arc::new(AtomicU64::new(0));
-    let alarms: Arc<Mutex<HashMap<String, (Instant, u64)>>> = Arc::default();
-    let hook = {
-        let bulk_seen = bulk_seen.clone();
-        let alarms = alarms.clone();
-        Box::new(move |m: &ferry::mqtt::Message| {
-            if m.topic.contains("/up/bulk-") {
-                bulk_seen.fetch_add(1, Ordering::Relaxed);
-            } else {
-                let msg = NorthMessage::from_publish(m);
-                let seen = bulk_seen.load(Ordering::Relaxed);
-                alarms
-                    .lock()
-                    .expect("alarms")
-                    .entry(msg.msg_id().to_string())
-                    .or_insert((Instant::now(), seen));
-            }
-        })
-    };
-    let _observer = Session::connect(
-        &unique_client_id("observer"),
-        env.mosquitto.port,
-        vec![north_topics(GATEWAY).up_filter()],
-        true,
-        Some(hook),
-    )
-    .await;
+    let arrivals = backlog::Arrivals::watch(env.mosquitto.port, GATEWAY).await;
     let backend = AckingBackend::start(
         env.mosquitto.port,
         GATEWAY,
@@ -126,7 +96,7 @@ async fn bench(args: Args) {
     while north_back.elapsed() < limit {
         if Instant::now() >= next_alarm {
             let id = format!("alarm-{}", sent.len());
-            let ahead = bulk_seen.load(Ordering::Relaxed);
+            let ahead = arrivals.bulk_seen();
             let at = Instant::now();
             alarm
                 .publish_envelope("alarm", &id, json!({"i": sent.len()}))
@@ -146,7 +116,7 @@ async fn bench(args: Args) {
     backend.stop().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let arrived = alarms.lock().expect("alarms").clone();
+    let arrived = arrivals.stamps();
     let mut latencies = Vec::new();
     let mut between = Vec::new();
     for (id, at, before) in &sent {

@@ -7,12 +7,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+sudo_cmd=""
+[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+updated=""
+# install PACKAGE WHY: apt-get installs it (updating the lists once).
+install() {
+    echo "test.sh: installing $1 ($2)" >&2
+    if [ -z "$updated" ]; then
+        $sudo_cmd apt-get update -qq
+        updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "$1" >/dev/null
+}
+
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
-    echo "test.sh: installing mosquitto (the tests' upstream broker)" >&2
-    sudo_cmd=""
-    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq mosquitto >/dev/null
+    install mosquitto "the tests' upstream broker"
     # Debian starts the packaged broker on port 1883, which is ferry's own
     # default south port. The tests start their own; stop the one we installed.
     if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet mosquitto 2>/dev/null; then
@@ -21,29 +30,11 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
     fi
 fi
 # The status page is checked in a real headless browser: Debian's chromium.
-if [ ! -x /usr/bin/chromium ]; then
-    echo "test.sh: installing chromium (the status page test's headless browser)" >&2
-    sudo_cmd=""
-    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null
-fi
+[ -x /usr/bin/chromium ] || install chromium "the status page test's headless browser"
 # The clock tests run ferry under a false wall clock: Debian's libfaketime.
-if [ ! -x /usr/bin/faketime ]; then
-    echo "test.sh: installing faketime (the clock tests' false wall clock)" >&2
-    sudo_cmd=""
-    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq faketime >/dev/null
-fi
+[ -x /usr/bin/faketime ] || install faketime "the clock tests' false wall clock"
 # systemd-analyze checks the shipped unit (below).
-if ! command -v systemd-analyze >/dev/null 2>&1; then
-    echo "test.sh: installing systemd (for systemd-analyze verify)" >&2
-    sudo_cmd=""
-    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq systemd >/dev/null
-fi
+command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
 # The tests start their own Mosquitto on free ports; the packaged service
 # is not needed. Benches are not run here (they are long; see
 # docs/BENCHMARKS.md), and there are no doc tests.

@@ -1,12 +1,8 @@
 //! Fair drain: one device's huge backlog does not hold back another
 //! device's new message (docs/PROTOCOL.md, "Fair drain").
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
 use super::*;
 use crate::support::backlog;
-use crate::support::session::{unique_client_id, Session};
 
 /// Messages `bulk` has waiting when north returns.
 const BACKLOG: u64 = 200_000;
@@ -21,33 +17,7 @@ async fn a_new_alarm_is_not_held_back_by_another_devices_backlog_of_two_hundred_
 
     // The backend acks everything; the observer stamps what arrives.
     let _backend = Backend::connect_auto_ack(mq.port, gw).await;
-    let bulk_seen = Arc::new(AtomicU64::new(0));
-    let alarms: Arc<Mutex<HashMap<String, (Instant, u64)>>> = Arc::default();
-    let hook = {
-        let bulk_seen = bulk_seen.clone();
-        let alarms = alarms.clone();
-        Box::new(move |m: &ferry::mqtt::Message| {
-            if m.topic.contains("/up/bulk/") {
-                bulk_seen.fetch_add(1, Ordering::Relaxed);
-            } else {
-                let msg = NorthMessage::from_publish(m);
-                let seen = bulk_seen.load(Ordering::Relaxed);
-                alarms
-                    .lock()
-                    .unwrap()
-                    .entry(msg.msg_id().to_string())
-                    .or_insert((Instant::now(), seen));
-            }
-        })
-    };
-    let _observer = Session::connect(
-        &unique_client_id("observer"),
-        mq.port,
-        vec![north_topics(gw).up_filter()],
-        true,
-        Some(hook),
-    )
-    .await;
+    let arrivals = backlog::Arrivals::watch(mq.port, gw).await;
 
     // North returns: the backlog drains.
     ferry.restart();
@@ -58,16 +28,16 @@ async fn a_new_alarm_is_not_held_back_by_another_devices_backlog_of_two_hundred_
         tokio::time::sleep(Duration::from_secs(1)).await;
         let id = format!("{boot}-alarm-{i}");
         let at = Instant::now();
-        let ahead = bulk_seen.load(Ordering::Relaxed);
+        let ahead = arrivals.bulk_seen();
         alarm.publish_envelope("alarm", &id, json!({"i": i})).await;
         sent.push((id, at, ahead));
     }
-    let drained_meanwhile = bulk_seen.load(Ordering::Relaxed);
+    let drained_meanwhile = arrivals.bulk_seen();
     eventually(SECS_10, "every alarm at the backend", || {
-        alarms.lock().unwrap().len() == sent.len()
+        arrivals.stamps().len() == sent.len()
     })
     .await;
-    let arrived = alarms.lock().unwrap().clone();
+    let arrived = arrivals.stamps();
     let mut report = Vec::new();
     for (id, at, bulk_before) in &sent {
         let (when, bulk_at_arrival) = arrived[id];
