@@ -179,7 +179,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         backend_silence,
         shutdown_rx.clone(),
     ));
-    // The store clock persisted every second (ttl_s counts in it).
+    // The store clock persisted every 10 s (ttl_s counts in it).
     let clock_keeper = tokio::spawn(store.clone().keep_clock());
     let pruner = tokio::spawn(crate::retention::run(
         store.clone(),

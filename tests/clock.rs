@@ -52,13 +52,13 @@ async fn uplinks_stored_a_year_behind_with_a_ttl_are_all_delivered_once_the_cloc
         "receipts carry the (wrong) wall clock: {}",
         got[0]
     );
-    // Measured from the last persisted mark, at most a second old.
+    // Measured from the last persisted mark, at most 10 s old.
     let left = ferry.query_i64(
         "SELECT min(expires_ms) - (SELECT store_ms FROM store_clock) FROM uplink",
         [],
     );
     assert!(
-        (3_500_000..=3_601_000).contains(&left),
+        (3_500_000..=3_611_000).contains(&left),
         "an hour left on the store clock, whatever the wall clock says: {left} ms"
     );
 
