@@ -76,33 +76,6 @@ async fn publish_stream(
     ids
 }
 
-/// Waits for `delivered` for every msg_id of each device (receipts so far
-/// are kept in `receipts`) and checks the receipts.
-async fn assert_all_delivered(
-    devices: &mut [Device],
-    ids: &[Vec<String>],
-    receipts: &mut [Vec<Value>],
-    timeout: Duration,
-) {
-    let deadline = Instant::now() + timeout;
-    for (d, device) in devices.iter_mut().enumerate() {
-        let want = ids[d].len();
-        let have = ids_with_status(&receipts[d], "delivered");
-        let left = deadline.saturating_duration_since(Instant::now());
-        let got = device
-            .receipts_until(left, |all| have + ids_with_status(all, "delivered") >= want)
-            .await;
-        receipts[d].extend(got);
-        assert_eq!(
-            ids_with_status(&receipts[d], "delivered"),
-            want,
-            "{}: every message is `delivered`",
-            device.id
-        );
-        assert_stored_then_delivered(&device.id, &ids[d], &receipts[d]);
-    }
-}
-
 /// Everything both backends saw, until each has seen every one of `ids`.
 async fn collect_north(
     backends: &mut [&mut Backend],

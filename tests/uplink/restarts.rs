@@ -62,23 +62,7 @@ async fn messages_stored_during_a_ten_second_upstream_outage_are_delivered_after
         backend.wait_subacks(2, SECS_10).await,
         "backend did not resubscribe after the restart"
     );
-    let deadline = Instant::now() + Duration::from_secs(45);
-    for (d, device) in devices.iter_mut().enumerate() {
-        let want = ids[d].len();
-        let left = deadline.saturating_duration_since(Instant::now());
-        let have = ids_with_status(&receipts[d], "delivered");
-        let got = device
-            .receipts_until(left, |all| have + ids_with_status(all, "delivered") >= want)
-            .await;
-        receipts[d].extend(got);
-        assert_eq!(
-            ids_with_status(&receipts[d], "delivered"),
-            want,
-            "{}: everything is `delivered` after the outage",
-            device.id
-        );
-        assert_stored_then_delivered(&device.id, &ids[d], &receipts[d]);
-    }
+    assert_all_delivered(&mut devices, &ids, &mut receipts, Duration::from_secs(45)).await;
 
     let north = backend
         .messages_until(SECS_10, |all| distinct_north(all) == 153)
