@@ -14,10 +14,10 @@ use tracing::{error, info};
 use crate::config::{Config, SouthMode};
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
 use crate::north::{NorthEvent, Tag};
-use crate::ops::live::{LiveEvent, LiveSender};
 use crate::protocol::topics::Topics;
 use crate::shutdown::{self, wait_all, Outcome, Part, Plan};
 use crate::south::presence::Presence;
+use crate::status_file::{LiveEvent, LiveSender};
 use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
 use crate::uplink::scheduler::{Scheduler, SchedulerConfig};
@@ -33,7 +33,7 @@ pub enum RunError {
     #[error("{0}")]
     Admin(#[from] crate::admin::BindError),
     #[error("{0}")]
-    Claimed(#[from] crate::ops::live::claim::ClaimError),
+    Claimed(#[from] crate::status_file::claim::ClaimError),
     #[error("{0}")]
     Stopped(String),
     #[error("shutdown.grace_s ({}s) ran out; still running: {late}", grace.as_secs())]
@@ -53,7 +53,7 @@ fn window(max_inflight: usize) -> usize {
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     // Held until run() returns: `ferry status` sees this gateway by it,
     // and a second one on the same store stops here.
-    let _claim = crate::ops::live::claim::claim(&cfg.data_dir).await?;
+    let _claim = crate::status_file::claim::claim(&cfg.data_dir).await?;
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
     let store_exited = store.exited();
     // The pipeline's health, checked under systemd (for its watchdog) or
@@ -80,7 +80,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     let (stored_tx, stored_rx) = mpsc::channel(8192);
     let (controls_tx, controls_rx) = mpsc::channel(8192);
-    let live = crate::ops::live::start(
+    let live = crate::status_file::start(
         &cfg.data_dir,
         cfg.gateway.as_str(),
         matches!(cfg.south.mode, SouthMode::Embedded),

@@ -6,7 +6,7 @@
 //! Gauges of the store (backlogs, ages, dead letters, size) are read from
 //! the database on each scrape ([`set_store_gauges`]), so they are the same
 //! figures `ferry status` shows; the link gauges follow the status file's
-//! events ([`crate::ops::live`]). The older per-module counters (refusals,
+//! events ([`crate::status_file`]). The older per-module counters (refusals,
 //! limits, oversize, alerts, the broker's own) are read at scrape time by
 //! [`Legacy`].
 //!

@@ -357,7 +357,7 @@ fn status(common: Common, top: usize) -> Outcome {
     if common.json {
         return print_json(&s);
     }
-    let link = |l: &Option<ops::live::Link>| match l {
+    let link = |l: &Option<ferry::status_file::Link>| match l {
         Some(l) => format!(
             "{} since {}",
             if l.up { "up" } else { "down" },

@@ -13,7 +13,6 @@
 
 pub mod dlq;
 pub mod duration;
-pub mod live;
 pub mod status;
 pub mod table;
 pub mod trace;

@@ -1,13 +1,13 @@
 //! `ferry status`: the links (from the running gateway's status file, see
-//! [`super::live`]) and the store's figures (read from the database).
+//! [`crate::status_file`]) and the store's figures (read from the database).
 
 use std::path::Path;
 
 use rusqlite::Connection;
 use serde::Serialize;
 
-use super::live::{self, Backend, Link};
 use super::{sqlite, OpsError};
+use crate::status_file::{self as live, Backend, Link};
 use crate::store::clock::{self, Now};
 use crate::store::{figures, DB_FILE};
 

@@ -7,8 +7,8 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::metrics;
-use crate::ops::live::{LiveEvent, LiveSender};
 use crate::protocol::now_ms;
+use crate::status_file::{LiveEvent, LiveSender};
 
 /// How often, at most, the status file is told of the backend's acks.
 const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);

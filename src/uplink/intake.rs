@@ -39,7 +39,6 @@ use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Direction};
-use crate::ops::live::{LiveEvent, LiveSender};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
@@ -47,6 +46,7 @@ use crate::protocol::topics::Topics;
 use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
 use crate::south::{Inbound, SouthMessage, SouthSender};
+use crate::status_file::{LiveEvent, LiveSender};
 use crate::store::{Store, StoreError};
 
 /// Messages sent to the store and not yet answered, at most, and their
