@@ -29,12 +29,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::clip::Clip;
-use crate::north::{NorthEvent, NorthSender, Tag};
+use crate::north::{AlertEvent, Link, NorthSender, Tag};
 use crate::protocol::now_ms;
 use crate::shutdown::Shutdown;
 use crate::store::{AlertScan, Store};
@@ -325,8 +325,8 @@ pub async fn run(
     store: Store,
     north: NorthSender,
     topic: String,
-    mut events: mpsc::Receiver<NorthEvent>,
-    mut silence: crate::uplink::backend::Silence,
+    mut events: mpsc::Receiver<AlertEvent>,
+    mut silence: watch::Receiver<Option<Instant>>,
     mut shutdown: Shutdown,
 ) {
     let mut monitor = Monitor::new(cfg, Instant::now());
@@ -346,21 +346,20 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.begun() => return,
             ev = events.recv() => match ev {
-                Some(NorthEvent::Up(e)) => {
+                Some(AlertEvent::Link(Link::Up(e))) => {
                     epoch = Some(e);
                     monitor.link_up();
                 }
-                Some(NorthEvent::Down) => {
+                Some(AlertEvent::Link(Link::Down)) => {
                     epoch = None;
                     monitor.link_down(Instant::now());
                     outbox.link_down();
                 }
-                Some(NorthEvent::Published(Tag::Alert(id))) => outbox.done(id),
-                Some(NorthEvent::Refused(Tag::Alert(id))) => {
+                Some(AlertEvent::Published(id)) => outbox.done(id),
+                Some(AlertEvent::Refused(id)) => {
                     outbox.done(id);
                     warn!(event = "alert_refused", alert = id, "the upstream refused an alert; dropped");
                 }
-                Some(_) => {}
                 None => return,
             },
             Ok(()) = silence.changed() => {

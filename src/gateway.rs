@@ -7,22 +7,21 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{error, info};
 
+use crate::admin::Admin;
 use crate::config::{Config, SouthMode};
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
-use crate::north::{NorthEvent, Tag};
 use crate::protocol::topics::Topics;
 use crate::shutdown::{self, wait_all, Outcome, Part, Plan};
-use crate::south::presence::Presence;
-use crate::status_file::{LiveEvent, LiveSender};
 use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
-use crate::uplink::scheduler::{Scheduler, SchedulerConfig};
+use crate::uplink::scheduler::SchedulerConfig;
 use crate::uplink::{run_engine, Engine};
-use crate::{health, north, south, systemd};
+use crate::{health, north, south, status_file, systemd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -43,27 +42,27 @@ pub enum RunError {
 /// Longest wait for the north DISCONNECT to be written (the whole wait
 /// when the link is down: there is nothing to write it on).
 const GO_OFFLINE_MAX: Duration = Duration::from_secs(2);
-
-/// Messages per device the uplink engine holds in memory.
-fn window(max_inflight: usize) -> usize {
-    (max_inflight * 2).max(64)
-}
+/// Longest wait for a side task (alerts, the pruner) to see the shutdown
+/// and return.
+const SIDE_TASK_MAX: Duration = Duration::from_secs(1);
+/// Device messages queued between intake and each pipeline.
+const PIPELINE_QUEUE: usize = 8192;
 
 /// Runs the gateway until `shutdown` resolves or a part of it fails.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     // Held until run() returns: `ferry status` sees this gateway by it,
     // and a second one on the same store stops here.
-    let _claim = crate::status_file::claim::claim(&cfg.data_dir).await?;
+    let _claim = status_file::claim::claim(&cfg.data_dir).await?;
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
     let store_exited = store.exited();
     // The pipeline's health, checked under systemd (for its watchdog) or
     // not (for /healthz), and whether the gateway has started (/readyz).
-    let (health_tx, health_rx) = tokio::sync::watch::channel(None);
-    let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
+    let (health_tx, health_rx) = watch::channel(None);
+    let (ready_tx, ready_rx) = watch::channel(false);
     // Bound first: a port in use stops the start before anything runs.
     let admin = match cfg.admin {
         Some(addr) => {
-            let admin = crate::admin::Admin::new(
+            let admin = Admin::new(
                 cfg.data_dir.clone(),
                 store.budget().clone(),
                 health_rx,
@@ -75,31 +74,16 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     };
     let (trigger, shutdown_rx) = shutdown::channel();
     let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
-    let south = south::start(&cfg.south, &topics)?;
-    let (north_tx, north_events) = north::start(&cfg.north, &topics);
-
-    let (stored_tx, stored_rx) = mpsc::channel(8192);
-    let (controls_tx, controls_rx) = mpsc::channel(8192);
-    let live = crate::status_file::start(
+    let status = status_file::start(
         &cfg.data_dir,
         cfg.gateway.as_str(),
         matches!(cfg.south.mode, SouthMode::Embedded),
     );
-    let (up_events, down_events, alert_events) = fan_out(north_events, live.clone());
-    if let Some(mut link) = south.link {
-        let live = live.clone();
-        tokio::spawn(async move {
-            while let Some(up) = link.recv().await {
-                let _ = live.send(if up {
-                    LiveEvent::SouthUp
-                } else {
-                    LiveEvent::SouthDown
-                });
-            }
-        });
-    }
-    let live_presence = live.clone();
-    let presence = south.presence.map(|p| report_presence(p, live));
+    let south = south::start(&cfg.south, &topics, status.clone())?;
+    let (north_tx, north) = north::start(&cfg.north, &topics, status.clone());
+    let (stored_tx, stored_rx) = mpsc::channel(PIPELINE_QUEUE);
+    let (controls_tx, controls_rx) = mpsc::channel(PIPELINE_QUEUE);
+
     let (engine_probe, engine_probed) = health::probe("uplink engine");
     let (downlink_probe, downlink_probed) = health::probe("downlink");
     let (north_probe, north_probed) = health::probe("north session");
@@ -109,6 +93,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     if south.outbound.answer_probes(site_probed) {
         probes.push(site_probe);
     }
+
     let downlink = Downlink::new(
         DownlinkSettings {
             cfg: cfg.downlink.clone(),
@@ -122,29 +107,27 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         topics.clone(),
     );
     let mut downlink_task = tokio::spawn(downlink.run(DownlinkInputs {
-        north: down_events,
+        north: north.downlink,
         controls: controls_rx,
-        presence,
+        presence: south.presence,
         shutdown: shutdown_rx.clone(),
         probed: downlink_probed,
     }));
-    let (backend_report, backend_silence) =
-        crate::uplink::backend::BackendReport::new(live_presence.clone());
-    let engine = Engine {
-        scheduler: Scheduler::new(SchedulerConfig {
-            max_inflight: cfg.north.max_inflight,
-            ack_timeout: cfg.north.ack_timeout,
-            retry: cfg.retry,
-            window: window(cfg.north.max_inflight),
-        }),
-        store: store.clone(),
-        north: north_tx.clone(),
-        south: south.outbound.clone(),
-        topics: topics.clone(),
-        epoch: None,
-        acks: Default::default(),
-        backend: backend_report,
-    };
+    let (engine, backend_silence) = Engine::new(
+        SchedulerConfig::of(&cfg.north, cfg.retry),
+        store.clone(),
+        north_tx.clone(),
+        south.outbound.clone(),
+        topics.clone(),
+        status.clone(),
+    );
+    let mut engine_task = tokio::spawn(run_engine(
+        engine,
+        stored_rx,
+        north.uplink,
+        shutdown_rx.clone(),
+        engine_probed,
+    ));
     let intake_cfg = IntakeConfig {
         gateway: Arc::from(cfg.gateway.as_str()),
         max_payload_bytes: cfg.south.max_payload_bytes,
@@ -152,41 +135,36 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         controls: controls_tx,
         rate: cfg.south.rate,
         max_inflight_per_device: cfg.south.max_inflight_per_device,
-        presence: matches!(cfg.south.mode, SouthMode::External(_)).then(|| live_presence.clone()),
+        presence: matches!(cfg.south.mode, SouthMode::External(_)).then_some(status),
     };
-    let mut engine_task = tokio::spawn(run_engine(
-        engine,
-        stored_rx,
-        up_events,
-        shutdown_rx.clone(),
-        engine_probed,
-    ));
-    let notifier = systemd::Notifier::from_env();
-    let supervisor = tokio::spawn(systemd::supervise(
-        systemd::Notifier::from_env(),
-        systemd::watchdog_interval(),
-        store.clone(),
-        probes,
-        health_tx,
-    ));
-    let admin = admin.map(tokio::spawn);
-    let alerter = tokio::spawn(crate::alerts::run(
-        cfg.alerts,
-        store.clone(),
-        north_tx.clone(),
-        topics.north_alerts(),
-        alert_events,
-        backend_silence,
-        shutdown_rx.clone(),
-    ));
-    // The store clock persisted every 10 s (ttl_s counts in it).
-    let clock_keeper = tokio::spawn(store.clone().keep_clock());
-    let pruner = tokio::spawn(crate::retention::run(
-        store.clone(),
-        cfg.store.retention,
-        cfg.store.dead_letter_retention,
-        shutdown_rx.clone(),
-    ));
+    let sides = SideTasks {
+        supervisor: tokio::spawn(systemd::supervise(
+            systemd::Notifier::from_env(),
+            systemd::watchdog_interval(),
+            store.clone(),
+            probes,
+            health_tx,
+        )),
+        admin: admin.map(tokio::spawn),
+        alerter: tokio::spawn(crate::alerts::run(
+            cfg.alerts,
+            store.clone(),
+            north_tx.clone(),
+            topics.north_alerts(),
+            north.alerts,
+            backend_silence,
+            shutdown_rx.clone(),
+        )),
+        // The store clock persisted every 10 s (ttl_s counts in it).
+        clock_keeper: tokio::spawn(store.clone().keep_clock()),
+        pruner: tokio::spawn(crate::retention::run(
+            store.clone(),
+            cfg.store.retention,
+            cfg.store.dead_letter_retention,
+            shutdown_rx.clone(),
+        )),
+        trimmer: tokio::spawn(crate::memory::trim_periodically()),
+    };
     let mut intake_task = tokio::spawn(intake::run(
         intake_cfg,
         topics,
@@ -196,24 +174,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         stored_tx,
         shutdown_rx,
     ));
-    let trimmer = tokio::spawn(crate::memory::trim_periodically());
     let mut south_stopped = south.stopped;
     let south_out = south.outbound;
 
-    let south_desc = match &cfg.south.mode {
-        SouthMode::Embedded => format!("embedded broker on {}", cfg.south.listen),
-        SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
-    };
-    let north_desc = cfg
-        .north
-        .endpoints
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    info!(event = "gateway_started", gateway = %cfg.gateway, south = %south_desc, north = %north_desc, "ferry running");
+    announce(&cfg);
     // The store is open and both links are started (not necessarily
     // connected: an absent upstream only makes messages wait).
+    let notifier = systemd::Notifier::from_env();
     notifier.notify("READY=1");
     ready_tx.send_replace(true);
 
@@ -224,21 +191,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         r = &mut downlink_task => Err(stopped("downlink", r)),
         r = &mut south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
     };
-    trimmer.abort();
-    // A batch already asked for is committed by the writer regardless.
-    pruner.abort();
-    // The writer persists the clock once more when it closes.
-    clock_keeper.abort();
-    // Alerts still queued are lost with the process (see crate::alerts).
-    alerter.abort();
-    // The watchdog's pings stop being answered once the pipeline winds
-    // down; systemd's stop timeout covers the grace instead.
-    supervisor.abort();
+    let waited = sides.abort_unwaited();
     ready_tx.send_replace(false);
-    // Scrapes during the shutdown would read a store being closed.
-    if let Some(admin) = admin {
-        admin.abort();
-    }
     result?;
     notifier.notify("STOPPING=1");
 
@@ -250,16 +204,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     );
     trigger.begin(plan.flush_by);
     // 1-3: intake answers what it took; then the engine and the downlink
-    // flush north, each once its input closes.
-    let mut outcome = wait_all(
-        vec![
-            joined("intake", intake_task),
-            joined("uplink engine", engine_task),
-            joined("downlink", downlink_task),
-        ],
-        plan.pipeline_by,
-    )
-    .await;
+    // flush north, each once its input closes. The alerts task and the
+    // pruner see the shutdown too and return.
+    let mut parts = vec![
+        joined("intake", intake_task),
+        joined("uplink engine", engine_task),
+        joined("downlink", downlink_task),
+    ];
+    let side_by = Instant::now() + SIDE_TASK_MAX;
+    parts.extend(waited.into_iter().map(|(name, task)| {
+        Part::new(name, async move {
+            // A side task still busy at its bound is let go (see SideTasks).
+            let _ = tokio::time::timeout_at(side_by, task).await;
+            Ok(())
+        })
+    }));
+    let mut outcome = wait_all(parts, plan.pipeline_by).await;
     // 4: north leaves with the retained `online: false`; south leaves too:
     // an external session sends its last acks and DISCONNECTs, the embedded
     // broker takes no more connections (devices' sockets close with the
@@ -282,6 +242,53 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .await,
     );
     finish(outcome, cfg.shutdown_grace)
+}
+
+/// The tasks beside the pipelines. Those that take the shutdown (alerts,
+/// the pruner) are waited for, briefly, in the shutdown; the rest stop
+/// with it: the watchdog's pings stop being answered once the pipeline
+/// winds down (systemd's stop timeout covers the grace instead), scrapes
+/// would read a store being closed, the writer persists the clock once
+/// more when it closes, and trimming memory has no end.
+struct SideTasks {
+    supervisor: JoinHandle<()>,
+    admin: Option<JoinHandle<()>>,
+    alerter: JoinHandle<()>,
+    clock_keeper: JoinHandle<()>,
+    pruner: JoinHandle<()>,
+    trimmer: JoinHandle<()>,
+}
+
+impl SideTasks {
+    /// Stops the tasks that do not take the shutdown; returns the others.
+    /// Alerts still queued when the alerts task returns are lost with the
+    /// process (see [`crate::alerts`]); a batch the pruner already asked
+    /// for is committed by the writer regardless.
+    fn abort_unwaited(self) -> Vec<(&'static str, JoinHandle<()>)> {
+        self.trimmer.abort();
+        self.clock_keeper.abort();
+        self.supervisor.abort();
+        if let Some(admin) = self.admin {
+            admin.abort();
+        }
+        vec![("alerts", self.alerter), ("retention", self.pruner)]
+    }
+}
+
+/// Logs the start: what south and north are.
+fn announce(cfg: &Config) {
+    let south_desc = match &cfg.south.mode {
+        SouthMode::Embedded => format!("embedded broker on {}", cfg.south.listen),
+        SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
+    };
+    let north_desc = cfg
+        .north
+        .endpoints
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    info!(event = "gateway_started", gateway = %cfg.gateway, south = %south_desc, north = %north_desc, "ferry running");
 }
 
 /// The exit a shutdown's outcome calls for.
@@ -312,73 +319,6 @@ fn joined(name: &'static str, task: tokio::task::JoinHandle<Result<(), StoreErro
             Err(e) => Err(format!("panicked: {e}")),
         }
     })
-}
-
-/// Splits the north session's events: uplink acks to the uplink engine,
-/// downlinks to the downlink task, the fate of alerts to the alerts task,
-/// link changes to all three. Runs while the pipelines listen: in a
-/// shutdown one may finish flushing before the other. The alerts task only
-/// ever gets what fits (it is told of the link again at the next change).
-fn fan_out(
-    mut events: mpsc::Receiver<NorthEvent>,
-    live: LiveSender,
-) -> (
-    mpsc::Receiver<NorthEvent>,
-    mpsc::Receiver<NorthEvent>,
-    mpsc::Receiver<NorthEvent>,
-) {
-    let (up_tx, up_rx) = mpsc::channel(4096);
-    let (down_tx, down_rx) = mpsc::channel(4096);
-    let (alerts_tx, alerts_rx) = mpsc::channel(4096);
-    tokio::spawn(async move {
-        while let Some(ev) = events.recv().await {
-            match &ev {
-                NorthEvent::Ack(_) | NorthEvent::Refused(Tag::Uplink { .. }) => {
-                    let _ = up_tx.send(ev).await;
-                }
-                NorthEvent::Published(Tag::Alert(_)) | NorthEvent::Refused(Tag::Alert(_)) => {
-                    let _ = alerts_tx.try_send(ev);
-                }
-                NorthEvent::Downlink { .. } | NorthEvent::Refused(_) | NorthEvent::Published(_) => {
-                    let _ = down_tx.send(ev).await;
-                }
-                NorthEvent::Up(_) | NorthEvent::Down => {
-                    let _ = live.send(match ev {
-                        NorthEvent::Up(_) => LiveEvent::NorthUp,
-                        _ => LiveEvent::NorthDown,
-                    });
-                    let _ = alerts_tx.try_send(ev.clone());
-                    let _ = up_tx.send(ev.clone()).await;
-                    let _ = down_tx.send(ev).await;
-                }
-            }
-            if up_tx.is_closed() && down_tx.is_closed() {
-                return;
-            }
-        }
-    });
-    (up_rx, down_rx, alerts_rx)
-}
-
-/// Passes the south broker's presence on to the downlink, telling the
-/// status file who is online on the way.
-fn report_presence(
-    mut presence: mpsc::UnboundedReceiver<Presence>,
-    live: LiveSender,
-) -> mpsc::UnboundedReceiver<Presence> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(p) = presence.recv().await {
-            let _ = live.send(match &p {
-                Presence::Online(d) | Presence::Ready(d) => LiveEvent::DeviceOnline(d.clone()),
-                Presence::Offline(d) => LiveEvent::DeviceOffline(d.clone()),
-            });
-            if tx.send(p).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> RunError {

@@ -58,9 +58,10 @@
 //! 7. The operator's views: [`ops`], behind `ferry dlq`, `ferry trace` and
 //!    `ferry status`, read on their own read-only connection while the
 //!    gateway runs; replays reach the running engine through the store.
-//! 8. [`admin`]: HTTP (`/metrics`, `/healthz`, `/readyz`, the status page)
+//! 8. The operator's HTTP: [`admin`] (`/metrics`, `/healthz`, `/readyz`, the
+//!    status page)
 //!    over `ops` and `metrics`.
-//! 9. [`gateway`]: `run()`, wiring only: each part built through its own
+//! 9. The wiring: [`gateway`], `run()`: each part built through its own
 //!    constructor and handed the channels it reads and writes.
 //!
 //! The binary (`main.rs` and `cli/`) sits above the library: clap

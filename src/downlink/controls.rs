@@ -8,11 +8,12 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::record::{reason, CursorMove};
-use super::{DeviceControl, Done, Downlink};
+use super::{Done, Downlink};
 use crate::clip::{self, Clip};
 use crate::ids::DeviceId;
 use crate::protocol::control::{parse_control, Control};
 use crate::protocol::now_ms;
+use crate::south::DeviceControl;
 use crate::state::DeliveryState;
 use crate::store::StoreError;
 

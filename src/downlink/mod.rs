@@ -36,7 +36,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -45,12 +44,12 @@ use tracing::{debug, info, warn};
 use crate::config::DownlinkConfig;
 use crate::deadlines::{sleep_until, Deadlines};
 use crate::ids::{DeviceId, Seq};
-use crate::north::{AckToken, NorthEvent, NorthSender, Tag};
-use crate::protocol::control::{inbox_batch, ControlKind};
+use crate::north::{AckToken, DownlinkEvent, Link, NorthSender};
+use crate::protocol::control::inbox_batch;
 use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
 use crate::south::presence::Presence;
-use crate::south::SouthSender;
+use crate::south::{DeviceControl, SouthSender};
 use crate::store::{Store, StoreError};
 use receipts::Receipts;
 use record::{BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept};
@@ -63,14 +62,6 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// north session and device controls until answers come back (the store's
 /// queue is unbounded; this is what holds the senders back).
 const MAX_PENDING: usize = 4096;
-
-/// A control message from a device.
-#[derive(Debug, Clone)]
-pub struct DeviceControl {
-    pub device: DeviceId,
-    pub kind: ControlKind,
-    pub payload: Bytes,
-}
 
 pub struct DownlinkSettings {
     pub cfg: DownlinkConfig,
@@ -146,7 +137,7 @@ enum Timer {
 
 /// Inputs of the downlink task.
 pub struct DownlinkInputs {
-    pub north: mpsc::Receiver<NorthEvent>,
+    pub north: mpsc::Receiver<DownlinkEvent>,
     pub controls: mpsc::Receiver<DeviceControl>,
     /// Presence from the south broker (embedded mode only).
     pub presence: Option<mpsc::UnboundedReceiver<Presence>>,
@@ -214,21 +205,20 @@ impl Downlink {
             let room = self.pending.len() < MAX_PENDING;
             tokio::select! {
                 ev = inputs.north.recv(), if room => match ev {
-                    Some(NorthEvent::Up(epoch)) => {
+                    Some(DownlinkEvent::Link(Link::Up(epoch))) => {
                         self.epoch = Some(epoch);
                         self.flush_receipts();
                     }
-                    Some(NorthEvent::Down) => {
+                    Some(DownlinkEvent::Link(Link::Down)) => {
                         self.epoch = None;
                         self.receipts.link_down();
                     }
-                    Some(NorthEvent::Downlink { topic, .. }) if flush_by.is_some() => {
-                        debug!(topic = %crate::clip::Clip(&topic), "downlink left unacknowledged while shutting down; the upstream sends it again");
+                    Some(DownlinkEvent::Downlink(d)) if flush_by.is_some() => {
+                        debug!(topic = %crate::clip::Clip(&d.topic), "downlink left unacknowledged while shutting down; the upstream sends it again");
                     }
-                    Some(NorthEvent::Downlink { topic, payload, token, oversize, received_ms }) => self.on_downlink(&topic, payload, token, oversize, received_ms).await?,
-                    Some(NorthEvent::Published(Tag::Receipts(id))) => self.on_receipts_published(id)?,
-                    Some(NorthEvent::Refused(Tag::Receipts(id))) => self.on_receipts_refused(id),
-                    Some(_) => {}
+                    Some(DownlinkEvent::Downlink(d)) => self.on_downlink(&d.topic, d.payload, d.token, d.oversize, d.received_ms).await?,
+                    Some(DownlinkEvent::Published(id)) => self.on_receipts_published(id)?,
+                    Some(DownlinkEvent::Refused(id)) => self.on_receipts_refused(id),
                     None => return Ok(()),
                 },
                 c = inputs.controls.recv(), if room && flush_by.is_none() => match c {

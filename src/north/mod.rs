@@ -5,14 +5,15 @@
 //! downlink topics), the retained `{prefix}/status` — `online: true` only
 //! once the subscriptions are acknowledged, `online: false` as the last will
 //! and on a clean leave — and the routing of what arrives into
-//! [`NorthEvent`]s for the two pipelines.
+//! a typed receiver per consumer ([`NorthEvents`]).
 //!
 //! The session goes to one of `north.endpoints` at a time (see
 //! [`crate::mqtt::endpoints`]); the subscriptions and the status announce
 //! are made on every connection, so on every node. The gauge
 //! `ferry_north_endpoint_index` follows `Up` and `Down`.
 //!
-//! The pipeline learns of the link through `Up(epoch)` and `Down`. Every
+//! Each consumer learns of the link through [`Link::Up`]`(epoch)` and
+//! [`Link::Down`]. Every
 //! publish is made against the current epoch and is followed to its PUBACK;
 //! the one the upstream drops the link on comes back as `Refused`. What was
 //! not acknowledged when the link dropped is the pipeline's to send again.
@@ -40,6 +41,7 @@ use crate::mqtt::{self, Announce, Event, Message, Reconnect, Session, Will};
 use crate::protocol::control::{self, Status};
 use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
+use crate::status_file::{LiveEvent, LiveSender};
 
 /// MQTT-level in-flight publishes (awaiting PUBACK) on the session.
 const SESSION_INFLIGHT: u16 = 1024;
@@ -60,35 +62,79 @@ pub enum Tag {
     Alert(u64),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NorthEvent {
+/// The north link as each consumer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
     /// Connected and subscribed; `epoch` counts connections.
     Up(u64),
     /// The connection broke; nothing sent before and not reported
-    /// `Published` is known to have arrived.
+    /// published is known to have arrived.
     Down,
+}
+
+/// What the uplink pipeline hears from north.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UplinkEvent {
+    Link(Link),
     /// A backend ack message (`{prefix}/ack`), already PUBACKed.
     Ack(Bytes),
-    /// A downlink envelope. It is PUBACKed only when `token` is passed to
-    /// [`NorthSender::ack`], which the pipeline does after its commit.
-    Downlink {
-        topic: String,
-        payload: Bytes,
-        token: AckToken,
-        /// Its real size, when only its head is in `payload` (it was over
-        /// `north.max_packet_bytes`).
-        oversize: Option<usize>,
-        /// When it arrived (ms since the epoch): its `received` time in
-        /// `ferry trace`.
-        received_ms: i64,
-    },
-    /// The upstream dropped the link on this publish while it was alone in
+    /// The upstream dropped the link on this uplink while it was alone in
     /// flight: a failed attempt.
-    Refused(Tag),
-    /// The upstream acknowledged this publish (reported for receipts and
-    /// alerts only).
-    Published(Tag),
+    Refused {
+        device: DeviceId,
+        seq: Seq,
+    },
 }
+
+/// A downlink envelope. It is PUBACKed only when `token` is passed to
+/// [`NorthSender::ack`], which the pipeline does after its commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Downlink {
+    pub topic: String,
+    pub payload: Bytes,
+    pub token: AckToken,
+    /// Its real size, when only its head is in `payload` (it was over
+    /// `north.max_packet_bytes`).
+    pub oversize: Option<usize>,
+    /// When it arrived (ms since the epoch): its `received` time in
+    /// `ferry trace`.
+    pub received_ms: i64,
+}
+
+/// What the downlink pipeline hears from north; a message of receipts is
+/// named by its [`Tag::Receipts`] number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DownlinkEvent {
+    Link(Link),
+    Downlink(Downlink),
+    /// The upstream acknowledged this message of receipts.
+    Published(u64),
+    /// The upstream dropped the link on it while it was alone in flight.
+    Refused(u64),
+}
+
+/// What the alerts task hears from north; an alert is named by its
+/// [`Tag::Alert`] number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AlertEvent {
+    Link(Link),
+    Published(u64),
+    Refused(u64),
+}
+
+/// Each consumer's receiver of what north hears. The uplink and downlink
+/// receivers are waited on (north reads no further while one is full); the
+/// alerts one only gets what fits (it is told of the link again at the
+/// next change). North stops reading once both pipelines' receivers are
+/// dropped.
+pub struct NorthEvents {
+    pub uplink: mpsc::Receiver<UplinkEvent>,
+    pub downlink: mpsc::Receiver<DownlinkEvent>,
+    pub alerts: mpsc::Receiver<AlertEvent>,
+}
+
+/// Events queued per consumer.
+const EVENTS_QUEUED: usize = 4096;
 
 /// Publishes north; cheap to clone.
 #[derive(Clone)]
@@ -129,8 +175,13 @@ impl NorthSender {
     }
 }
 
-/// Starts the session. Events arrive on the returned receiver.
-pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver<NorthEvent>) {
+/// Starts the session. What arrives is routed to the returned receivers;
+/// the link's changes are also written to the status file.
+pub fn start(
+    cfg: &NorthConfig,
+    topics: &Topics,
+    status_file: LiveSender,
+) -> (NorthSender, NorthEvents) {
     let status = topics.north_status();
     let opts = mqtt::Options {
         name: "north".into(),
@@ -166,15 +217,25 @@ pub fn start(cfg: &NorthConfig, topics: &Topics) -> (NorthSender, mpsc::Receiver
         transport: mqtt::Transport::from_config(cfg.tls.as_ref()),
     };
     let (session, events) = Session::start(opts);
-    let (tx, rx) = mpsc::channel(4096);
+    let (uplink_tx, uplink) = mpsc::channel(EVENTS_QUEUED);
+    let (downlink_tx, downlink) = mpsc::channel(EVENTS_QUEUED);
+    let (alerts_tx, alerts) = mpsc::channel(EVENTS_QUEUED);
     let router = Router {
         session: session.clone(),
         topics: topics.clone(),
         max_packet: cfg.max_packet_bytes,
-        out: tx,
+        uplink: uplink_tx,
+        downlink: downlink_tx,
+        alerts: alerts_tx,
+        status_file,
     };
     tokio::spawn(router.run(events));
-    (NorthSender { session, status }, rx)
+    let events = NorthEvents {
+        uplink,
+        downlink,
+        alerts,
+    };
+    (NorthSender { session, status }, events)
 }
 
 fn status_body(online: bool) -> Bytes {
@@ -184,64 +245,91 @@ fn status_body(online: bool) -> Bytes {
     }))
 }
 
-/// Turns the session's events into the pipelines' [`NorthEvent`]s.
+/// Routes the session's events to their consumers.
 struct Router {
     session: Session<Tag>,
     topics: Topics,
     max_packet: usize,
-    out: mpsc::Sender<NorthEvent>,
+    uplink: mpsc::Sender<UplinkEvent>,
+    downlink: mpsc::Sender<DownlinkEvent>,
+    alerts: mpsc::Sender<AlertEvent>,
+    status_file: LiveSender,
 }
 
 impl Router {
     async fn run(self, mut events: mpsc::Receiver<Event<Tag>>) {
         while let Some(event) = events.recv().await {
-            let routed = match event {
+            match event {
                 Event::Up {
                     epoch, endpoint, ..
                 } => {
                     crate::metrics::set_north_endpoint(Some(endpoint));
-                    Some(NorthEvent::Up(epoch))
+                    self.link(Link::Up(epoch)).await;
                 }
                 Event::Down => {
                     crate::metrics::set_north_endpoint(None);
-                    Some(NorthEvent::Down)
+                    self.link(Link::Down).await;
                 }
-                Event::Published(tag @ (Tag::Receipts(_) | Tag::Alert(_))) => {
-                    Some(NorthEvent::Published(tag))
+                Event::Published(Tag::Receipts(id)) => {
+                    let _ = self.downlink.send(DownlinkEvent::Published(id)).await;
                 }
-                Event::Published(Tag::Uplink { .. }) => None,
-                Event::Refused(tag) => Some(NorthEvent::Refused(tag)),
-                Event::Message(m) => self.route(m),
-            };
-            if let Some(event) = routed {
-                if self.out.send(event).await.is_err() {
-                    return;
+                Event::Refused(Tag::Receipts(id)) => {
+                    let _ = self.downlink.send(DownlinkEvent::Refused(id)).await;
                 }
+                Event::Published(Tag::Alert(id)) => {
+                    let _ = self.alerts.try_send(AlertEvent::Published(id));
+                }
+                Event::Refused(Tag::Alert(id)) => {
+                    let _ = self.alerts.try_send(AlertEvent::Refused(id));
+                }
+                Event::Published(Tag::Uplink { .. }) => {}
+                Event::Refused(Tag::Uplink { device, seq }) => {
+                    let _ = self.uplink.send(UplinkEvent::Refused { device, seq }).await;
+                }
+                Event::Message(m) => self.route(m).await,
+            }
+            if self.uplink.is_closed() && self.downlink.is_closed() {
+                return;
             }
         }
     }
 
+    /// Tells every consumer (and the status file) of the link.
+    async fn link(&self, link: Link) {
+        let _ = self.status_file.send(match link {
+            Link::Up(_) => LiveEvent::NorthUp,
+            Link::Down => LiveEvent::NorthDown,
+        });
+        let _ = self.alerts.try_send(AlertEvent::Link(link));
+        let _ = self.uplink.send(UplinkEvent::Link(link)).await;
+        let _ = self.downlink.send(DownlinkEvent::Link(link)).await;
+    }
+
     /// Routes one incoming message. Uplink acks (and strays) are acked at
     /// once; a downlink waits for its commit. Either way, in receive order.
-    fn route(&self, m: Message) -> Option<NorthEvent> {
+    async fn route(&self, m: Message) {
         if let Some(size) = m.oversize {
             let total = OVERSIZED_FROM_UPSTREAM.fetch_add(1, Ordering::Relaxed) + 1;
             warn!(event = "north_message_oversized", topic = %Clip(&m.topic), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
         }
         if self.topics.is_north_down(&m.topic) {
-            return Some(NorthEvent::Downlink {
+            let downlink = Downlink {
                 topic: m.topic,
                 payload: m.payload,
                 token: m.token,
                 oversize: m.oversize,
                 received_ms: now_ms(),
-            });
+            };
+            let _ = self.downlink.send(DownlinkEvent::Downlink(downlink)).await;
+            return;
         }
         self.session.ack(m.token);
         if m.topic == self.topics.north_ack() {
-            return m.oversize.is_none().then_some(NorthEvent::Ack(m.payload));
+            if m.oversize.is_none() {
+                let _ = self.uplink.send(UplinkEvent::Ack(m.payload)).await;
+            }
+            return;
         }
         debug!(topic = %Clip(&m.topic), "ignoring a north publish on an unknown topic");
-        None
     }
 }

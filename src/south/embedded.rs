@@ -60,7 +60,7 @@ use super::admission;
 use super::auth::{self, Authenticator};
 use super::presence;
 use super::{
-    device_filters, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
+    device_filters, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender, Started,
     INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
 };
 use crate::config::{ListenerTls, SouthAuth, SouthConfig};
@@ -109,7 +109,7 @@ pub enum SouthError {
 }
 
 /// Starts the broker, its listener (on the current tokio runtime) and the link.
-pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
+pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, SouthError> {
     // Fail fast and by name if the address is taken: rumqttd would only log it.
     std::net::TcpListener::bind(cfg.listen).map_err(|source| SouthError::Listen {
         addr: cfg.listen,
@@ -234,13 +234,13 @@ pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
             Err(e) => format!("south listener failed: {e}"),
         }
     });
-    Ok(South {
+    let south = South {
         inbound,
         outbound: SouthSender(Outbound::Embedded(out_tx)),
         stopped,
         presence: Some(presence_rx),
-        link: None,
-    })
+    };
+    Ok(Started { south, link: None })
 }
 
 /// rumqttd's TLS settings for the device listener (the files were checked

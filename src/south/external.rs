@@ -25,7 +25,7 @@ use tracing::{debug, error, info};
 
 use super::backlog::{Backlog, Taken};
 use super::{
-    device_filters, Ack, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
+    device_filters, Ack, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender, Started,
     TOPIC_ALLOWANCE,
 };
 use crate::config::{ExternalSouth, SouthConfig};
@@ -38,7 +38,7 @@ use crate::protocol::topics::Topics;
 /// broker may have fewer in flight: Mosquitto's `max_inflight_messages`).
 const INFLIGHT: u16 = 1024;
 
-pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South {
+pub(crate) fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> Started {
     // The site broker authenticates devices; SIGHUP has nothing to reload.
     super::auth::reload_on_hangup(None, crate::signals::hangups());
     let opts = mqtt::Options {
@@ -66,11 +66,14 @@ pub fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) -> South 
     let (tx, inbound) = Inbound::new();
     let (link_tx, link) = tokio::sync::mpsc::unbounded_channel();
     let stopped = tokio::spawn(receive(events, tx, link_tx));
-    South {
+    let south = South {
         inbound,
         outbound: SouthSender(Outbound::External(session)),
         stopped,
         presence: None,
+    };
+    Started {
+        south,
         link: Some(link),
     }
 }

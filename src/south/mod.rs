@@ -1,7 +1,7 @@
 //! The south side: where device traffic comes in and receipts and inbox
 //! batches go out. This module is the seam the pipelines see:
 //! [`SouthMessage`]s in through [`Inbound`], [`SouthSender::publish`] and
-//! [`SouthSender::ack`] out, and [`presence::Presence`]. Two
+//! [`SouthSender::ack`] out, [`DeviceControl`]s, and [`presence::Presence`]. Two
 //! implementations sit behind it, chosen by `south.mode`:
 //!
 //! - [`embedded`]: ferry's own rumqttd broker, devices connect to ferry.
@@ -35,7 +35,9 @@ use tokio::sync::mpsc;
 use crate::config::{SouthConfig, SouthMode};
 use crate::ids::DeviceId;
 use crate::mqtt::{self, AckToken};
+use crate::protocol::control::ControlKind;
 use crate::protocol::topics::Topics;
+use crate::status_file::{LiveEvent, LiveSender};
 pub use embedded::SouthError;
 
 /// Messages between the south side and the pipeline.
@@ -179,18 +181,71 @@ pub struct South {
     pub outbound: SouthSender,
     /// Resolves only if the south side stops, which is fatal.
     pub stopped: tokio::task::JoinHandle<String>,
-    /// Device presence the broker reported (embedded mode only).
+    /// Device presence the broker reported (embedded mode only; in
+    /// external mode a device's status messages are its only word).
     pub presence: Option<mpsc::UnboundedReceiver<presence::Presence>>,
-    /// External mode: `true` when the session to the site broker is up
-    /// and subscribed, `false` when it broke (for `ferry status`). The
-    /// embedded listener has no such state: `None`.
+}
+
+/// What an implementation starts: [`South`], and (external mode) the
+/// site session's state, `true` when up and subscribed.
+pub(crate) struct Started {
+    pub south: South,
     pub link: Option<mpsc::UnboundedReceiver<bool>>,
 }
 
+/// A device's control message (confirm, pull, read, nack, status), as
+/// read off its topic.
+#[derive(Debug, Clone)]
+pub struct DeviceControl {
+    pub device: DeviceId,
+    pub kind: ControlKind,
+    pub payload: Bytes,
+}
+
 /// Starts the south side `cfg.mode` names, on the current tokio runtime.
-pub fn start(cfg: &SouthConfig, topics: &Topics) -> Result<South, SouthError> {
-    match &cfg.mode {
-        SouthMode::Embedded => embedded::start(cfg, topics),
-        SouthMode::External(site) => Ok(external::start(cfg, site, topics)),
+/// The status file is told of the site session (external mode) and of
+/// every presence the broker reports (embedded mode).
+pub fn start(cfg: &SouthConfig, topics: &Topics, status: LiveSender) -> Result<South, SouthError> {
+    let Started { mut south, link } = match &cfg.mode {
+        SouthMode::Embedded => embedded::start(cfg, topics)?,
+        SouthMode::External(site) => external::start(cfg, site, topics),
+    };
+    if let Some(link) = link {
+        tokio::spawn(report_link(link, status.clone()));
     }
+    south.presence = south.presence.take().map(|p| report_presence(p, status));
+    Ok(south)
+}
+
+/// Writes the site session's changes to the status file.
+async fn report_link(mut link: mpsc::UnboundedReceiver<bool>, status: LiveSender) {
+    while let Some(up) = link.recv().await {
+        let _ = status.send(if up {
+            LiveEvent::SouthUp
+        } else {
+            LiveEvent::SouthDown
+        });
+    }
+}
+
+/// Passes the broker's presence on, telling the status file who is online
+/// on the way.
+fn report_presence(
+    mut presence: mpsc::UnboundedReceiver<presence::Presence>,
+    status: LiveSender,
+) -> mpsc::UnboundedReceiver<presence::Presence> {
+    use presence::Presence;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(p) = presence.recv().await {
+            let _ = status.send(match &p {
+                Presence::Online(d) | Presence::Ready(d) => LiveEvent::DeviceOnline(d.clone()),
+                Presence::Offline(d) => LiveEvent::DeviceOffline(d.clone()),
+            });
+            if tx.send(p).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }

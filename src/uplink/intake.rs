@@ -36,7 +36,6 @@ use super::route::Route;
 use crate::clip::{self, Clip, LogBudget};
 use crate::config::RateLimit;
 use crate::dead_letter::DeadLetter;
-use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Direction};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
@@ -45,7 +44,7 @@ use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejectio
 use crate::protocol::topics::Topics;
 use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
-use crate::south::{Inbound, SouthMessage, SouthSender};
+use crate::south::{DeviceControl, Inbound, SouthMessage, SouthSender};
 use crate::status_file::{LiveEvent, LiveSender};
 use crate::store::{Store, StoreError};
 

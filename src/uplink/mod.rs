@@ -42,7 +42,7 @@ use crate::deadlines::sleep_until;
 use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Direction};
-use crate::north::{NorthEvent, NorthSender, Tag};
+use crate::north::{Link, NorthSender, Tag, UplinkEvent};
 use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
@@ -50,9 +50,10 @@ use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
 use crate::south::SouthSender;
 use crate::state::MessageState;
+use crate::status_file::LiveSender;
 use crate::store::{Store, StoreError};
 use record::{AttemptRecord, Duplicate, Moved, PendingMessage, ToEngine, Transition};
-use scheduler::{Action, Scheduler};
+use scheduler::{Action, Scheduler, SchedulerConfig};
 
 /// What the engine waits on from the store.
 enum Done {
@@ -108,12 +109,38 @@ pub struct Engine {
     pub backend: backend::BackendReport,
 }
 
+impl Engine {
+    /// The engine, and the watch on whether the backend is silent (since
+    /// when) that its backend report keeps.
+    pub fn new(
+        cfg: SchedulerConfig,
+        store: Store,
+        north: NorthSender,
+        south: SouthSender,
+        topics: Topics,
+        status: LiveSender,
+    ) -> (Engine, backend::Silence) {
+        let (backend, silence) = backend::BackendReport::new(status);
+        let engine = Engine {
+            scheduler: Scheduler::new(cfg),
+            store,
+            north,
+            south,
+            topics,
+            epoch: None,
+            acks: Default::default(),
+            backend,
+        };
+        (engine, silence)
+    }
+}
+
 /// Runs until the store stops, or the intake side closes: then, in a
 /// shutdown, it first flushes what is due north (see `Engine::flushed`).
 pub async fn run_engine(
     mut engine: Engine,
     mut stored: mpsc::Receiver<ToEngine>,
-    mut north_events: mpsc::Receiver<NorthEvent>,
+    mut north_events: mpsc::Receiver<UplinkEvent>,
     shutdown: Shutdown,
     mut probed: Probed,
 ) -> Result<(), StoreError> {
@@ -152,30 +179,28 @@ pub async fn run_engine(
                 },
             },
             ev = north_events.recv() => match ev {
-                Some(NorthEvent::Up(epoch)) => {
+                Some(UplinkEvent::Link(Link::Up(epoch))) => {
                     info!(event = "north_link_up", epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");
                     engine.epoch = Some(epoch);
                     engine.scheduler.on_link_up(epoch);
                     Vec::new()
                 }
-                Some(NorthEvent::Down) => {
+                Some(UplinkEvent::Link(Link::Down)) => {
                     warn!(event = "north_link_down", "north link down: holding messages until it returns");
                     engine.epoch = None;
                     engine.scheduler.on_link_down();
                     Vec::new()
                 }
-                Some(NorthEvent::Ack(payload)) => {
+                Some(UplinkEvent::Ack(payload)) => {
                     let now = Instant::now();
                     engine.scheduler.on_backend_heard(now);
                     engine.backend.heard(now);
                     engine.parse_acks(&payload);
                     Vec::new()
                 }
-                Some(NorthEvent::Refused(Tag::Uplink { device, seq })) => {
+                Some(UplinkEvent::Refused { device, seq }) => {
                     engine.scheduler.on_refused(&device, seq, Instant::now())
                 }
-                // Downlinks and receipts belong to the downlink pipeline.
-                Some(_) => Vec::new(),
                 None => return Ok(()),
             },
             _ = std::future::ready(()), if !engine.acks.is_empty() && pending.len() < MAX_PENDING => engine.apply_acks(),

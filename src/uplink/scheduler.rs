@@ -44,6 +44,20 @@ pub struct SchedulerConfig {
     pub window: usize,
 }
 
+impl SchedulerConfig {
+    /// The scheduler of `north.max_inflight`, `north.ack_timeout_ms` and
+    /// `retry`, holding twice the messages in flight per device in memory
+    /// (at least 64).
+    pub fn of(north: &crate::config::NorthConfig, retry: RetryConfig) -> SchedulerConfig {
+        SchedulerConfig {
+            max_inflight: north.max_inflight,
+            ack_timeout: north.ack_timeout,
+            retry,
+            window: (north.max_inflight * 2).max(64),
+        }
+    }
+}
+
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {

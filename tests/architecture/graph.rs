@@ -478,7 +478,7 @@ fn use_tree(tokens: &[String]) -> Vec<Vec<String>> {
 fn absolute(here: &[String], path: &[String], is_bin: bool) -> Option<ModPath> {
     let first = path.first()?.as_str();
     let mut cur: ModPath;
-    let mut rest = &path[..];
+    let mut rest = path;
     match first {
         "crate" => {
             cur = if is_bin {
