@@ -63,6 +63,28 @@ impl Shutdown {
     }
 }
 
+/// Where a pipeline task is in its life: taking input, or (its input
+/// closed in a shutdown) flushing what it took, until a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Running,
+    Flushing { until: Instant },
+}
+
+impl Phase {
+    pub fn is_running(self) -> bool {
+        self == Phase::Running
+    }
+
+    /// The end of the flush, while flushing.
+    pub fn until(self) -> Option<Instant> {
+        match self {
+            Phase::Running => None,
+            Phase::Flushing { until } => Some(until),
+        }
+    }
+}
+
 /// How the grace is spent, from the signal on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {

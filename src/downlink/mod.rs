@@ -47,7 +47,7 @@ use crate::ids::{DeviceId, Seq};
 use crate::north::{AckToken, DownlinkEvent, Link, NorthSender};
 use crate::protocol::control::inbox_batch;
 use crate::protocol::topics::Topics;
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Phase, Shutdown};
 use crate::south::presence::Presence;
 use crate::south::{DeviceControl, SouthSender};
 use crate::store::{Store, StoreError};
@@ -123,7 +123,7 @@ pub struct Downlink {
     /// Receipts north until the upstream acknowledges them.
     receipts: Receipts,
     /// The north connection receipts are sent on, while there is one.
-    epoch: Option<u64>,
+    link: Link,
     /// The task's own timers (the scheduler keeps the confirm deadlines).
     timers: Deadlines<Timer>,
 }
@@ -167,7 +167,7 @@ impl Downlink {
             topics,
             pending: FuturesUnordered::new(),
             receipts: Receipts::new(outbox::RECEIPTS_HELD),
-            epoch: None,
+            link: Link::Down,
             timers: Deadlines::new(),
         }
     }
@@ -181,21 +181,21 @@ impl Downlink {
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut presence = inputs.presence.take();
-        // Set once intake is gone in a shutdown: flush until then.
-        let mut flush_by: Option<Instant> = None;
+        // Flushing once intake is gone in a shutdown.
+        let mut phase = Phase::Running;
         // Receipts a previous run left in the outbox go first.
         self.flush_receipts();
         loop {
-            let deadline = match flush_by {
+            let deadline = match phase {
                 // Only the receipts' retry matters while flushing.
-                Some(_) => self.timers.next(),
-                None => [self.scheduler.next_deadline(), self.timers.next()]
+                Phase::Flushing { .. } => self.timers.next(),
+                Phase::Running => [self.scheduler.next_deadline(), self.timers.next()]
                     .into_iter()
                     .flatten()
                     .min(),
             };
             let timer = sleep_until(deadline);
-            let flush_over = sleep_until(flush_by);
+            let flush_over = sleep_until(phase.until());
             let presence_event = async {
                 match &mut presence {
                     Some(rx) => rx.recv().await,
@@ -206,14 +206,14 @@ impl Downlink {
             tokio::select! {
                 ev = inputs.north.recv(), if room => match ev {
                     Some(DownlinkEvent::Link(Link::Up(epoch))) => {
-                        self.epoch = Some(epoch);
+                        self.link = Link::Up(epoch);
                         self.flush_receipts();
                     }
                     Some(DownlinkEvent::Link(Link::Down)) => {
-                        self.epoch = None;
+                        self.link = Link::Down;
                         self.receipts.link_down();
                     }
-                    Some(DownlinkEvent::Downlink(d)) if flush_by.is_some() => {
+                    Some(DownlinkEvent::Downlink(d)) if !phase.is_running() => {
                         debug!(topic = %crate::clip::Clip(&d.topic), "downlink left unacknowledged while shutting down; the upstream sends it again");
                     }
                     Some(DownlinkEvent::Downlink(d)) => self.on_downlink(&d.topic, d.payload, d.token, d.oversize, d.received_ms).await?,
@@ -221,27 +221,27 @@ impl Downlink {
                     Some(DownlinkEvent::Refused(id)) => self.on_receipts_refused(id),
                     None => return Ok(()),
                 },
-                c = inputs.controls.recv(), if room && flush_by.is_none() => match c {
+                c = inputs.controls.recv(), if room && phase.is_running() => match c {
                     Some(c) => self.on_control(c).await?,
                     None => match inputs.shutdown.flush_by() {
                         Some(at) => {
                             info!(event = "downlink_flush_started", pending = self.pending.len(), receipts = self.receipts.held(), "downlink flushing receipts north");
-                            flush_by = Some(at);
+                            phase = Phase::Flushing { until: at };
                         }
                         None => return Ok(()),
                     },
                 },
-                Some(p) = presence_event, if flush_by.is_none() => self.on_presence(p).await?,
+                Some(p) = presence_event, if phase.is_running() => self.on_presence(p).await?,
                 Some(done) = self.pending.next(), if !self.pending.is_empty() => self.on_done(done).await?,
-                _ = timer => match flush_by {
-                    Some(_) => self.flush_receipts(),
-                    None => self.on_timer().await?,
+                _ = timer => match phase {
+                    Phase::Flushing { .. } => self.flush_receipts(),
+                    Phase::Running => self.on_timer().await?,
                 },
                 // The watchdog's ping, answered from the loop.
                 ack = inputs.probed.recv() => {
                     let _ = ack.send(());
                 }
-                _ = sweep.tick(), if flush_by.is_none() => {
+                _ = sweep.tick(), if phase.is_running() => {
                     let swept = self.store.sweep_downlinks(self.store.now());
                     self.pending.push(Box::pin(async move { Done::Swept(swept.await) }));
                 }
@@ -250,7 +250,7 @@ impl Downlink {
                     return Ok(());
                 }
             }
-            if flush_by.is_some() && self.flushed() {
+            if !phase.is_running() && self.flushed() {
                 info!(event = "downlink_flushed", "downlink flushed");
                 return Ok(());
             }
@@ -261,7 +261,7 @@ impl Downlink {
     /// answered, and its receipts are acknowledged upstream (or there is no
     /// link to send them on; they stay in the outbox).
     fn flushed(&self) -> bool {
-        self.pending.is_empty() && (self.epoch.is_none() || self.receipts.held() == 0)
+        self.pending.is_empty() && (self.link == Link::Down || self.receipts.held() == 0)
     }
 
     async fn on_timer(&mut self) -> Result<(), StoreError> {

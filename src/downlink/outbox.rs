@@ -15,7 +15,7 @@ use super::record::{reason, OutboxReceipt};
 use super::{Done, Downlink, Timer};
 use crate::clip::Clip;
 use crate::dead_letter::DeadLetter;
-use crate::north::Tag;
+use crate::north::{Link, Tag};
 use crate::protocol::now_ms;
 use crate::store::StoreError;
 
@@ -46,7 +46,7 @@ impl Downlink {
                 }
             }));
         }
-        let Some(epoch) = self.epoch else { return };
+        let Link::Up(epoch) = self.link else { return };
         let topic = self.topics.north_receipts();
         while let Some((id, body)) = self.receipts.next_message() {
             if !self

@@ -47,7 +47,7 @@ use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Phase, Shutdown};
 use crate::south::SouthSender;
 use crate::state::MessageState;
 use crate::status_file::LiveSender;
@@ -102,7 +102,7 @@ pub struct Engine {
     pub south: SouthSender,
     pub topics: Topics,
     /// The north connection publishes are made for, while there is one.
-    pub epoch: Option<u64>,
+    pub link: Link,
     /// Parsed backend acks not yet applied.
     pub acks: std::collections::VecDeque<BackendAck>,
     /// Where whether the backend is there is reported.
@@ -127,7 +127,7 @@ impl Engine {
             north,
             south,
             topics,
-            epoch: None,
+            link: Link::Down,
             acks: Default::default(),
             backend,
         };
@@ -152,14 +152,14 @@ pub async fn run_engine(
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut replays = tokio::time::interval(REPLAY_POLL);
     replays.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Set once intake is gone in a shutdown: flush until then.
-    let mut flush_by: Option<Instant> = None;
+    // Flushing once intake is gone in a shutdown.
+    let mut phase = Phase::Running;
     loop {
         let deadline = engine.scheduler.next_deadline();
         let sleep = sleep_until(deadline);
-        let flush_over = sleep_until(flush_by);
+        let flush_over = sleep_until(phase.until());
         let actions = tokio::select! {
-            msg = stored.recv(), if flush_by.is_none() => match msg {
+            msg = stored.recv(), if phase.is_running() => match msg {
                 Some(msg) => {
                     engine.on_intake(msg, &mut pending).await;
                     // Take whatever else is queued before polling: one pass
@@ -172,7 +172,7 @@ pub async fn run_engine(
                 None => match shutdown.flush_by() {
                     Some(at) => {
                         info!(event = "uplink_flush_started", in_flight = engine.scheduler.in_flight(), in_memory = engine.scheduler.in_memory(), "uplink engine flushing north");
-                        flush_by = Some(at);
+                        phase = Phase::Flushing { until: at };
                         Vec::new()
                     }
                     None => return Ok(()),
@@ -181,13 +181,13 @@ pub async fn run_engine(
             ev = north_events.recv() => match ev {
                 Some(UplinkEvent::Link(Link::Up(epoch))) => {
                     info!(event = "north_link_up", epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");
-                    engine.epoch = Some(epoch);
+                    engine.link = Link::Up(epoch);
                     engine.scheduler.on_link_up(epoch);
                     Vec::new()
                 }
                 Some(UplinkEvent::Link(Link::Down)) => {
                     warn!(event = "north_link_down", "north link down: holding messages until it returns");
-                    engine.epoch = None;
+                    engine.link = Link::Down;
                     engine.scheduler.on_link_down();
                     Vec::new()
                 }
@@ -215,12 +215,12 @@ pub async fn run_engine(
                 let _ = ack.send(());
                 Vec::new()
             }
-            _ = sweep.tick(), if flush_by.is_none() => {
+            _ = sweep.tick(), if phase.is_running() => {
                 let expired = engine.store.expire_due(engine.store.now());
                 pending.push(Box::pin(async move { Done::Expired(expired.await) }));
                 Vec::new()
             }
-            _ = replays.tick(), if flush_by.is_none() => {
+            _ = replays.tick(), if phase.is_running() => {
                 let taken = engine.store.take_replays();
                 pending.push(Box::pin(async move { Done::Replayed(taken.await) }));
                 Vec::new()
@@ -233,7 +233,7 @@ pub async fn run_engine(
         let mut actions = actions;
         actions.extend(engine.scheduler.poll(Instant::now()));
         for action in actions {
-            if flush_by.is_some() && matches!(action, Action::Refill { .. }) {
+            if !phase.is_running() && matches!(action, Action::Refill { .. }) {
                 // The backlog stays in the store for the next run.
                 continue;
             }
@@ -244,7 +244,7 @@ pub async fn run_engine(
         engine
             .backend
             .follow(engine.scheduler.backend_silent_since(), Instant::now());
-        if flush_by.is_some() && engine.flushed(&pending) {
+        if !phase.is_running() && engine.flushed(&pending) {
             info!(event = "uplink_flushed", "uplink engine flushed");
             return Ok(());
         }
@@ -338,9 +338,10 @@ impl Engine {
                     device: msg.device.clone(),
                     seq: msg.seq,
                 };
-                let sent = self
-                    .epoch
-                    .is_some_and(|epoch| self.north.publish(topic, msg.body.clone(), tag, epoch));
+                let sent = match self.link {
+                    Link::Up(epoch) => self.north.publish(topic, msg.body.clone(), tag, epoch),
+                    Link::Down => false,
+                };
                 if !sent {
                     self.scheduler
                         .on_publish_refused(&msg.device, msg.seq, Instant::now());
