@@ -1,5 +1,5 @@
-//! Liveness of the pipeline's long-running parts, for the systemd watchdog
-//! ([`crate::systemd`]).
+//! Liveness of the pipeline's long-running parts, for a supervisor's
+//! watchdog (systemd's).
 //!
 //! A part is alive when it answers a ping through its own loop: a task
 //! answers a [`Probe`] from a `select!` arm, the store writer answers a

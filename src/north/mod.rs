@@ -58,7 +58,7 @@ pub enum Tag {
     },
     /// A message of receipts north, numbered by the downlink pipeline.
     Receipts(u64),
-    /// An alert, numbered by [`crate::alerts`].
+    /// An alert, numbered by its sender.
     Alert(u64),
 }
 

@@ -1,6 +1,6 @@
 //! The wire contract of docs/PROTOCOL.md as plain types and functions, for
-//! both sides: the gateway and the clients of [`crate::client`] build and
-//! read every message and topic through this module. No I/O here.
+//! both sides: the gateway and the devices' and backends' clients build
+//! and read every message and topic through this module. No I/O here.
 //!
 //! - [`topics`]: every topic, for one device ([`topics::DeviceTopics`]), one
 //!   gateway's north side ([`topics::NorthTopics`]) and the gateway's

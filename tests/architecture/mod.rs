@@ -332,6 +332,8 @@ fn no_file_under_src_is_over_500_lines() {
 #[test]
 fn a_modules_docs_name_no_module_above_it() {
     let plan = Plan::read();
+    let children: BTreeSet<Vec<String>> =
+        plan.graph.files.iter().map(|f| f.module.clone()).collect();
     let mut wrong = Vec::new();
     for (i, f) in plan.graph.files.iter().enumerate() {
         let floor = plan.floor(i);
@@ -343,6 +345,11 @@ fn a_modules_docs_name_no_module_above_it() {
                 let Some(&above) = plan.floors.get(&named) else {
                     continue;
                 };
+                // A link to its own child module ([`north`] in protocol).
+                let child: Vec<String> = f.module.iter().cloned().chain([named.clone()]).collect();
+                if !line.contains(&format!("crate::{named}")) && children.contains(&child) {
+                    continue;
+                }
                 if above > floor && named != plan.top(i) {
                     wrong.push(format!(
                         "{}:{n}: names `{named}` (floor {above}) from floor {floor}",
