@@ -4,7 +4,7 @@
 //! them have finished in pipeline order (see [`crate::shutdown`]).
 
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -15,8 +15,10 @@ use tracing::{error, info};
 use crate::admin::Admin;
 use crate::config::{Config, SouthMode};
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
+use crate::north::{AlertEvent, NorthSender};
 use crate::protocol::topics::Topics;
-use crate::shutdown::{self, wait_all, Outcome, Part, Plan};
+use crate::shutdown::{self, wait_all, Outcome, Part, Plan, Shutdown};
+use crate::south::SouthSender;
 use crate::store::{Store, StoreError};
 use crate::uplink::intake::{self, IntakeConfig};
 use crate::uplink::scheduler::SchedulerConfig;
@@ -54,7 +56,6 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     // and a second one on the same store stops here.
     let _claim = status_file::claim::claim(&cfg.data_dir).await?;
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
-    let store_exited = store.exited();
     // The pipeline's health, checked under systemd (for its watchdog) or
     // not (for /healthz), and whether the gateway has started (/readyz).
     let (health_tx, health_rx) = watch::channel(None);
@@ -72,176 +73,182 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         }
         None => None,
     };
-    let (trigger, shutdown_rx) = shutdown::channel();
-    let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
-    let status = status_file::start(
-        &cfg.data_dir,
-        cfg.gateway.as_str(),
-        matches!(cfg.south.mode, SouthMode::Embedded),
-    );
-    let south = south::start(&cfg.south, &topics, status.clone())?;
-    let (north_tx, north) = north::start(&cfg.north, &topics, status.clone());
-    let (stored_tx, stored_rx) = mpsc::channel(PIPELINE_QUEUE);
-    let (controls_tx, controls_rx) = mpsc::channel(PIPELINE_QUEUE);
-
-    let (engine_probe, engine_probed) = health::probe("uplink engine");
-    let (downlink_probe, downlink_probed) = health::probe("downlink");
-    let (north_probe, north_probed) = health::probe("north session");
-    north_tx.answer_probes(north_probed);
-    let mut probes = vec![engine_probe, downlink_probe, north_probe];
-    let (site_probe, site_probed) = health::probe("site session");
-    if south.outbound.answer_probes(site_probed) {
-        probes.push(site_probe);
-    }
-
-    let downlink = Downlink::new(
-        DownlinkSettings {
-            cfg: cfg.downlink.clone(),
-            groups: cfg.groups.clone(),
-            max_payload_bytes: cfg.south.max_payload_bytes,
-            max_attempts: cfg.retry.max_attempts,
-        },
-        store.clone(),
-        north_tx.clone(),
-        south.outbound.clone(),
-        topics.clone(),
-    );
-    let mut downlink_task = tokio::spawn(downlink.run(DownlinkInputs {
-        north: north.downlink,
-        controls: controls_rx,
-        presence: south.presence,
-        shutdown: shutdown_rx.clone(),
-        probed: downlink_probed,
-    }));
-    let (engine, backend_silence) = Engine::new(
-        SchedulerConfig::of(&cfg.north, cfg.retry),
-        store.clone(),
-        north_tx.clone(),
-        south.outbound.clone(),
-        topics.clone(),
-        status.clone(),
-    );
-    let mut engine_task = tokio::spawn(run_engine(
-        engine,
-        stored_rx,
-        north.uplink,
-        shutdown_rx.clone(),
-        engine_probed,
-    ));
-    let intake_cfg = IntakeConfig {
-        gateway: Arc::from(cfg.gateway.as_str()),
-        max_payload_bytes: cfg.south.max_payload_bytes,
-        max_north_packet: cfg.north.max_packet_bytes,
-        controls: controls_tx,
-        rate: cfg.south.rate,
-        max_inflight_per_device: cfg.south.max_inflight_per_device,
-        presence: matches!(cfg.south.mode, SouthMode::External(_)).then_some(status),
-    };
-    let sides = SideTasks {
-        supervisor: tokio::spawn(systemd::supervise(
-            systemd::Notifier::from_env(),
-            systemd::watchdog_interval(),
-            store.clone(),
-            probes,
-            health_tx,
-        )),
-        admin: admin.map(tokio::spawn),
-        alerter: tokio::spawn(crate::alerts::run(
-            cfg.alerts,
-            store.clone(),
-            north_tx.clone(),
-            topics.north_alerts(),
-            north.alerts,
-            backend_silence,
-            shutdown_rx.clone(),
-        )),
-        // The store clock persisted every 10 s (ttl_s counts in it).
-        clock_keeper: tokio::spawn(store.clone().keep_clock()),
-        pruner: tokio::spawn(crate::retention::run(
-            store.clone(),
-            cfg.store.retention,
-            cfg.store.dead_letter_retention,
-            shutdown_rx.clone(),
-        )),
-        trimmer: tokio::spawn(crate::memory::trim_periodically()),
-    };
-    let mut intake_task = tokio::spawn(intake::run(
-        intake_cfg,
-        topics,
-        store,
-        south.inbound,
-        south.outbound.clone(),
-        stored_tx,
-        shutdown_rx,
-    ));
-    let mut south_stopped = south.stopped;
-    let south_out = south.outbound;
-
+    let mut gateway = Running::start(&cfg, store, health_tx, admin.map(tokio::spawn))?;
     announce(&cfg);
     // The store is open and both links are started (not necessarily
     // connected: an absent upstream only makes messages wait).
     let notifier = systemd::Notifier::from_env();
     notifier.notify("READY=1");
     ready_tx.send_replace(true);
-
-    let result = tokio::select! {
-        _ = shutdown => Ok(()),
-        r = &mut intake_task => Err(stopped("intake", r)),
-        r = &mut engine_task => Err(stopped("uplink engine", r)),
-        r = &mut downlink_task => Err(stopped("downlink", r)),
-        r = &mut south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
-    };
-    let waited = sides.abort_unwaited();
+    let result = gateway.until_stopped(shutdown).await;
     ready_tx.send_replace(false);
     result?;
     notifier.notify("STOPPING=1");
+    gateway.shut_down(cfg.shutdown_grace).await
+}
 
-    let plan = Plan::new(Instant::now(), cfg.shutdown_grace);
-    info!(
-        event = "shutdown_started",
-        grace_s = cfg.shutdown_grace.as_secs(),
-        "shutting down: device intake stops"
-    );
-    trigger.begin(plan.flush_by);
-    // 1-3: intake answers what it took; then the engine and the downlink
-    // flush north, each once its input closes. The alerts task and the
-    // pruner see the shutdown too and return.
-    let mut parts = vec![
-        joined("intake", intake_task),
-        joined("uplink engine", engine_task),
-        joined("downlink", downlink_task),
-    ];
-    let side_by = Instant::now() + SIDE_TASK_MAX;
-    parts.extend(waited.into_iter().map(|(name, task)| {
-        Part::new(name, async move {
-            // A side task still busy at its bound is let go (see SideTasks).
-            let _ = tokio::time::timeout_at(side_by, task).await;
-            Ok(())
+/// The gateway's parts, started.
+struct Running {
+    trigger: shutdown::Trigger,
+    intake: JoinHandle<Result<(), StoreError>>,
+    engine: JoinHandle<Result<(), StoreError>>,
+    downlink: JoinHandle<Result<(), StoreError>>,
+    sides: SideTasks,
+    north: NorthSender,
+    south: SouthSender,
+    south_stopped: JoinHandle<String>,
+    store_exited: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl Running {
+    /// Starts south, north, the two pipelines and the tasks beside them,
+    /// each handed the channels it reads and writes.
+    fn start(
+        cfg: &Config,
+        store: Store,
+        health: watch::Sender<Option<health::Report>>,
+        admin: Option<JoinHandle<()>>,
+    ) -> Result<Running, RunError> {
+        let store_exited = Box::pin(store.exited());
+        let (trigger, shutdown_rx) = shutdown::channel();
+        let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
+        let status = status_file::start(
+            &cfg.data_dir,
+            cfg.gateway.as_str(),
+            matches!(cfg.south.mode, SouthMode::Embedded),
+        );
+        let south = south::start(&cfg.south, &topics, status.clone())?;
+        let (north_tx, north) = north::start(&cfg.north, &topics, status.clone());
+        let (stored_tx, stored_rx) = mpsc::channel(PIPELINE_QUEUE);
+        let (controls_tx, controls_rx) = mpsc::channel(PIPELINE_QUEUE);
+        let (engine_probe, engine_probed) = health::probe("uplink engine");
+        let (downlink_probe, downlink_probed) = health::probe("downlink");
+        let (north_probe, north_probed) = health::probe("north session");
+        north_tx.answer_probes(north_probed);
+        let mut probes = vec![engine_probe, downlink_probe, north_probe];
+        let (site_probe, site_probed) = health::probe("site session");
+        if south.outbound.answer_probes(site_probed) {
+            probes.push(site_probe);
+        }
+
+        let downlink = Downlink::new(
+            DownlinkSettings::of(cfg),
+            store.clone(),
+            north_tx.clone(),
+            south.outbound.clone(),
+            topics.clone(),
+        );
+        let downlink = tokio::spawn(downlink.run(DownlinkInputs {
+            north: north.downlink,
+            controls: controls_rx,
+            presence: south.presence,
+            shutdown: shutdown_rx.clone(),
+            probed: downlink_probed,
+        }));
+        let (engine, backend_silence) = Engine::new(
+            SchedulerConfig::of(&cfg.north, cfg.retry),
+            store.clone(),
+            north_tx.clone(),
+            south.outbound.clone(),
+            topics.clone(),
+            status.clone(),
+        );
+        let engine = tokio::spawn(run_engine(
+            engine,
+            stored_rx,
+            north.uplink,
+            shutdown_rx.clone(),
+            engine_probed,
+        ));
+        let sides = SideTasks::start(
+            cfg,
+            &store,
+            probes,
+            health,
+            admin,
+            (north_tx.clone(), north.alerts, topics.north_alerts()),
+            backend_silence,
+            shutdown_rx.clone(),
+        );
+        let intake = tokio::spawn(intake::run(
+            IntakeConfig::of(cfg, controls_tx, status),
+            topics,
+            store,
+            south.inbound,
+            south.outbound.clone(),
+            stored_tx,
+            shutdown_rx,
+        ));
+        Ok(Running {
+            trigger,
+            intake,
+            engine,
+            downlink,
+            sides,
+            north: north_tx,
+            south: south.outbound,
+            south_stopped: south.stopped,
+            store_exited,
         })
-    }));
-    let mut outcome = wait_all(parts, plan.pipeline_by).await;
-    // 4: north leaves with the retained `online: false`; south leaves too:
-    // an external session sends its last acks and DISCONNECTs, the embedded
-    // broker takes no more connections (devices' sockets close with the
-    // process: MQTT 3.1.1 has no DISCONNECT from the server).
-    let within = plan.offline_by.saturating_duration_since(Instant::now());
-    north_tx.go_offline(within.min(GO_OFFLINE_MAX)).await;
-    let within = plan.offline_by.saturating_duration_since(Instant::now());
-    south_out.close(within.min(GO_OFFLINE_MAX)).await;
-    south_stopped.abort();
-    // 5: the writer commits what is queued and closes the database once the
-    // last handle is gone.
-    outcome.merge(
-        wait_all(
-            vec![Part::new("store writer", async {
-                store_exited.await;
-                Ok(())
-            })],
-            plan.deadline,
-        )
-        .await,
-    );
-    finish(outcome, cfg.shutdown_grace)
+    }
+
+    /// Resolves when `shutdown` does (`Ok`) or a pipeline part stops on
+    /// its own (an error: each runs until the shutdown).
+    async fn until_stopped(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+        let result = tokio::select! {
+            _ = shutdown => Ok(()),
+            r = &mut self.intake => Err(stopped("intake", r)),
+            r = &mut self.engine => Err(stopped("uplink engine", r)),
+            r = &mut self.downlink => Err(stopped("downlink", r)),
+            r = &mut self.south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
+        };
+        self.sides.abort_unwaited();
+        result
+    }
+
+    /// Spends the grace in pipeline order (see [`crate::shutdown`]).
+    async fn shut_down(self, grace: Duration) -> Result<(), RunError> {
+        let plan = Plan::new(Instant::now(), grace);
+        info!(
+            event = "shutdown_started",
+            grace_s = grace.as_secs(),
+            "shutting down: device intake stops"
+        );
+        self.trigger.begin(plan.flush_by);
+        // 1-3: intake answers what it took; then the engine and the
+        // downlink flush north, each once its input closes. The alerts task
+        // and the pruner see the shutdown too and return.
+        let mut parts = vec![
+            joined("intake", self.intake),
+            joined("uplink engine", self.engine),
+            joined("downlink", self.downlink),
+        ];
+        parts.extend(self.sides.waited(Instant::now() + SIDE_TASK_MAX));
+        let mut outcome = wait_all(parts, plan.pipeline_by).await;
+        // 4: north leaves with the retained `online: false`; south leaves
+        // too: an external session sends its last acks and DISCONNECTs, the
+        // embedded broker takes no more connections (devices' sockets close
+        // with the process: MQTT 3.1.1 has no DISCONNECT from the server).
+        let within = plan.offline_by.saturating_duration_since(Instant::now());
+        self.north.go_offline(within.min(GO_OFFLINE_MAX)).await;
+        let within = plan.offline_by.saturating_duration_since(Instant::now());
+        self.south.close(within.min(GO_OFFLINE_MAX)).await;
+        self.south_stopped.abort();
+        // 5: the writer commits what is queued and closes the database once
+        // the last handle is gone.
+        let store_exited = self.store_exited;
+        outcome.merge(
+            wait_all(
+                vec![Part::new("store writer", async {
+                    store_exited.await;
+                    Ok(())
+                })],
+                plan.deadline,
+            )
+            .await,
+        );
+        finish(outcome, grace)
+    }
 }
 
 /// The tasks beside the pipelines. Those that take the shutdown (alerts,
@@ -260,18 +267,72 @@ struct SideTasks {
 }
 
 impl SideTasks {
-    /// Stops the tasks that do not take the shutdown; returns the others.
-    /// Alerts still queued when the alerts task returns are lost with the
-    /// process (see [`crate::alerts`]); a batch the pruner already asked
-    /// for is committed by the writer regardless.
-    fn abort_unwaited(self) -> Vec<(&'static str, JoinHandle<()>)> {
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        cfg: &Config,
+        store: &Store,
+        probes: Vec<health::Probe>,
+        health: watch::Sender<Option<health::Report>>,
+        admin: Option<JoinHandle<()>>,
+        (north, events, alerts_topic): (NorthSender, mpsc::Receiver<AlertEvent>, String),
+        backend_silence: watch::Receiver<Option<Instant>>,
+        shutdown: Shutdown,
+    ) -> SideTasks {
+        SideTasks {
+            supervisor: tokio::spawn(systemd::supervise(
+                systemd::Notifier::from_env(),
+                systemd::watchdog_interval(),
+                store.clone(),
+                probes,
+                health,
+            )),
+            admin,
+            alerter: tokio::spawn(crate::alerts::run(
+                cfg.alerts,
+                store.clone(),
+                north,
+                alerts_topic,
+                events,
+                backend_silence,
+                shutdown.clone(),
+            )),
+            // The store clock persisted every 10 s (ttl_s counts in it).
+            clock_keeper: tokio::spawn(store.clone().keep_clock()),
+            pruner: tokio::spawn(crate::retention::run(
+                store.clone(),
+                cfg.store.retention,
+                cfg.store.dead_letter_retention,
+                shutdown,
+            )),
+            trimmer: tokio::spawn(crate::memory::trim_periodically()),
+        }
+    }
+
+    /// Stops the tasks that do not take the shutdown.
+    fn abort_unwaited(&self) {
         self.trimmer.abort();
         self.clock_keeper.abort();
         self.supervisor.abort();
-        if let Some(admin) = self.admin {
+        if let Some(admin) = &self.admin {
             admin.abort();
         }
-        vec![("alerts", self.alerter), ("retention", self.pruner)]
+    }
+
+    /// The tasks that take the shutdown, as parts done when each returns
+    /// or at `by`, whichever is first. Alerts still queued when the alerts
+    /// task returns are lost with the process (see [`crate::alerts`]); a
+    /// batch the pruner already asked for is committed by the writer
+    /// regardless.
+    fn waited(self, by: Instant) -> Vec<Part> {
+        [("alerts", self.alerter), ("retention", self.pruner)]
+            .into_iter()
+            .map(|(name, task)| {
+                Part::new(name, async move {
+                    let _ = tokio::time::timeout_at(by, task).await;
+                    Ok(())
+                })
+            })
+            .collect()
     }
 }
 

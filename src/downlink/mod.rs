@@ -72,6 +72,19 @@ pub struct DownlinkSettings {
     pub max_attempts: u32,
 }
 
+impl DownlinkSettings {
+    /// `downlink`, `groups`, `south.max_payload_bytes` and
+    /// `retry.max_attempts`.
+    pub fn of(cfg: &crate::config::Config) -> DownlinkSettings {
+        DownlinkSettings {
+            cfg: cfg.downlink.clone(),
+            groups: cfg.groups.clone(),
+            max_payload_bytes: cfg.south.max_payload_bytes,
+            max_attempts: cfg.retry.max_attempts,
+        }
+    }
+}
+
 enum Done {
     Intake {
         token: AckToken,

@@ -78,6 +78,27 @@ pub struct IntakeConfig {
     pub presence: Option<LiveSender>,
 }
 
+impl IntakeConfig {
+    /// Intake as `cfg` has it, handing controls to `controls`; in external
+    /// mode devices' statuses also go to `status_file`.
+    pub fn of(
+        cfg: &crate::config::Config,
+        controls: mpsc::Sender<DeviceControl>,
+        status_file: LiveSender,
+    ) -> IntakeConfig {
+        let external = matches!(cfg.south.mode, crate::config::SouthMode::External(_));
+        IntakeConfig {
+            gateway: Arc::from(cfg.gateway.as_str()),
+            max_payload_bytes: cfg.south.max_payload_bytes,
+            max_north_packet: cfg.north.max_packet_bytes,
+            controls,
+            rate: cfg.south.rate,
+            max_inflight_per_device: cfg.south.max_inflight_per_device,
+            presence: external.then_some(status_file),
+        }
+    }
+}
+
 /// How often buckets that are full again are freed (and the statuses held
 /// for them passed on).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
