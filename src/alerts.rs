@@ -252,7 +252,7 @@ struct Queued {
 /// Alerts not yet acknowledged by the upstream, and how far the dead
 /// letters are alerted.
 #[derive(Debug, Default)]
-struct Outbox {
+struct AlertQueue {
     next_id: u64,
     queued: VecDeque<Queued>,
     in_flight: BTreeMap<u64, Queued>,
@@ -262,7 +262,7 @@ struct Outbox {
     raised_upto: i64,
 }
 
-impl Outbox {
+impl AlertQueue {
     fn push(&mut self, body: Bytes, covers: Option<(i64, i64)>) {
         if self.queued.len() + self.in_flight.len() >= MAX_QUEUED {
             if let Some(dropped) = self.queued.pop_front() {
@@ -330,7 +330,7 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let mut monitor = Monitor::new(cfg, Instant::now());
-    let mut outbox = Outbox::default();
+    let mut outbox = AlertQueue::default();
     let mut epoch: Option<u64> = None;
     // Dead letters whose alerts were acknowledged, in this run or an
     // earlier one, were someone's news already; the rest are raised again.

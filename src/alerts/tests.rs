@@ -37,9 +37,9 @@ fn dead_letters_count_as_alerted_up_to_the_first_alert_not_yet_settled() {
     let covers: Vec<_> = alerts.iter().filter_map(|a| a.covers).collect();
     assert_eq!(covers, [(4, 5), (5, 6), (6, 7), (7, 10)]);
 
-    let mut outbox = Outbox {
+    let mut outbox = AlertQueue {
         raised_upto: 4,
-        ..Outbox::default()
+        ..AlertQueue::default()
     };
     for a in &alerts {
         outbox.push(Bytes::from_static(b"{}"), a.covers);
@@ -152,7 +152,7 @@ fn every_dead_letter_is_an_alert_and_a_flood_is_summed_up() {
 
 #[test]
 fn alerts_not_acknowledged_when_the_link_drops_go_again_first() {
-    let mut o = Outbox::default();
+    let mut o = AlertQueue::default();
     for b in ["a", "b", "c"] {
         o.push(Bytes::from(b), None);
     }

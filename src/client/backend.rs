@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::outbox::Outbox;
+use super::resends::Resends;
 use crate::ids::{DeviceId, GatewayId, IdError, MsgId};
 use crate::mqtt::{self, Event, Session};
 use crate::protocol::ack::{encode_acks, BackendAck};
@@ -121,7 +121,7 @@ impl BackendClient {
         let task = Task {
             session,
             topics: topics.clone(),
-            downs: Outbox::new(opts.resend_after),
+            downs: Resends::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
         };
@@ -242,7 +242,7 @@ struct Task {
     session: Session<()>,
     topics: NorthTopics,
     /// Downlinks awaiting `stored`: msg_id → (topic, body, devices still missing, last sent).
-    downs: Outbox<HashSet<String>>,
+    downs: Resends<HashSet<String>>,
     events: mpsc::UnboundedSender<BackendEvent>,
     resend_after: Duration,
 }
@@ -328,7 +328,7 @@ impl Task {
 
 /// A `stored` (or any later status, or `rejected`) answers a downlink for
 /// that device; a downlink answered for every named device is done.
-fn on_receipt(downs: &mut Outbox<HashSet<String>>, r: &NorthReceipt) {
+fn on_receipt(downs: &mut Resends<HashSet<String>>, r: &NorthReceipt) {
     let Some(msg_id) = &r.msg_id else {
         return;
     };
@@ -357,7 +357,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_downlink_is_done_once_every_named_device_has_a_receipt() {
-        let mut downs = Outbox::new(Duration::from_secs(5));
+        let mut downs = Resends::new(Duration::from_secs(5));
         let to = ["a", "b"].map(String::from).into_iter().collect();
         downs.insert("n-1".into(), "t".into(), Bytes::from_static(b"{}"), to);
         on_receipt(
@@ -374,7 +374,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_rejected_downlink_is_done_at_once() {
-        let mut downs = Outbox::new(Duration::from_secs(5));
+        let mut downs = Resends::new(Duration::from_secs(5));
         let to = ["a", "b"].map(String::from).into_iter().collect();
         downs.insert("n-2".into(), "t".into(), Bytes::from_static(b"{}"), to);
         on_receipt(

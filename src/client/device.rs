@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::outbox::Outbox;
+use super::resends::Resends;
 use crate::ids::{DeviceId, IdError, MsgId, Seq};
 use crate::mqtt::{self, Event, Session, Will};
 use crate::protocol::control::{self, Confirm, Nack, Pull, Read, Status};
@@ -155,7 +155,7 @@ impl DeviceClient {
             topics: topics.clone(),
             ack_topic: topics.ack(),
             cursor: Cursor::new(opts.cursor),
-            unanswered: Outbox::new(opts.resend_after),
+            unanswered: Resends::new(opts.resend_after),
             events: events_tx,
             resend_after: opts.resend_after,
         };
@@ -246,7 +246,7 @@ struct Task {
     ack_topic: String,
     cursor: Cursor,
     /// Uplinks without a final receipt: msg_id → (topic, body, last sent).
-    unanswered: Outbox<()>,
+    unanswered: Resends<()>,
     events: mpsc::UnboundedSender<DeviceEvent>,
     resend_after: Duration,
 }
@@ -353,7 +353,7 @@ impl Task {
 /// Stops resending the message a receipt answers. Every receipt is an
 /// answer except a `rejected` with reason `rate`: the gateway kept nothing,
 /// so the message stays and goes again after its receipt timeout.
-fn settle(unanswered: &mut Outbox<()>, receipt: &Receipt) {
+fn settle(unanswered: &mut Resends<()>, receipt: &Receipt) {
     if receipt.is_retryable() {
         return;
     }

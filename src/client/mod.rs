@@ -23,4 +23,4 @@
 
 pub mod backend;
 pub mod device;
-mod outbox;
+mod resends;

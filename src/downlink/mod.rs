@@ -25,7 +25,7 @@
 mod controls;
 mod intake;
 pub use intake::NESTED_TOO_DEEP_FROM_BACKEND;
-mod outbox;
+mod receipts_north;
 mod presence;
 mod receipts;
 pub mod record;
@@ -116,7 +116,7 @@ enum Done {
     },
     Swept(Result<Swept, StoreError>),
     /// A page of the receipts outbox, asked for from `from`, `limit` long.
-    Outbox {
+    ReceiptsPage {
         from: i64,
         limit: usize,
         result: Result<Vec<OutboxReceipt>, StoreError>,
@@ -179,7 +179,7 @@ impl Downlink {
             south,
             topics,
             pending: FuturesUnordered::new(),
-            receipts: Receipts::new(outbox::RECEIPTS_HELD),
+            receipts: Receipts::new(receipts_north::RECEIPTS_HELD),
             link: Link::Down,
             timers: Deadlines::new(),
         }
@@ -340,7 +340,7 @@ impl Downlink {
             | Done::Read { result: Err(e), .. }
             | Done::Moved { result: Err(e), .. }
             | Done::Swept(Err(e))
-            | Done::Outbox { result: Err(e), .. }
+            | Done::ReceiptsPage { result: Err(e), .. }
                 if e.is_fatal() =>
             {
                 return Err(e)
@@ -414,7 +414,7 @@ impl Downlink {
                 }
                 self.execute(actions).await?;
             }
-            Done::Outbox {
+            Done::ReceiptsPage {
                 from,
                 limit,
                 result,

@@ -17,7 +17,7 @@ fn seqs(event: &DeviceEvent) -> (Vec<u64>, usize) {
 
 #[tokio::test(start_paused = true)]
 async fn a_rate_rejection_keeps_the_message_for_a_resend_and_any_other_answer_ends_it() {
-    let mut outbox: Outbox<()> = Outbox::new(Duration::from_secs(5));
+    let mut outbox: Resends<()> = Resends::new(Duration::from_secs(5));
     let id = MsgId::new("m-1").unwrap();
     outbox.insert(
         id.to_string(),

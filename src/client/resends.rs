@@ -25,14 +25,14 @@ struct Entry<W> {
 }
 
 /// Keyed by `msg_id`. `W` is what an entry still waits for.
-pub(crate) struct Outbox<W> {
+pub(crate) struct Resends<W> {
     entries: HashMap<String, Entry<W>>,
     resend_after: Duration,
 }
 
-impl<W> Outbox<W> {
-    pub(crate) fn new(resend_after: Duration) -> Outbox<W> {
-        Outbox {
+impl<W> Resends<W> {
+    pub(crate) fn new(resend_after: Duration) -> Resends<W> {
+        Resends {
             entries: HashMap::new(),
             resend_after,
         }
@@ -89,7 +89,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_receipt_timeout_doubles_per_resend_up_to_a_minute() {
-        let mut o: Outbox<()> = Outbox::new(Duration::from_secs(5));
+        let mut o: Resends<()> = Resends::new(Duration::from_secs(5));
         o.insert("m1".into(), "t".into(), Bytes::from_static(b"x"), ());
         let mut resent_after = Vec::new();
         let mut waited = 0;
@@ -106,7 +106,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn entries_come_due_after_the_resend_delay_until_removed() {
-        let mut o: Outbox<()> = Outbox::new(Duration::from_secs(5));
+        let mut o: Resends<()> = Resends::new(Duration::from_secs(5));
         o.insert("m1".into(), "t".into(), Bytes::from_static(b"x"), ());
         assert!(o.due(false).is_empty());
         tokio::time::advance(Duration::from_secs(5)).await;

@@ -39,7 +39,7 @@ impl Downlink {
         if let Some((from, limit)) = self.receipts.next_page() {
             let page = self.store.outbox_page(from, limit);
             self.pending.push(Box::pin(async move {
-                Done::Outbox {
+                Done::ReceiptsPage {
                     from,
                     limit,
                     result: page.await,
