@@ -24,21 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Which way a message goes: `up` (device → backend) or `down`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    Up,
-    Down,
-}
-
-impl Direction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Direction::Up => "up",
-            Direction::Down => "down",
-        }
-    }
-}
+use crate::dead_letter::Direction;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct Dir {
@@ -296,7 +282,7 @@ impl Metrics {
         // appears only with its first event misses that event.
         // (The per-direction counters and histograms made theirs in
         // `PerDir::new`.)
-        for d in [Direction::Up, Direction::Down] {
+        for d in Direction::ALL {
             let _ = m.backlog.get_or_create(&dir(d));
             let _ = m.oldest_age.get_or_create(&dir(d));
         }

@@ -12,9 +12,9 @@ use tracing::{debug, warn};
 use super::record::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
 use super::{Done, Downlink};
 use crate::clip::Clip;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Direction};
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics::{self, Direction};
+use crate::metrics;
 use crate::north::AckToken;
 use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
@@ -128,7 +128,7 @@ impl Downlink {
                     );
                 }
                 let dl = DeadLetter {
-                    direction: "down",
+                    direction: Direction::Down,
                     device: self
                         .topics
                         .parse_north_down(topic)

@@ -35,10 +35,10 @@ use super::record::{Intake, ToEngine};
 use super::route::Route;
 use crate::clip::{self, Clip, LogBudget};
 use crate::config::RateLimit;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Direction};
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics::{self, Direction};
+use crate::metrics;
 use crate::ops::live::{LiveEvent, LiveSender};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
@@ -434,7 +434,7 @@ fn reject(
     msg: &SouthMessage,
 ) -> AnswerFuture {
     let dl = DeadLetter {
-        direction: "up",
+        direction: Direction::Up,
         device: device
             .as_ref()
             .map(|d| d.to_string())
