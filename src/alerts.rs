@@ -35,6 +35,7 @@ use tracing::{debug, warn};
 
 use crate::clip::Clip;
 use crate::north::{NorthEvent, NorthSender, Tag};
+pub use crate::protocol::alert::AlertKind;
 use crate::protocol::now_ms;
 use crate::shutdown::Shutdown;
 use crate::store::{AlertScan, Store};
@@ -50,28 +51,6 @@ pub const MAX_QUEUED: usize = 10_000;
 const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Dead letters read per check; past it, one alert says how many more.
 const DEAD_PER_CHECK: usize = 100;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AlertKind {
-    DeadLetter,
-    NorthDown,
-    BacklogAge,
-    DiskBudget,
-    BackendSilent,
-}
-
-impl AlertKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AlertKind::DeadLetter => "dead_letter",
-            AlertKind::NorthDown => "north_down",
-            AlertKind::BacklogAge => "backlog_age",
-            AlertKind::DiskBudget => "disk_budget",
-            AlertKind::BackendSilent => "backend_silent",
-        }
-    }
-}
 
 /// One alert as published.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -380,7 +359,7 @@ pub async fn run(
                 after_dead = after_dead.max(scan.max_dead_id);
                 for alert in monitor.check(Instant::now(), now_ms(), &scan) {
                     let total = ALERTS_RAISED.fetch_add(1, Ordering::Relaxed) + 1;
-                    crate::metrics::alert_raised(alert.kind.as_str());
+                    crate::metrics::alert_raised(alert.kind);
                     warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %Clip(&alert.detail), total, "alert raised");
                     match serde_json::to_vec(&alert) {
                         Ok(body) => outbox.push(Bytes::from(body), alert.covers),

@@ -17,39 +17,17 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use labels::{dir, Dir, DirReason, Kind, REJECT_REASONS};
+
 use crate::dead_letter::Direction;
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct Dir {
-    direction: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct Kind {
-    /// An alert's kind (`dead_letter`, `north_down`, ...).
-    kind: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct DirReason {
-    direction: &'static str,
-    /// The receipt's reason code (`malformed`, `rate`, ...): a short fixed
-    /// set, never free text.
-    reason: &'static str,
-}
-
-fn dir(d: Direction) -> Dir {
-    Dir {
-        direction: d.as_str(),
-    }
-}
+use crate::protocol::alert::AlertKind;
+use crate::protocol::envelope::RejectCode;
 
 /// Seconds, from 0.5 ms to ~16 s: commits and receipts.
 fn fast_buckets() -> Histogram {
@@ -289,37 +267,12 @@ impl Metrics {
         let read_down = m.read.get_or_create(&dir(Direction::Down)).clone();
         m.backend_present.set(1);
         m.backend_ack_age.set(f64::NAN);
-        for kind in [
-            "dead_letter",
-            "north_down",
-            "backlog_age",
-            "disk_budget",
-            "backend_silent",
-        ] {
+        for kind in AlertKind::ALL {
             let _ = m.alerts.get_or_create(&Kind { kind });
         }
-        for (d, reasons) in [
-            (
-                Direction::Up,
-                &[
-                    "malformed",
-                    "too_large",
-                    "bad_topic",
-                    "unauthorized",
-                    "rate",
-                    "disk_budget",
-                ][..],
-            ),
-            (
-                Direction::Down,
-                &["malformed", "too_large", "disk_budget"][..],
-            ),
-        ] {
-            for reason in reasons {
-                let _ = m.rejected.get_or_create(&DirReason {
-                    direction: d.as_str(),
-                    reason,
-                });
+        for (d, codes) in REJECT_REASONS {
+            for &code in codes {
+                let _ = m.rejected.get_or_create(&DirReason::new(d, code));
             }
         }
         Metrics {
@@ -362,19 +315,13 @@ pub fn expired(d: Direction, n: u64) {
     get().expired.of(d).inc_by(n);
 }
 
-/// A `rejected` answer; `reason` is the receipt's reason code.
-pub fn rejected(d: Direction, reason: &'static str) {
-    get()
-        .rejected
-        .get_or_create(&DirReason {
-            direction: d.as_str(),
-            reason,
-        })
-        .inc();
+/// A `rejected` answer with the receipt's reason `code`.
+pub fn rejected(d: Direction, code: RejectCode) {
+    get().rejected.get_or_create(&DirReason::new(d, code)).inc();
 }
 
 /// An alert of `kind` raised.
-pub fn alert_raised(kind: &'static str) {
+pub fn alert_raised(kind: AlertKind) {
     get().alerts.get_or_create(&Kind { kind }).inc();
 }
 
@@ -467,6 +414,7 @@ pub fn render() -> String {
     out
 }
 
+mod labels;
 mod legacy;
 #[cfg(test)]
 mod tests;

@@ -227,7 +227,7 @@ impl Downlink {
     ) {
         match result {
             Ok(rejected) => {
-                metrics::rejected(Direction::Down, code.as_str());
+                metrics::rejected(Direction::Down, code);
                 self.north.ack(token);
                 self.send_receipts([rejected.receipt]);
             }

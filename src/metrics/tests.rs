@@ -19,7 +19,7 @@ fn counters_move_and_render_with_their_labels() {
     let rate = had("ferry_messages_rejected_total{direction=\"up\",reason=\"rate\"}");
     received(Direction::Up);
     received(Direction::Up);
-    rejected(Direction::Up, "rate");
+    rejected(Direction::Up, RejectCode::Rate);
     let after = render();
     // At least: other tests in this process may count too.
     assert!(value(&after, "ferry_messages_received_total{direction=\"up\"}") >= up + 2.0);

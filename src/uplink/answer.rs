@@ -124,7 +124,7 @@ async fn answer_device(
             result: Ok(dead_letter),
         } => {
             // "-": published on a topic that names no valid device.
-            metrics::rejected(Direction::Up, rejection.code.as_str());
+            metrics::rejected(Direction::Up, rejection.code);
             let named = device.as_ref().map_or("-", DeviceId::as_str);
             if lines.admit(&device, Instant::now()) {
                 warn!(event = "uplink_rejected", device = named, msg_id = rejection.msg_id.as_ref().map(MsgId::as_str), reason = %Clip(&rejection.reason()), dead_letter, "uplink rejected");
@@ -139,7 +139,7 @@ async fn answer_device(
             )
         }
         Answer::Refused { device, rejection } => {
-            metrics::rejected(Direction::Up, rejection.code.as_str());
+            metrics::rejected(Direction::Up, rejection.code);
             (
                 device,
                 Receipt::refused(rejection.msg_id.as_ref(), rejection.reason()),
