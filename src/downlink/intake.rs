@@ -4,8 +4,6 @@
 //! commit. A downlink that can never be delivered is dead-lettered and
 //! answered `rejected`, its receipt committed with its dead letter.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use bytes::Bytes;
 use tracing::{debug, warn};
 
@@ -14,16 +12,13 @@ use super::{Done, Downlink};
 use crate::clip::Clip;
 use crate::dead_letter::{DeadLetter, Direction};
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics;
+use crate::metrics::{self, Count};
 use crate::north::AckToken;
 use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::DeliveryState;
 use crate::store::StoreError;
-
-/// Backend downlinks nested past [`MAX_DEPTH`], counted.
-pub static NESTED_TOO_DEEP_FROM_BACKEND: AtomicU64 = AtomicU64::new(0);
 
 impl Downlink {
     pub(super) async fn on_downlink(
@@ -118,7 +113,7 @@ impl Downlink {
             Err(rejection) => {
                 let reason = rejection.reason();
                 if rejection.code == RejectCode::NestedTooDeep {
-                    let total = NESTED_TOO_DEEP_FROM_BACKEND.fetch_add(1, Ordering::Relaxed) + 1;
+                    let total = metrics::count(Count::NestedTooDeepFromBackend);
                     warn!(
                         event = "downlink_too_deep",
                         topic,

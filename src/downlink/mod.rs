@@ -24,7 +24,6 @@
 
 mod controls;
 mod intake;
-pub use intake::NESTED_TOO_DEEP_FROM_BACKEND;
 mod outbox;
 mod presence;
 mod receipts;

@@ -19,7 +19,6 @@
 //! the engine and the downlink task see their input close.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +37,7 @@ use crate::config::RateLimit;
 use crate::dead_letter::{DeadLetter, Direction};
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics;
+use crate::metrics::{self, Count};
 use crate::ops::live::{LiveEvent, LiveSender};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
@@ -54,13 +53,6 @@ use crate::store::{Store, StoreError};
 /// holds the devices back).
 pub const MAX_UNANSWERED: usize = 16_384;
 const MAX_UNANSWERED_BYTES: usize = 32 << 20;
-
-/// Device publishes over the broker's limit, counted.
-pub static OVERSIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
-/// Device publishes outside the sender's own topics, counted.
-pub static UNAUTHORIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
-/// Device envelopes and controls nested past [`MAX_DEPTH`], counted.
-pub static NESTED_TOO_DEEP_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
 
 pub struct IntakeConfig {
     pub gateway: Arc<str>,
@@ -230,7 +222,7 @@ async fn accept(
         }
     }
     if let Some(size) = msg.oversize {
-        let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+        let total = metrics::count(Count::OversizedFromDevices);
         if lines.admit(&sender, Instant::now()) {
             warn!(event = "device_publish_oversized", topic = %Clip(&msg.topic), bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
         }
@@ -242,7 +234,7 @@ async fn accept(
             }
         } else if nested_deeper_than(&msg.payload, MAX_DEPTH) {
             // Ignored like any malformed control (controls get no receipts).
-            let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+            let total = metrics::count(Count::NestedTooDeepFromDevices);
             if lines.admit(&sender, Instant::now()) {
                 warn!(event = "device_control_too_deep", device = %device, topic = %Clip(&msg.topic), limit = MAX_DEPTH, total, "device control nested too deep; ignored");
             }
@@ -356,7 +348,7 @@ fn judge(
     let (device, stream) = match route {
         Route::Up { device, stream } => (device, stream),
         Route::Unauthorized { publisher, sender } => {
-            let total = UNAUTHORIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+            let total = metrics::count(Count::UnauthorizedFromDevices);
             if lines.admit(&sender, Instant::now()) {
                 warn!(event = "device_publish_unauthorized", publisher = %Clip(&publisher.to_string()), topic = %Clip(&msg.topic), total, "device publish outside its own topics rejected");
             }
@@ -419,7 +411,7 @@ fn judge(
         }
         Err(rejection) => {
             if rejection.code == RejectCode::NestedTooDeep {
-                let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+                let total = metrics::count(Count::NestedTooDeepFromDevices);
                 warn!(event = "device_envelope_too_deep", device = %device, limit = MAX_DEPTH, total, "device envelope nested too deep");
             }
             reject(store, Some(device), rejection, msg)
