@@ -1,6 +1,6 @@
 //! Alerts for the backend's operators, on `ferry/{gateway}/alerts` as
-//! `{"kind", "detail", "ts"}`, each also a WARN log event and a count in
-//! [`ALERTS_RAISED`]:
+//! `{"kind", "detail", "ts"}`, each also a WARN log event and a count
+//! (`ferry_alerts_raised_total{kind}`):
 //! - `dead_letter`: a message was dead-lettered (either direction; found by
 //!   the dead-letter table's ids, so every path that writes one is seen);
 //! - `north_down`: the upstream link has been down longer than
@@ -24,7 +24,6 @@
 //! What to raise is decided by [`Monitor`], free of I/O and clocks.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,15 +33,12 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::clip::Clip;
+use crate::metrics::{self, Count};
 use crate::north::{AlertEvent, Link, NorthSender, Tag};
+pub use crate::protocol::alert::AlertKind;
 use crate::protocol::now_ms;
 use crate::shutdown::Shutdown;
 use crate::store::{AlertScan, Store};
-
-/// Alerts raised, counted.
-pub static ALERTS_RAISED: AtomicU64 = AtomicU64::new(0);
-/// Alerts dropped unsent (the queue was full), counted.
-pub static ALERTS_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// Alerts waiting for the link, at most.
 pub const MAX_QUEUED: usize = 10_000;
@@ -50,28 +46,6 @@ pub const MAX_QUEUED: usize = 10_000;
 const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Dead letters read per check; past it, one alert says how many more.
 const DEAD_PER_CHECK: usize = 100;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AlertKind {
-    DeadLetter,
-    NorthDown,
-    BacklogAge,
-    DiskBudget,
-    BackendSilent,
-}
-
-impl AlertKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AlertKind::DeadLetter => "dead_letter",
-            AlertKind::NorthDown => "north_down",
-            AlertKind::BacklogAge => "backlog_age",
-            AlertKind::DiskBudget => "disk_budget",
-            AlertKind::BackendSilent => "backend_silent",
-        }
-    }
-}
 
 /// One alert as published.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -269,7 +243,7 @@ impl AlertQueue {
                 // Counted and logged: not sent again after a restart.
                 self.settle(&dropped);
             }
-            let total = ALERTS_DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
+            let total = metrics::count(Count::AlertsDropped);
             warn!(
                 event = "alert_dropped",
                 total,
@@ -378,8 +352,7 @@ pub async fn run(
                 };
                 after_dead = after_dead.max(scan.max_dead_id);
                 for alert in monitor.check(Instant::now(), now_ms(), &scan) {
-                    let total = ALERTS_RAISED.fetch_add(1, Ordering::Relaxed) + 1;
-                    crate::metrics::alert_raised(alert.kind.as_str());
+                    let total = metrics::alert_raised(alert.kind);
                     warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %Clip(&alert.detail), total, "alert raised");
                     match serde_json::to_vec(&alert) {
                         Ok(body) => outbox.push(Bytes::from(body), alert.covers),

@@ -1,14 +1,21 @@
-//! ferry's metrics, in one registry, exposed by the admin server's
-//! `/metrics` ([`crate::admin`]) in the Prometheus text format.
+//! ferry's metrics: every counter, gauge and histogram in one registry,
+//! rendered in the Prometheus text format ([`render`]).
 //!
-//! Counters and histograms are bumped where the event happens, after its
-//! commit: a counter never counts something a failed commit took back.
-//! Gauges of the store (backlogs, ages, dead letters, size) are read from
-//! the database on each scrape ([`set_store_gauges`]), so they are the same
-//! figures `ferry status` shows; the link gauges follow the status file's
-//! events ([`crate::status_file`]). The older per-module counters (refusals,
-//! limits, oversize, alerts, the broker's own) are read at scrape time by
-//! [`Legacy`].
+//! - Counters and histograms are bumped where the event happens, after its
+//!   commit, through the functions here: a counter never counts something
+//!   a failed commit took back. The conditions counted without labels
+//!   (refusals, limits, oversize, dropped alerts) are [`Count`]s; their
+//!   bump returns the running total for the log line beside it.
+//! - No counter lives outside this module, and this module knows no
+//!   component: what it labels are the floor-1 and wire enums
+//!   ([`Direction`], [`AlertKind`], [`RejectCode`]), each label value the
+//!   enum's own text (`labels.rs`).
+//! - The registry is one per process, like the counts it holds: several
+//!   gateways in one process (the tests) add to the same figures.
+//! - Gauges of the store (backlogs, ages, dead letters, size) are set from
+//!   the database on each scrape ([`set_store_gauges`]); the link gauges
+//!   as the links go up and down. The embedded broker's own counters are
+//!   read at scrape time (`broker.rs`).
 //!
 //! Every name is listed, with its meaning, in docs/OPERATIONS.md
 //! ("Metrics"); the Grafana dashboard in `docs/grafana/` uses them.
@@ -17,53 +24,18 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Which way a message goes: `up` (device → backend) or `down`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    Up,
-    Down,
-}
+pub use count::Count;
+use labels::{dir, Dir, DirReason, Kind, REJECT_REASONS};
 
-impl Direction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Direction::Up => "up",
-            Direction::Down => "down",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct Dir {
-    direction: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct Kind {
-    /// An alert's kind (`dead_letter`, `north_down`, ...).
-    kind: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct DirReason {
-    direction: &'static str,
-    /// The receipt's reason code (`malformed`, `rate`, ...): a short fixed
-    /// set, never free text.
-    reason: &'static str,
-}
-
-fn dir(d: Direction) -> Dir {
-    Dir {
-        direction: d.as_str(),
-    }
-}
+use crate::dead_letter::Direction;
+use crate::protocol::alert::AlertKind;
+use crate::protocol::envelope::RejectCode;
 
 /// Seconds, from 0.5 ms to ~16 s: commits and receipts.
 fn fast_buckets() -> Histogram {
@@ -121,6 +93,8 @@ pub struct Metrics {
     rejected: Family<DirReason, Counter>,
     expired: PerDir<Counter>,
     alerts: Family<Kind, Counter>,
+    /// One per [`Count`], in [`Count::ALL`]'s order.
+    counts: [Counter; Count::ALL.len()],
     backlog: Family<Dir, Gauge>,
     oldest_age: Family<Dir, Gauge<f64, AtomicU64>>,
     dead_letters: Gauge,
@@ -155,6 +129,7 @@ impl Metrics {
             rejected: Family::default(),
             expired: PerDir::new(Family::default()),
             alerts: Family::default(),
+            counts: Default::default(),
             backlog: Family::default(),
             oldest_age: Family::default(),
             dead_letters: Gauge::default(),
@@ -291,49 +266,25 @@ impl Metrics {
             "Time from a message's commit to its delivery: the backend's ack (up), the device's confirm (down)",
             m.delivery_seconds.family.clone(),
         );
-        r.register_collector(Box::new(legacy::Legacy));
+        r.register_collector(Box::new(count::Counts(m.counts.clone())));
+        r.register_collector(Box::new(broker::Broker));
         // Every series from the start, at 0: a rate over a series that
         // appears only with its first event misses that event.
         // (The per-direction counters and histograms made theirs in
         // `PerDir::new`.)
-        for d in [Direction::Up, Direction::Down] {
+        for d in Direction::ALL {
             let _ = m.backlog.get_or_create(&dir(d));
             let _ = m.oldest_age.get_or_create(&dir(d));
         }
         let read_down = m.read.get_or_create(&dir(Direction::Down)).clone();
         m.backend_present.set(1);
         m.backend_ack_age.set(f64::NAN);
-        for kind in [
-            "dead_letter",
-            "north_down",
-            "backlog_age",
-            "disk_budget",
-            "backend_silent",
-        ] {
+        for kind in AlertKind::ALL {
             let _ = m.alerts.get_or_create(&Kind { kind });
         }
-        for (d, reasons) in [
-            (
-                Direction::Up,
-                &[
-                    "malformed",
-                    "too_large",
-                    "bad_topic",
-                    "unauthorized",
-                    "rate",
-                    "disk_budget",
-                ][..],
-            ),
-            (
-                Direction::Down,
-                &["malformed", "too_large", "disk_budget"][..],
-            ),
-        ] {
-            for reason in reasons {
-                let _ = m.rejected.get_or_create(&DirReason {
-                    direction: d.as_str(),
-                    reason,
-                });
+        for (d, codes) in REJECT_REASONS {
+            for &code in codes {
+                let _ = m.rejected.get_or_create(&DirReason::new(d, code));
             }
         }
         Metrics {
@@ -376,20 +327,25 @@ pub fn expired(d: Direction, n: u64) {
     get().expired.of(d).inc_by(n);
 }
 
-/// A `rejected` answer; `reason` is the receipt's reason code.
-pub fn rejected(d: Direction, reason: &'static str) {
-    get()
-        .rejected
-        .get_or_create(&DirReason {
-            direction: d.as_str(),
-            reason,
-        })
-        .inc();
+/// A `rejected` answer with the receipt's reason `code`.
+pub fn rejected(d: Direction, code: RejectCode) {
+    get().rejected.get_or_create(&DirReason::new(d, code)).inc();
 }
 
-/// An alert of `kind` raised.
-pub fn alert_raised(kind: &'static str) {
-    get().alerts.get_or_create(&Kind { kind }).inc();
+/// An alert of `kind` raised; returns how many alerts of every kind were
+/// raised so far, this one included.
+pub fn alert_raised(kind: AlertKind) -> u64 {
+    let alerts = &get().alerts;
+    alerts.get_or_create(&Kind { kind }).inc();
+    AlertKind::ALL
+        .into_iter()
+        .map(|kind| alerts.get_or_create(&Kind { kind }).get())
+        .sum()
+}
+
+/// `c` happened once more; returns its running total, this one included.
+pub fn count(c: Count) -> u64 {
+    get().counts[c as usize].inc() + 1
 }
 
 pub fn commit_took(t: Duration) {
@@ -438,7 +394,7 @@ pub fn set_devices_online(n: usize) {
     get().devices_online.set(n as i64);
 }
 
-/// The store's figures as of a scrape (see [`crate::ops::status`]).
+/// The store's figures as of a scrape.
 #[derive(Debug, Clone, Default)]
 pub struct StoreGauges {
     pub uplink_backlog: i64,
@@ -481,6 +437,8 @@ pub fn render() -> String {
     out
 }
 
-mod legacy;
+mod broker;
+mod count;
+mod labels;
 #[cfg(test)]
 mod tests;

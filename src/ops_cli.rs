@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use ferry::config::Config;
+use ferry::dead_letter::Direction;
 use ferry::ops::{self, dlq, fmt_ms, status, table, trace, OpsError};
 use serde::Serialize;
 
@@ -115,7 +116,7 @@ pub enum DlqCommand {
         #[arg(long, value_name = "R")]
         reason: Option<String>,
         #[arg(long, value_enum)]
-        direction: Option<dlq::Direction>,
+        direction: Option<Direction>,
     },
     /// Everything about one dead letter, its payload included.
     Show {
@@ -191,7 +192,7 @@ fn dlq(cmd: DlqCommand) -> Outcome {
                         r.id.to_string(),
                         opt(&r.device),
                         opt(&r.msg_id),
-                        r.direction.clone(),
+                        r.direction.to_string(),
                         r.reason.clone(),
                         r.attempts.to_string(),
                         fmt_ms(r.first_failure_ms),
@@ -225,7 +226,7 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             }
             let lines = [
                 ("id", d.row.id.to_string()),
-                ("direction", d.row.direction.clone()),
+                ("direction", d.row.direction.to_string()),
                 ("device", opt(&d.row.device)),
                 ("msg_id", opt(&d.row.msg_id)),
                 ("seq", d.seq.map_or("-".into(), |s| s.to_string())),

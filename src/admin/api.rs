@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::error::{echo, ApiError, ApiPath, ApiQuery};
 use super::Admin;
+use crate::dead_letter::Direction;
 use crate::ops;
 use crate::ops::dlq::{self, DeadLetterDetail, DeadLetterRow, Filter, Page};
 use crate::ops::status::StatusView;
@@ -65,14 +66,15 @@ async fn dlq_list(
 ) -> Result<Json<Vec<DeadLetterRow>>, ApiError> {
     let direction = match q.direction.as_deref() {
         None | Some("") => None,
-        Some("up") => Some(dlq::Direction::Up),
-        Some("down") => Some(dlq::Direction::Down),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "direction must be up or down (got {:?})",
-                echo(other)
-            )))
-        }
+        Some(text) => match Direction::parse(text) {
+            Some(d) => Some(d),
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "direction must be up or down (got {:?})",
+                    echo(text)
+                )))
+            }
+        },
     };
     let filter = Filter {
         device: q.device.filter(|d| !d.is_empty()),

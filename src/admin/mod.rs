@@ -27,7 +27,6 @@ mod error;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,9 +141,6 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a connection lives, however busy (a scraper reconnects).
 const CONNECTION_MAX: Duration = Duration::from_secs(300);
 
-/// Admin connections closed at once because [`MAX_CONNECTIONS`] were open.
-pub static CONNECTIONS_REFUSED: AtomicU64 = AtomicU64::new(0);
-
 /// The accept loop: HTTP/1.1 with every peer's resources bounded (a slot
 /// out of [`MAX_CONNECTIONS`], the header timeout, a connection's life), so
 /// no client of the admin port can starve the process of file descriptors
@@ -162,7 +158,8 @@ async fn serve(listener: tokio::net::TcpListener, app: Router) {
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            CONNECTIONS_REFUSED.fetch_add(1, Ordering::Relaxed);
+            // Closed at once: MAX_CONNECTIONS are open.
+            crate::metrics::count(crate::metrics::Count::AdminConnectionsRefused);
             continue;
         };
         let _ = stream.set_nodelay(true);

@@ -1,4 +1,5 @@
 use super::*;
+use crate::dead_letter::Direction;
 use crate::store::Backlog;
 
 fn cfg() -> AlertsConfig {
@@ -24,7 +25,7 @@ fn dead_letters_count_as_alerted_up_to_the_first_alert_not_yet_settled() {
     scan.dead = (5..=7)
         .map(|id| crate::store::DeadSummary {
             id,
-            direction: "up".into(),
+            direction: Direction::Up,
             device: Some("d".into()),
             msg_id: Some(format!("m{id}")),
             reason: "nacked: x".into(),
@@ -126,7 +127,7 @@ fn every_dead_letter_is_an_alert_and_a_flood_is_summed_up() {
     let s = AlertScan {
         dead: vec![crate::store::DeadSummary {
             id: 7,
-            direction: "up".into(),
+            direction: Direction::Up,
             device: Some("press-7".into()),
             msg_id: Some("m1".into()),
             reason: "nack: bad unit".into(),

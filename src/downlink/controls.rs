@@ -91,7 +91,7 @@ impl Downlink {
             warn!(event = "downlink_dead_lettered", device = %e.device, msg_id = %e.msg_id, seq = e.seq.0, reason = %Clip(e.reason.as_deref().unwrap_or("")), "downlink delivery dead-lettered: its device nacked it");
         }
         for ms in &moved.delivered_after_ms {
-            crate::metrics::delivery_took(crate::metrics::Direction::Down, *ms);
+            crate::metrics::delivery_took(crate::dead_letter::Direction::Down, *ms);
         }
         self.send_receipts(moved.receipts);
         let (released, actions) =

@@ -4,26 +4,21 @@
 //! commit. A downlink that can never be delivered is dead-lettered and
 //! answered `rejected`, its receipt committed with its dead letter.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use bytes::Bytes;
 use tracing::{debug, warn};
 
 use super::record::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
 use super::{Done, Downlink};
 use crate::clip::Clip;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Direction};
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics::{self, Direction};
+use crate::metrics::{self, Count};
 use crate::north::AckToken;
 use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::DeliveryState;
 use crate::store::StoreError;
-
-/// Backend downlinks nested past [`MAX_DEPTH`], counted.
-pub static NESTED_TOO_DEEP_FROM_BACKEND: AtomicU64 = AtomicU64::new(0);
 
 impl Downlink {
     pub(super) async fn on_downlink(
@@ -118,7 +113,7 @@ impl Downlink {
             Err(rejection) => {
                 let reason = rejection.reason();
                 if rejection.code == RejectCode::NestedTooDeep {
-                    let total = NESTED_TOO_DEEP_FROM_BACKEND.fetch_add(1, Ordering::Relaxed) + 1;
+                    let total = metrics::count(Count::NestedTooDeepFromBackend);
                     warn!(
                         event = "downlink_too_deep",
                         topic,
@@ -128,7 +123,7 @@ impl Downlink {
                     );
                 }
                 let dl = DeadLetter {
-                    direction: "down",
+                    direction: Direction::Down,
                     device: self
                         .topics
                         .parse_north_down(topic)
@@ -227,7 +222,7 @@ impl Downlink {
     ) {
         match result {
             Ok(rejected) => {
-                metrics::rejected(Direction::Down, code.as_str());
+                metrics::rejected(Direction::Down, code);
                 self.north.ack(token);
                 self.send_receipts([rejected.receipt]);
             }

@@ -24,7 +24,6 @@
 
 mod controls;
 mod intake;
-pub use intake::NESTED_TOO_DEEP_FROM_BACKEND;
 mod receipts_north;
 mod presence;
 mod receipts;
@@ -286,7 +285,7 @@ impl Downlink {
         }
         for (device, o, actions) in self.scheduler.on_tick(now) {
             warn!(event = "downlink_batch_resent", device = %device, first_seq = o.first.0, last_seq = o.last.0, count = o.size, resends = o.resends + 1, "downlink batch not confirmed in time; resending");
-            crate::metrics::retried(crate::metrics::Direction::Down, o.size as u64);
+            crate::metrics::retried(crate::dead_letter::Direction::Down, o.size as u64);
             self.execute(actions).await?;
         }
         Ok(())

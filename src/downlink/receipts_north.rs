@@ -14,7 +14,7 @@ use tracing::{error, warn};
 use super::record::{reason, OutboxReceipt};
 use super::{Done, Downlink, Timer};
 use crate::clip::Clip;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Direction};
 use crate::north::{Link, Tag};
 use crate::protocol::now_ms;
 use crate::store::StoreError;
@@ -109,7 +109,7 @@ impl Downlink {
         let (device, msg_id) = (field("device"), field("msg_id"));
         error!(event = "receipt_dead_lettered", device = %Clip(device.as_deref().unwrap_or("")), msg_id = %Clip(msg_id.as_deref().unwrap_or("")), status = %Clip(field("status").as_deref().unwrap_or("")), attempts = self.settings.max_attempts, reason = %reason, "receipt north dead-lettered");
         let dl = DeadLetter {
-            direction: "down",
+            direction: Direction::Down,
             device,
             msg_id,
             topic: self.topics.north_receipts(),

@@ -25,7 +25,6 @@
 //! and reported rather than failing the connection (a broker redelivers an
 //! unacknowledged message to a persistent session forever).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +35,7 @@ use tracing::{debug, warn};
 use crate::clip::Clip;
 use crate::config::NorthConfig;
 use crate::ids::{DeviceId, Seq};
+use crate::metrics::{self, Count};
 pub use crate::mqtt::AckToken;
 use crate::mqtt::{self, Announce, Event, Message, Reconnect, Session, Will};
 use crate::protocol::control::{self, Status};
@@ -45,9 +45,6 @@ use crate::status_file::{LiveEvent, LiveSender};
 
 /// MQTT-level in-flight publishes (awaiting PUBACK) on the session.
 const SESSION_INFLIGHT: u16 = 1024;
-
-/// Counted north events nobody else counts.
-pub static OVERSIZED_FROM_UPSTREAM: AtomicU64 = AtomicU64::new(0);
 
 /// What a publish north is, so its fate can be told to its owner.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -309,7 +306,7 @@ impl Router {
     /// once; a downlink waits for its commit. Either way, in receive order.
     async fn route(&self, m: Message) {
         if let Some(size) = m.oversize {
-            let total = OVERSIZED_FROM_UPSTREAM.fetch_add(1, Ordering::Relaxed) + 1;
+            let total = metrics::count(Count::OversizedFromUpstream);
             warn!(event = "north_message_oversized", topic = %Clip(&m.topic), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
         }
         if self.topics.is_north_down(&m.topic) {

@@ -15,6 +15,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
 use super::{sqlite, OpsError};
+use crate::dead_letter::Direction;
 
 /// One dead letter, as `dlq list` shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -22,7 +23,7 @@ pub struct DeadLetterRow {
     pub id: i64,
     pub device: Option<String>,
     pub msg_id: Option<String>,
-    pub direction: String,
+    pub direction: Direction,
     pub reason: String,
     pub attempts: u32,
     /// The first failed attempt, or the dead-lettering if none failed before.
@@ -40,21 +41,6 @@ pub struct Filter {
     /// Dead letters whose reason starts with this (e.g. `nacked`).
     pub reason: Option<String>,
     pub direction: Option<Direction>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Direction {
-    Up,
-    Down,
-}
-
-impl Direction {
-    fn as_str(self) -> &'static str {
-        match self {
-            Direction::Up => "up",
-            Direction::Down => "down",
-        }
-    }
 }
 
 const ROW_SQL: &str = "SELECT d.id, d.device, d.msg_id, d.direction, d.reason, d.attempts,
@@ -236,7 +222,7 @@ pub fn replayable_ids(conn: &Connection, device: Option<&str>) -> Result<Vec<i64
 struct Found {
     device: Option<String>,
     msg_id: Option<String>,
-    direction: String,
+    direction: Direction,
     reason: String,
     uplink_id: Option<i64>,
     topic: Option<String>,
@@ -285,7 +271,7 @@ pub fn replay(conn: &mut Connection, id: i64, now_ms: i64) -> Result<Replayed, O
     else {
         return Ok(refused(None, None, format!("no dead letter {id}")));
     };
-    if direction == "down" {
+    if direction == Direction::Down {
         let why = match down::seq_of(topic.as_deref()) {
             Some(seq) => down::check(&tx, device.as_deref(), seq).map_err(&write)?,
             None => Some(format!("refused at the door ({reason}): it was never stored; the backend must send it again")),

@@ -15,13 +15,13 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::{sqlite, OpsError};
+use crate::dead_letter::Direction;
 
 /// One step of a message's life.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TraceEvent {
     pub at_ms: i64,
-    /// `up` or `down`.
-    pub direction: &'static str,
+    pub direction: Direction,
     /// What happened: `received` (ferry took the publish, device's or
     /// backend's, before committing it), then for an uplink `stored`,
     /// `attempt failed`, `replayed`, `delivered (backend ack)`, `dead`, or
@@ -58,7 +58,7 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
         .optional()
         .map_err(&read)?;
     if let Some((at_ms, seq)) = received {
-        out.push(received_line("up", at_ms, Some(seq)));
+        out.push(received_line(Direction::Up, at_ms, Some(seq)));
     }
     let mut stmt = conn
         .prepare(
@@ -72,7 +72,7 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
             let detail: Option<String> = r.get(2)?;
             Ok(TraceEvent {
                 at_ms: r.get(0)?,
-                direction: "up",
+                direction: Direction::Up,
                 event: event_name(&state, detail.as_deref()),
                 seq: r.get(3)?,
                 detail,
@@ -102,7 +102,7 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
         .map_err(&read)?;
     for (seq, state, at_ms, received_ms) in deliveries {
         if let Some(received_ms) = received_ms {
-            out.push(received_line("down", received_ms, Some(seq)));
+            out.push(received_line(Direction::Down, received_ms, Some(seq)));
         }
         let before = out.len();
         let lines = stmt
@@ -113,7 +113,7 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
                     && detail.as_deref().is_some_and(|d| d.starts_with("replayed"));
                 Ok(TraceEvent {
                     at_ms: r.get(0)?,
-                    direction: "down",
+                    direction: Direction::Down,
                     event: if replayed { "replayed".into() } else { state },
                     seq: Some(seq),
                     detail,
@@ -127,7 +127,7 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
             // Stored before deliveries had a history: its state now.
             out.push(TraceEvent {
                 at_ms,
-                direction: "down",
+                direction: Direction::Down,
                 event: state,
                 seq: Some(seq),
                 detail: None,
@@ -139,7 +139,7 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
     Ok(out)
 }
 
-fn received_line(direction: &'static str, at_ms: i64, seq: Option<i64>) -> TraceEvent {
+fn received_line(direction: Direction, at_ms: i64, seq: Option<i64>) -> TraceEvent {
     TraceEvent {
         at_ms,
         direction,
@@ -173,7 +173,7 @@ mod tests {
         trace(conn, "d", msg_id)
             .unwrap()
             .into_iter()
-            .map(|e| (e.direction, e.event, e.at_ms))
+            .map(|e| (e.direction.as_str(), e.event, e.at_ms))
             .collect()
     }
 

@@ -12,6 +12,7 @@
 //!   and the status both devices and the gateway publish.
 //! - [`inbox`]: downlink batches to devices.
 //! - [`north`]: the uplink message the backend receives.
+//! - [`alert`]: the kinds of alert the gateway publishes.
 //! - [`depth`]: how deep a JSON text nests, checked before any of the
 //!   above parses what a peer sent.
 //!
@@ -20,6 +21,7 @@
 //! examples of docs/PROTOCOL.md verbatim.
 
 pub mod ack;
+pub mod alert;
 pub mod control;
 pub mod depth;
 pub mod envelope;

@@ -7,14 +7,13 @@
 //!   CONNECT is too large to read (vendor/README.md).
 //! - With `south.auth = "password"`, the password must then match
 //!   ([`Authenticator::check`]).
-//! - Every refusal is counted ([`auth::REFUSED`]); the log gets the first
+//! - Every refusal is counted (`ferry_devices_refused_total`); the log gets the first
 //!   few per peer address and window, then one summary line
 //!   (`rumqttd::refusals`), and never more of a client id than
 //!   `rumqttd::refusals::CLIP` bytes.
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rumqttd::protocol::ConnectReturnCode;
@@ -22,8 +21,9 @@ use rumqttd::refusals::{self, Clip};
 use rumqttd::{ConnectHook, ConnectInfo};
 use tracing::{info, warn};
 
-use super::auth::{Authenticator, Refusal, REFUSED};
+use super::auth::{Authenticator, Refusal};
 use crate::ids::{DeviceId, IdError};
+use crate::metrics::{self, Count};
 
 /// Longest client id the broker reads: a device id's.
 pub const MAX_CLIENT_ID: usize = 64;
@@ -61,7 +61,7 @@ pub fn hook(auth: Option<Arc<Authenticator>>) -> ConnectHook {
         Box::pin(async move {
             let result = admit(auth.as_deref(), &info).await;
             if let Err(refusal) = &result {
-                REFUSED.fetch_add(1, Ordering::Relaxed);
+                metrics::count(Count::DevicesRefused);
                 if refusals::admit(info.peer.ip()) {
                     log_refusal(&info.client_id, info.peer, refusal);
                 }

@@ -5,8 +5,8 @@
 //!   the password matches that device's line. Anything else is refused
 //!   with a CONNACK (4, bad username or password; 5, not authorized, for a
 //!   client id that is not the username), logged with the client id and
-//!   the peer's address, and counted ([`REFUSED`]) by the broker's connect
-//!   hook (`admission.rs`).
+//!   the peer's address, and counted (`ferry_devices_refused_total`) by the
+//!   broker's connect hook (`admission.rs`).
 //! - argon2 is slow on purpose (~20 ms of CPU and 19 MiB per check), so a
 //!   reconnect storm of thousands of devices, or a stranger guessing, must
 //!   not take the pipeline's CPU or the box's memory: verifications run on
@@ -26,7 +26,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -38,9 +37,6 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use crate::ids::DeviceId;
-
-/// CONNECTs refused by authentication, counted.
-pub static REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// Verifications waiting for the verifier threads, at most: ~2 s of work
 /// for one core.

@@ -21,9 +21,6 @@ pub(super) const MEASURE_EVERY: Duration = Duration::from_millis(200);
 /// budget (in percent).
 pub const RESUME_AT: u64 = 95;
 
-/// Times the budget was reached, counted.
-pub static DISK_BUDGET_REACHED: AtomicU64 = AtomicU64::new(0);
-
 /// The budget and the writer's latest measure; cheap to clone, read by
 /// anyone.
 #[derive(Clone, Debug)]
@@ -78,12 +75,7 @@ impl Budget {
             return None;
         }
         self.over.store(now, Ordering::Relaxed);
-        Some(if now {
-            DISK_BUDGET_REACHED.fetch_add(1, Ordering::Relaxed);
-            Change::Reached
-        } else {
-            Change::Freed
-        })
+        Some(if now { Change::Reached } else { Change::Freed })
     }
 }
 

@@ -12,6 +12,7 @@ use rusqlite::{params, Connection, Result};
 
 use super::clock::Now;
 use super::Backlog;
+use crate::dead_letter::Direction;
 
 /// What waits to be delivered in each direction.
 pub fn backlog(conn: &Connection) -> Result<Backlog> {
@@ -120,7 +121,7 @@ pub struct AlertScan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadSummary {
     pub id: i64,
-    pub direction: String,
+    pub direction: Direction,
     pub device: Option<String>,
     pub msg_id: Option<String>,
     pub reason: String,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::dead_letter::Direction;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::parse_uplink;
 use crate::state::MessageState;
@@ -293,7 +294,7 @@ async fn dead_letter_ids_are_never_reused_after_the_newest_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &cfg()).unwrap();
     let dl = || crate::dead_letter::DeadLetter {
-        direction: "up",
+        direction: Direction::Up,
         device: Some("a".into()),
         msg_id: None,
         topic: "devices/a/up/t".into(),

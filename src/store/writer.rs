@@ -17,10 +17,11 @@ use rusqlite::{Connection, ErrorCode, Transaction};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use super::budget::{self, Budget, Change, DISK_BUDGET_REACHED};
+use super::budget::{self, Budget, Change};
 use super::clock::{self, StoreClock};
 use super::{prune, uplink, DownOp, Op, Reply, StoreError};
 use crate::health::Heartbeat;
+use crate::metrics::{self, Count};
 use crate::uplink::record::EXPIRED_REASON;
 use down::apply_down;
 
@@ -113,7 +114,7 @@ impl Writer {
                 event = "disk_budget_reached",
                 used_bytes = used,
                 max_db_bytes = self.budget.limit(),
-                total = DISK_BUDGET_REACHED.load(std::sync::atomic::Ordering::Relaxed),
+                total = metrics::count(Count::DiskBudgetReached),
                 "disk budget reached: new uplinks and downlinks are refused until delivered messages are pruned; nothing undelivered is deleted"
             ),
             Some(Change::Freed) => info!(

@@ -14,8 +14,9 @@ use super::intake::Lines;
 use super::limits::Sender;
 use super::record::{IntakeOutcome, ToEngine};
 use crate::clip::Clip;
+use crate::dead_letter::Direction;
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics::{self, Direction};
+use crate::metrics;
 use crate::protocol::envelope::Rejection;
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
@@ -123,7 +124,7 @@ async fn answer_device(
             result: Ok(dead_letter),
         } => {
             // "-": published on a topic that names no valid device.
-            metrics::rejected(Direction::Up, rejection.code.as_str());
+            metrics::rejected(Direction::Up, rejection.code);
             let named = device.as_ref().map_or("-", DeviceId::as_str);
             if lines.admit(&device, Instant::now()) {
                 warn!(event = "uplink_rejected", device = named, msg_id = rejection.msg_id.as_ref().map(MsgId::as_str), reason = %Clip(&rejection.reason()), dead_letter, "uplink rejected");
@@ -138,7 +139,7 @@ async fn answer_device(
             )
         }
         Answer::Refused { device, rejection } => {
-            metrics::rejected(Direction::Up, rejection.code.as_str());
+            metrics::rejected(Direction::Up, rejection.code);
             (
                 device,
                 Receipt::refused(rejection.msg_id.as_ref(), rejection.reason()),

@@ -19,7 +19,6 @@
 //! the engine and the downlink task see their input close.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,9 +34,9 @@ use super::record::{Intake, ToEngine};
 use super::route::Route;
 use crate::clip::{self, Clip, LogBudget};
 use crate::config::RateLimit;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Direction};
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics::{self, Direction};
+use crate::metrics::{self, Count};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
@@ -53,13 +52,6 @@ use crate::store::{Store, StoreError};
 /// holds the devices back).
 pub const MAX_UNANSWERED: usize = 16_384;
 const MAX_UNANSWERED_BYTES: usize = 32 << 20;
-
-/// Device publishes over the broker's limit, counted.
-pub static OVERSIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
-/// Device publishes outside the sender's own topics, counted.
-pub static UNAUTHORIZED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
-/// Device envelopes and controls nested past [`MAX_DEPTH`], counted.
-pub static NESTED_TOO_DEEP_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
 
 pub struct IntakeConfig {
     pub gateway: Arc<str>,
@@ -250,7 +242,7 @@ async fn accept(
         }
     }
     if let Some(size) = msg.oversize {
-        let total = OVERSIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+        let total = metrics::count(Count::OversizedFromDevices);
         if lines.admit(&sender, Instant::now()) {
             warn!(event = "device_publish_oversized", topic = %Clip(&msg.topic), bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
         }
@@ -262,7 +254,7 @@ async fn accept(
             }
         } else if nested_deeper_than(&msg.payload, MAX_DEPTH) {
             // Ignored like any malformed control (controls get no receipts).
-            let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+            let total = metrics::count(Count::NestedTooDeepFromDevices);
             if lines.admit(&sender, Instant::now()) {
                 warn!(event = "device_control_too_deep", device = %device, topic = %Clip(&msg.topic), limit = MAX_DEPTH, total, "device control nested too deep; ignored");
             }
@@ -376,7 +368,7 @@ fn judge(
     let (device, stream) = match route {
         Route::Up { device, stream } => (device, stream),
         Route::Unauthorized { publisher, sender } => {
-            let total = UNAUTHORIZED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+            let total = metrics::count(Count::UnauthorizedFromDevices);
             if lines.admit(&sender, Instant::now()) {
                 warn!(event = "device_publish_unauthorized", publisher = %Clip(&publisher.to_string()), topic = %Clip(&msg.topic), total, "device publish outside its own topics rejected");
             }
@@ -439,7 +431,7 @@ fn judge(
         }
         Err(rejection) => {
             if rejection.code == RejectCode::NestedTooDeep {
-                let total = NESTED_TOO_DEEP_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+                let total = metrics::count(Count::NestedTooDeepFromDevices);
                 warn!(event = "device_envelope_too_deep", device = %device, limit = MAX_DEPTH, total, "device envelope nested too deep");
             }
             reject(store, Some(device), rejection, msg)
@@ -454,7 +446,7 @@ fn reject(
     msg: &SouthMessage,
 ) -> AnswerFuture {
     let dl = DeadLetter {
-        direction: "up",
+        direction: Direction::Up,
         device: device
             .as_ref()
             .map(|d| d.to_string())

@@ -17,20 +17,13 @@
 //! no entry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::config::RateLimit;
 use crate::ids::DeviceId;
-
-/// Device publishes refused or dropped for being over `south.rate_per_s`,
-/// counted.
-pub static RATE_LIMITED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
-/// Device uplinks refused for being past `south.max_inflight_per_device`,
-/// counted.
-pub static INFLIGHT_LIMITED_FROM_DEVICES: AtomicU64 = AtomicU64::new(0);
+use crate::metrics;
 
 /// Whom a limit is kept for: a device, or `None` for every publisher
 /// without a valid device id. Those share one bucket: nothing can be
@@ -288,7 +281,7 @@ impl Limits {
                 Rate::Within { held: status }
             }
             Take::Limited { first } => {
-                let total = RATE_LIMITED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+                let total = metrics::count(metrics::Count::RateLimitedFromDevices);
                 if first {
                     warn!(
                         event = "device_rate_exceeded",
@@ -323,7 +316,7 @@ impl Limits {
         match self.in_flight.admit(sender) {
             Admit::Pass => true,
             Admit::Limited { first } => {
-                let total = INFLIGHT_LIMITED_FROM_DEVICES.fetch_add(1, Ordering::Relaxed) + 1;
+                let total = metrics::count(metrics::Count::InflightLimitedFromDevices);
                 if first {
                     warn!(
                         event = "device_inflight_exceeded",

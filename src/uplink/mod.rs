@@ -38,10 +38,11 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::clip;
+use crate::dead_letter::Direction;
 use crate::deadlines::sleep_until;
 use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics::{self, Direction};
+use crate::metrics;
 use crate::north::{Link, NorthSender, Tag, UplinkEvent};
 use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;

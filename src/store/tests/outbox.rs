@@ -3,7 +3,7 @@
 
 use super::down::{dev, msg};
 use super::*;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Direction};
 use crate::protocol::receipt::NorthReceipt;
 
 fn outbox_rows(conn: &rusqlite::Connection) -> i64 {
@@ -80,7 +80,7 @@ async fn a_receipt_given_up_on_leaves_the_outbox_for_the_dead_letters_in_one_com
         .unwrap();
     let r = &out.receipts[0];
     let dl = DeadLetter {
-        direction: "down",
+        direction: Direction::Down,
         device: Some("a".into()),
         msg_id: Some("n-1".into()),
         topic: "ferry/g/receipts".into(),
@@ -98,7 +98,7 @@ async fn a_rejected_downlink_commits_its_dead_letter_and_a_receipt_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &cfg()).unwrap();
     let dl = DeadLetter {
-        direction: "down",
+        direction: Direction::Down,
         device: None,
         msg_id: Some("n-9".into()),
         topic: "ferry/g/down".into(),

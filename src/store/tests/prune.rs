@@ -3,6 +3,7 @@
 
 use super::down::{dev, msg};
 use super::*;
+use crate::dead_letter::Direction;
 use crate::store::prune::Cutoffs;
 
 /// A cutoff at `wall_ms` on the wall clock and past anything on the store
@@ -183,7 +184,7 @@ async fn the_alert_scan_finds_new_dead_letters_and_the_oldest_waiting_message() 
     assert!(scan.oldest_downlink_age.is_some());
     assert_eq!(scan.dead.len(), 1);
     assert_eq!(scan.dead[0].msg_id.as_deref(), Some("m1"));
-    assert_eq!(scan.dead[0].direction, "up");
+    assert_eq!(scan.dead[0].direction, Direction::Up);
     assert_eq!(scan.more_dead, 0);
     assert_eq!(scan.max_dead_id, scan.dead[0].id);
     assert!(!scan.over_budget);

@@ -1,0 +1,36 @@
+//! The embedded broker's own counters (the vendored rumqttd keeps them as
+//! atomics of its own, vendor/README.md), read at each scrape.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+
+#[derive(Debug)]
+pub(super) struct Broker;
+
+/// `(name, help, counter)`; names are under the `ferry_` prefix.
+fn broker_counters() -> [(&'static str, &'static str, &'static AtomicU64); 7] {
+    use rumqttd::counters;
+    [
+        ("broker_subscriptions_refused", "SUBSCRIBEs the embedded broker refused (not the device's own topics, or over the limit)", &counters::SUBSCRIPTIONS_REFUSED),
+        ("broker_protocol_violations", "Connections the embedded broker closed for a protocol violation", &counters::PROTOCOL_VIOLATIONS),
+        ("broker_tls_handshakes_failed", "TLS handshakes that failed or timed out on the embedded listener", &counters::TLS_HANDSHAKES_FAILED),
+        ("broker_certificate_id_refused", "CONNECTs whose client id was not the certificate's CN", &counters::CERTIFICATE_ID_REFUSED),
+        ("broker_wills_refused", "CONNECTs refused because their will was on a topic the device may not publish on", &counters::WILLS_REFUSED),
+        ("broker_client_ids_refused", "CONNECTs refused for a client id over 64 bytes (or one the broker cannot take), or a CONNECT too large to read", &counters::CLIENT_IDS_REFUSED),
+        ("broker_connections_full", "CONNECTs refused because south.max_connections devices were connected", &counters::CONNECTIONS_FULL),
+    ]
+}
+
+impl Collector for Broker {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, value) in broker_counters() {
+            let counter = ConstCounter::new(value.load(Ordering::Relaxed));
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,116 @@
+//! The counts without labels: one [`Count`] variant per condition, each one
+//! `ferry_<name>_total` counter made at start. Where the condition happens,
+//! [`super::count`] bumps it and returns the running total for the log line
+//! beside it.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+
+/// A condition counted with no labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// A CONNECT the embedded broker's connect hook refused.
+    DevicesRefused,
+    /// A device publish over `south.max_payload_bytes`.
+    OversizedFromDevices,
+    /// A device publish outside the device's own topics.
+    UnauthorizedFromDevices,
+    /// A device envelope or control nested too deep.
+    NestedTooDeepFromDevices,
+    /// A device publish over `south.rate_per_s`/`burst`.
+    RateLimitedFromDevices,
+    /// A device uplink past `south.max_inflight_per_device`.
+    InflightLimitedFromDevices,
+    /// An upstream message over `north.max_packet_bytes`.
+    OversizedFromUpstream,
+    /// A backend downlink nested too deep.
+    NestedTooDeepFromBackend,
+    /// An admin HTTP connection closed at once, at the connection limit.
+    AdminConnectionsRefused,
+    /// The store reached `store.max_db_bytes`.
+    DiskBudgetReached,
+    /// An alert dropped unsent: the in-memory queue was full.
+    AlertsDropped,
+}
+
+impl Count {
+    /// In the order they are exposed.
+    pub(super) const ALL: [Count; 11] = [
+        Count::DevicesRefused,
+        Count::OversizedFromDevices,
+        Count::UnauthorizedFromDevices,
+        Count::NestedTooDeepFromDevices,
+        Count::RateLimitedFromDevices,
+        Count::InflightLimitedFromDevices,
+        Count::OversizedFromUpstream,
+        Count::NestedTooDeepFromBackend,
+        Count::AdminConnectionsRefused,
+        Count::DiskBudgetReached,
+        Count::AlertsDropped,
+    ];
+
+    /// The metric's name under the `ferry_` prefix (the sample adds
+    /// `_total`).
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Count::DevicesRefused => "devices_refused",
+            Count::OversizedFromDevices => "oversized_from_devices",
+            Count::UnauthorizedFromDevices => "unauthorized_from_devices",
+            Count::NestedTooDeepFromDevices => "nested_too_deep_from_devices",
+            Count::RateLimitedFromDevices => "rate_limited_from_devices",
+            Count::InflightLimitedFromDevices => "inflight_limited_from_devices",
+            Count::OversizedFromUpstream => "oversized_from_upstream",
+            Count::NestedTooDeepFromBackend => "nested_too_deep_from_backend",
+            Count::AdminConnectionsRefused => "admin_connections_refused",
+            Count::DiskBudgetReached => "disk_budget_reached",
+            Count::AlertsDropped => "alerts_dropped",
+        }
+    }
+
+    pub(super) fn help(self) -> &'static str {
+        match self {
+            Count::DevicesRefused => "CONNECTs refused by the connect hook: a client id that is no device id, or device authentication",
+            Count::OversizedFromDevices => "Device publishes over south.max_payload_bytes",
+            Count::UnauthorizedFromDevices => "Device publishes outside the device's own topics",
+            Count::NestedTooDeepFromDevices => "Device messages nested deeper than 32 levels",
+            Count::RateLimitedFromDevices => "Device publishes over south.rate_per_s/burst",
+            Count::InflightLimitedFromDevices => "Device uplinks over south.max_inflight_per_device",
+            Count::OversizedFromUpstream => "Upstream messages over north.max_packet_bytes",
+            Count::NestedTooDeepFromBackend => "Backend messages nested deeper than 32 levels",
+            Count::AdminConnectionsRefused => "Admin HTTP connections closed at once: the server's connection limit was reached",
+            Count::DiskBudgetReached => "Times the store reached store.max_db_bytes",
+            Count::AlertsDropped => "Alerts dropped: the in-memory queue was full or the upstream refused one",
+        }
+    }
+}
+
+/// The [`Count`] counters, exposed in [`Count::ALL`]'s order. A collector
+/// rather than registered metrics because their HELP texts have always
+/// been written as they are (the registry would add a full stop).
+#[derive(Debug)]
+pub(super) struct Counts(pub [Counter; Count::ALL.len()]);
+
+impl Collector for Counts {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for c in Count::ALL {
+            let counter = &self.0[c as usize];
+            let metric =
+                encoder.encode_descriptor(c.name(), c.help(), None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_count_sits_at_its_own_place_in_all() {
+        for (i, c) in Count::ALL.into_iter().enumerate() {
+            assert_eq!(c as usize, i, "{c:?}");
+        }
+    }
+}
