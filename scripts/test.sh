@@ -3,7 +3,8 @@
 # integration tests need (Mosquitto, the real upstream broker; Chromium, the
 # status page test's headless browser; faketime, the clock tests' false
 # wall clock), then
-# `cargo test`. Extra arguments go to cargo test.
+# `cargo test` over the workspace: ferry and its fork of rumqttd
+# (vendor/rumqttd). Extra arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,19 +38,24 @@ fi
 command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
 # The tests start their own Mosquitto on free ports; the packaged service
 # is not needed. Benches are not run here (they are long; see
-# docs/BENCHMARKS.md), and there are no doc tests.
+# docs/BENCHMARKS.md), and there are no doc tests. One cargo invocation
+# for both packages, so the dependencies both use are built once; the
+# fork has unit tests only (and its standalone binary, built as a check).
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --locked --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
+cargo test --locked --workspace --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+# Where cargo put the binary (CARGO_TARGET_DIR or a config may move it).
+target_dir=$(cargo metadata --locked --format-version 1 --no-deps |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 # The unit, verified as installed except that it runs the binary just
 # built (verify refuses an ExecStart that does not exist). systemd-analyze
 # exits 0 on a line it could not parse and only says so: any output fails.
 if [ "$status" -eq 0 ]; then
     unit_dir=$(mktemp -d)
-    sed "s|/usr/local/bin/ferry|$PWD/target/debug/ferry|g" systemd/ferry.service >"$unit_dir/ferry.service"
+    sed "s|/usr/local/bin/ferry|$target_dir/debug/ferry|g" systemd/ferry.service >"$unit_dir/ferry.service"
     set +e
     verify=$(systemd-analyze verify "$unit_dir/ferry.service" 2>&1)
     verify_status=$?
@@ -63,6 +69,20 @@ if [ "$status" -eq 0 ]; then
         echo "systemd-analyze verify systemd/ferry.service: ok"
     fi
 fi
-sum() { grep -oE "[0-9]+ $1" "$log" | awk '{ n += $1 } END { print n + 0 }'; }
-echo "tests: $(sum passed) passed, $(sum failed) failed"
+# sum WORD [PACKAGE]: the test binaries' "N WORD" counts, all of them or
+# those of PACKAGE's binaries (named by cargo's "Running ... (.../NAME-hash)"
+# lines; ferry's are ferry-*, tests-*, and its examples).
+sum() {
+    awk -v word="$1" -v pkg="${2:-}" '
+        /^ *Running / { bin = $NF; sub(/.*\//, "", bin); sub(/-[0-9a-f]+\)$/, "", bin) }
+        /^test result: / {
+            if (pkg == "rumqttd" && bin != "rumqttd") next
+            if (pkg == "ferry" && bin == "rumqttd") next
+            for (i = 1; i < NF; i++) if ($(i + 1) ~ "^" word) n += $i
+        }
+        END { print n + 0 }' "$log"
+}
+echo "tests: $(sum passed) passed, $(sum failed) failed" \
+    "(ferry $(sum passed ferry) passed, $(sum failed ferry) failed;" \
+    "vendored rumqttd $(sum passed rumqttd) passed, $(sum failed rumqttd) failed)"
 exit "$status"

@@ -1,4 +1,7 @@
-// ferry: a vendored dependency; its upstream warnings are not ours to fix.
+// ferry: ferry's fork of rumqttd 0.20.0 (the patches: ../README.md).
+// Upstream's warnings stay allowed: fixing them would rewrite upstream's
+// code and blur the diff the patches are read against. This also keeps
+// ferry's clippy off the crate; rustfmt checks all of it.
 #![allow(warnings)]
 use std::fmt;
 use std::future::IntoFuture;
@@ -24,7 +27,8 @@ pub use link::alerts;
 pub use link::local;
 pub use link::meters;
 pub use router::{
-    Alert, ClientEvent, DirectPublish, Forward, IncomingMeter, Meter, Notification, OutgoingMeter, Router,
+    Alert, ClientEvent, DirectPublish, Forward, IncomingMeter, Meter, Notification, OutgoingMeter,
+    Router,
 };
 use segments::Storage;
 pub use server::{Broker, LinkType, Server};
@@ -96,8 +100,11 @@ pub struct ConnectInfo {
 /// ferry: decides whether a CONNECT is accepted; `Err(code)` refuses it
 /// with a CONNACK carrying `code` before the connection is closed.
 pub type ConnectHook = Arc<
-    dyn Fn(ConnectInfo) -> Pin<Box<dyn std::future::Future<Output = Result<(), protocol::ConnectReturnCode>> + Send>>
-        + Send
+    dyn Fn(
+            ConnectInfo,
+        ) -> Pin<
+            Box<dyn std::future::Future<Output = Result<(), protocol::ConnectReturnCode>> + Send>,
+        > + Send
         + Sync,
 >;
 
@@ -166,7 +173,8 @@ impl TlsConfig {
                 crlpath,
                 ..
             } => {
-                let exists = |p: &Option<String>| p.as_ref().map_or(true, |v| Path::new(v).exists());
+                let exists =
+                    |p: &Option<String>| p.as_ref().map_or(true, |v| Path::new(v).exists());
                 exists(capath)
                     && exists(crlpath)
                     && [certpath, keypath].iter().all(|v| Path::new(v).exists())

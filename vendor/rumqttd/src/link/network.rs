@@ -144,7 +144,11 @@ impl<P: Protocol> Network<P> {
         let size = remaining - header;
         self.skip = fixed + remaining - want;
         self.discard();
-        tracing::info!(bytes = size, limit = self.max_incoming_size, "oversized publish skipped; its head is passed on");
+        tracing::info!(
+            bytes = size,
+            limit = self.max_incoming_size,
+            "oversized publish skipped; its head is passed on"
+        );
         let publish = protocol::Publish {
             dup: byte1 & 0b1000 != 0,
             qos: protocol::qos(qos).ok_or(Error::Protocol(protocol::Error::InvalidQoS(qos)))?,
@@ -242,11 +246,8 @@ impl<P: Protocol> Network<P> {
             let required = if self.skip > 0 {
                 1
             } else {
-                match Protocol::read_mut(
-                    &mut self.protocol,
-                    &mut self.read,
-                    self.max_incoming_size,
-                ) {
+                match Protocol::read_mut(&mut self.protocol, &mut self.read, self.max_incoming_size)
+                {
                     Ok(packet) => return Ok(packet),
                     Err(protocol::Error::InsufficientBytes(required)) => required,
                     Err(protocol::Error::PayloadSizeLimitExceeded(_))

@@ -312,7 +312,8 @@ where
             size,
             client_id_len,
         }) => {
-            let id_too_long = config.max_client_id_len > 0 && client_id_len > config.max_client_id_len;
+            let id_too_long =
+                config.max_client_id_len > 0 && client_id_len > config.max_client_id_len;
             let code = if id_too_long {
                 ConnectReturnCode::ClientIdentifierNotValid
             } else {
@@ -344,7 +345,10 @@ where
         packet => return Err(Error::NotConnectPacket(packet)),
     };
 
-    Span::current().record("client_id", crate::refusals::Clip(&connect.client_id).to_string());
+    Span::current().record(
+        "client_id",
+        crate::refusals::Clip(&connect.client_id).to_string(),
+    );
 
     // ferry: a client id over the limit is refused before anything else
     // looks at it (CONNACK 2, identifier rejected).

@@ -192,7 +192,10 @@ impl DataLog {
         // reads will definitely happen on a valid filter.
         // ferry: a freed filter is an error to report, not a panic.
         let data = self.native.get(filter_idx).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, format!("no log at index {filter_idx}"))
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no log at index {filter_idx}"),
+            )
         })?;
         let mut o = Vec::new();
         // TODO: `readv` is infallible but its current return type does not

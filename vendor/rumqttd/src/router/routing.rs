@@ -28,8 +28,9 @@ use super::shared_subs::SharedGroup;
 mod wills;
 
 use super::{
-    packetid, ClientEvent, Connection, Incarnation, DataRequest, DirectPublish, Event, FilterIdx, Meter, Notification, Print,
-    RouterMeter, ShadowRequest, MAX_CHANNEL_CAPACITY, MAX_SCHEDULE_ITERATIONS,
+    packetid, ClientEvent, Connection, DataRequest, DirectPublish, Event, FilterIdx, Incarnation,
+    Meter, Notification, Print, RouterMeter, ShadowRequest, MAX_CHANNEL_CAPACITY,
+    MAX_SCHEDULE_ITERATIONS,
 };
 
 #[derive(Error, Debug)]
@@ -332,7 +333,11 @@ impl Router {
             outgoing
                 .data_buffer
                 .lock()
-                .push_back(Notification::DeviceAck(super::Ack::ConnAck(usize::MAX, ack, None)));
+                .push_back(Notification::DeviceAck(super::Ack::ConnAck(
+                    usize::MAX,
+                    ack,
+                    None,
+                )));
             outgoing.handle.try_send(()).ok();
             return;
         };
@@ -371,7 +376,11 @@ impl Router {
             outgoing
                 .data_buffer
                 .lock()
-                .push_back(Notification::DeviceAck(super::Ack::ConnAck(usize::MAX, ack, None)));
+                .push_back(Notification::DeviceAck(super::Ack::ConnAck(
+                    usize::MAX,
+                    ack,
+                    None,
+                )));
             outgoing.handle.try_send(()).ok();
             return;
         }
@@ -519,7 +528,7 @@ impl Router {
                 Some(v) => v,
                 None => {
                     // ferry: a second Disconnect for one connection is normal.
-                debug!("no-connection id {} is already gone", id);
+                    debug!("no-connection id {} is already gone", id);
                     return;
                 }
             };
@@ -657,7 +666,11 @@ impl Router {
         let behind = max > 0 && if was { queued > max / 2 } else { queued >= max };
         incoming.holding = holdable && (self.hold_remote || behind);
         if incoming.holding != was {
-            debug!(queued, holding = incoming.holding, "client's publishes held back / released");
+            debug!(
+                queued,
+                holding = incoming.holding,
+                "client's publishes held back / released"
+            );
         }
         incoming.holding
     }
@@ -668,7 +681,10 @@ impl Router {
         for d in publishes {
             let Some(&id) = self.connection_map.get(&d.client_id) else {
                 self.direct_dropped += 1;
-                debug!(client_id = d.client_id, "direct publish for a client not connected dropped");
+                debug!(
+                    client_id = d.client_id,
+                    "direct publish for a client not connected dropped"
+                );
                 continue;
             };
             let Some(connection) = self.connections.get(id) else {
@@ -684,7 +700,10 @@ impl Router {
                 .copied();
             let Some(qos) = qos else {
                 self.direct_dropped += 1;
-                debug!(client_id = d.client_id, topic, "direct publish for a client not subscribed dropped");
+                debug!(
+                    client_id = d.client_id,
+                    topic, "direct publish for a client not subscribed dropped"
+                );
                 continue;
             };
             let qos = qos.min(1);
@@ -780,7 +799,9 @@ impl Router {
                     publish.payload = bytes::Bytes::copy_from_slice(&publish.payload);
                     let incoming = self.ibufs.get_mut(id).unwrap();
                     incoming.held_bytes += publish.payload.len() + publish.topic.len();
-                    incoming.held.push_back(Packet::Publish(publish, properties));
+                    incoming
+                        .held
+                        .push_back(Packet::Publish(publish, properties));
                     if incoming.held.len() > MAX_HELD || incoming.held_bytes > MAX_HELD_BYTES {
                         if refusals::admit_client(&client_id) {
                             warn!(
@@ -911,10 +932,8 @@ impl Router {
                         // topics only (local links, the gateway's own, are
                         // not held to it).
                         if let Some(prefix) = &self.config.isolation {
-                            let remote = self
-                                .ibufs
-                                .get(id)
-                                .is_some_and(|i| !i.client_id.is_empty());
+                            let remote =
+                                self.ibufs.get(id).is_some_and(|i| !i.client_id.is_empty());
                             if remote
                                 && !crate::own_subscribe_filter(
                                     prefix,
@@ -1158,7 +1177,10 @@ impl Router {
                     let pkid = pubcomp.pkid;
                     if outgoing.register_pubcomp(pkid).is_none() {
                         if refusals::admit_client(&client_id) {
-                            warn!(pkid, "ack received for pkid {}, but the pkid didn't exists!", pkid);
+                            warn!(
+                                pkid,
+                                "ack received for pkid {}, but the pkid didn't exists!", pkid
+                            );
                         }
                         disconnect = true;
                         break;
@@ -1220,9 +1242,7 @@ impl Router {
         }
 
         // ferry: a hold that just ended releases what it held.
-        holding
-            && !self.update_hold(id)
-            && self.ibufs.get(id).is_some_and(|i| !i.held.is_empty())
+        holding && !self.update_hold(id) && self.ibufs.get(id).is_some_and(|i| !i.held.is_empty())
     }
 
     /// Apply filter and prepare this connection to receive subscription data

@@ -6,11 +6,11 @@ use crate::link::{bridge, timer};
 use crate::local::LinkBuilder;
 use crate::protocol::v4::V4;
 use crate::protocol::v5::V5;
+use crate::protocol::{ConnAck, ConnectReturnCode};
 use crate::protocol::{Packet, Protocol};
+use crate::refusals::{self, Clip};
 #[cfg(any(feature = "use-rustls", feature = "use-native-tls"))]
 use crate::server::tls::{self, TLSAcceptor};
-use crate::protocol::{ConnAck, ConnectReturnCode};
-use crate::refusals::{self, Clip};
 use crate::{meters, ConnectionSettings, Meter};
 use flume::{RecvError, SendError, Sender};
 use std::collections::HashMap;
@@ -573,15 +573,7 @@ async fn connection<P: Protocol>(
         }
         LinkType::Remote => network,
     };
-    remote(
-        config,
-        tenant_id,
-        router_tx,
-        network,
-        protocol,
-        accepted,
-    )
-    .await
+    remote(config, tenant_id, router_tx, network, protocol, accepted).await
 }
 
 /// Configures the Websocket connection to indicate the correct protocol
@@ -639,9 +631,7 @@ async fn remote<P: Protocol>(
         // ferry: a client that goes away or times out before its CONNECT
         // (a port probe, a device losing power) is an ordinary event; a bad
         // CONNECT is the client's fault; neither is an error of the broker.
-        Err(
-            e @ (remote::Error::Network(network::Error::Io(_)) | remote::Error::Timeout(_)),
-        ) => {
+        Err(e @ (remote::Error::Network(network::Error::Io(_)) | remote::Error::Timeout(_))) => {
             info!(peer = %accepted.peer, error=?e, "no CONNECT");
             return;
         }
@@ -804,7 +794,9 @@ async fn remote<P: Protocol>(
     // newer connection by now (a reconnect under the same id took it over).
     let incarnation = link.incarnation();
     if send_disconnect {
-        router_tx.send((connection_id, Event::Disconnect(incarnation))).ok();
+        router_tx
+            .send((connection_id, Event::Disconnect(incarnation)))
+            .ok();
     }
 
     // this is important to stop the connection
