@@ -44,7 +44,7 @@ command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analy
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --locked --workspace --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
+cargo test --locked --workspace --no-fail-fast --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # Where cargo put the binary (CARGO_TARGET_DIR or a config may move it).
