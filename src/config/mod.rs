@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::backoff::RetryConfig;
 use crate::ids::{DeviceId, GatewayId};
 
 mod north;
@@ -82,14 +83,6 @@ pub struct DownlinkConfig {
     pub batch_size: usize,
     pub confirm_timeout: Duration,
     pub queue_cap: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryConfig {
-    pub base: Duration,
-    pub max: Duration,
-    pub max_attempts: u32,
-    pub jitter: f64,
 }
 
 #[derive(Debug, Clone)]
