@@ -186,7 +186,7 @@ fn main() -> ExitCode {
 
 /// `ferry passwd FILE DEVICE`; an error is (exit code, one line).
 fn passwd(file: &std::path::Path, device: &str) -> Result<(), (u8, String)> {
-    use ferry::south::auth;
+    use ferry::config::passwords as auth;
     use std::io::{BufRead, IsTerminal, Write};
 
     let device = ferry::ids::DeviceId::new(device)

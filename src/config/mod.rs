@@ -14,12 +14,13 @@ pub use crate::backoff::RetryConfig;
 use crate::ids::{DeviceId, GatewayId};
 
 mod north;
+pub mod passwords;
 mod raw;
 mod south;
 mod tls;
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
-pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode};
+pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode, MAX_UNANSWERED};
 pub use tls::{ClientTls, ListenerTls};
 
 /// A configuration error, always about one key.
@@ -73,9 +74,17 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `shutdown.grace_s`: from the signal to exit, at most.
     pub shutdown_grace: Duration,
-    pub alerts: crate::alerts::AlertsConfig,
+    pub alerts: AlertsConfig,
     /// `admin.listen`: where the admin HTTP server listens (`None`: off).
     pub admin: Option<std::net::SocketAddr>,
+}
+
+/// `[alerts]`, checked: how long each condition lasts before it is raised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlertsConfig {
+    pub north_down: Duration,
+    pub backlog_age: Duration,
+    pub backend_silent: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -242,7 +251,7 @@ impl Config {
             log_level: raw.log.level,
             log_format,
             shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
-            alerts: crate::alerts::AlertsConfig {
+            alerts: AlertsConfig {
                 north_down: Duration::from_secs(raw.alerts.north_down_s),
                 backlog_age: Duration::from_secs(raw.alerts.backlog_age_s),
                 backend_silent: Duration::from_secs(raw.alerts.backend_silent_s),

@@ -120,7 +120,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
         "south.max_inflight_per_device",
         raw.max_inflight_per_device,
         1,
-        crate::uplink::intake::MAX_UNANSWERED,
+        MAX_UNANSWERED,
     )?;
 
     let listener_tls = &raw.tls;
@@ -258,7 +258,7 @@ fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigErr
                      `ferry passwd FILE DEVICE`",
                 ));
             }
-            crate::south::auth::load(&raw.password_file)
+            super::passwords::load(&raw.password_file)
                 .map_err(|e| ConfigError::new("south.password_file", e.to_string()))?;
             Ok(SouthAuth::Password {
                 file: raw.password_file.clone(),
@@ -270,6 +270,10 @@ fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigErr
         )),
     }
 }
+
+/// Uplinks sent to the store and not yet answered, at most, gateway-wide;
+/// `south.max_inflight_per_device` is at most this.
+pub const MAX_UNANSWERED: usize = 16_384;
 
 /// `south.rate_per_s` bounds, publishes per second.
 const MIN_RATE: f64 = 0.1;

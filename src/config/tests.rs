@@ -146,7 +146,7 @@ fn device_auth_keys_are_checked_by_mode_and_listener() {
     assert_eq!(cfg.south.auth, SouthAuth::None);
 
     let mut pw = tempfile::NamedTempFile::new().unwrap();
-    let hash = crate::south::auth::hash_password("x").unwrap();
+    let hash = super::passwords::hash_password("x").unwrap();
     writeln!(pw, "press-7:{hash}").unwrap();
     let path = pw.path().display().to_string();
     let cfg = load_str(&format!(

@@ -34,7 +34,7 @@ use super::limits::{Limits, Rate, Sender};
 use super::record::{Intake, ToEngine};
 use super::route::Route;
 use crate::clip::{self, Clip, LogBudget};
-use crate::config::RateLimit;
+use crate::config::{RateLimit, MAX_UNANSWERED};
 use crate::dead_letter::DeadLetter;
 use crate::downlink::DeviceControl;
 use crate::ids::{DeviceId, MsgId};
@@ -49,10 +49,9 @@ use crate::shutdown::Shutdown;
 use crate::south::{Inbound, SouthMessage, SouthSender};
 use crate::store::{Store, StoreError};
 
-/// Messages sent to the store and not yet answered, at most, and their
-/// payload bytes: past either, intake waits (and the broker, soon after,
-/// holds the devices back).
-pub const MAX_UNANSWERED: usize = 16_384;
+/// Messages sent to the store and not yet answered, at most
+/// ([`MAX_UNANSWERED`]), and their payload bytes: past either, intake waits
+/// (and the broker, soon after, holds the devices back).
 const MAX_UNANSWERED_BYTES: usize = 32 << 20;
 
 /// Device publishes over the broker's limit, counted.
