@@ -59,6 +59,34 @@ pub enum SyncMode {
     Normal,
 }
 
+impl LogFormat {
+    /// `log.format`'s value: "text" or "json".
+    fn parse(value: &str) -> Result<LogFormat, ConfigError> {
+        match value {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(ConfigError::new(
+                "log.format",
+                format!("must be \"text\" or \"json\" (got {other:?})"),
+            )),
+        }
+    }
+}
+
+impl SyncMode {
+    /// `store.sync`'s value: "full" or "normal".
+    fn parse(value: &str) -> Result<SyncMode, ConfigError> {
+        match value {
+            "full" => Ok(SyncMode::Full),
+            "normal" => Ok(SyncMode::Normal),
+            other => Err(ConfigError::new(
+                "store.sync",
+                format!("must be \"full\" or \"normal\" (got {other:?})"),
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub gateway: GatewayId,
@@ -140,16 +168,7 @@ impl Config {
             ));
         }
 
-        let sync = match raw.store.sync.as_str() {
-            "full" => SyncMode::Full,
-            "normal" => SyncMode::Normal,
-            other => {
-                return Err(ConfigError::new(
-                    "store.sync",
-                    format!("must be \"full\" or \"normal\" (got {other:?})"),
-                ))
-            }
-        };
+        let sync = SyncMode::parse(&raw.store.sync)?;
         in_range("store.max_batch", raw.store.max_batch, 1, 100_000)?;
         // Below 1 MiB the WAL of a few commits alone would fill it; above
         // 1 PiB is a typo. There is no "unlimited": a full disk stalls
@@ -214,16 +233,7 @@ impl Config {
         }
 
         in_range("shutdown.grace_s", raw.shutdown.grace_s, 1, 3600)?;
-        let log_format = match raw.log.format.as_str() {
-            "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            other => {
-                return Err(ConfigError::new(
-                    "log.format",
-                    format!("must be \"text\" or \"json\" (got {other:?})"),
-                ))
-            }
-        };
+        let log_format = LogFormat::parse(&raw.log.format)?;
         Ok(Config {
             gateway,
             data_dir: raw.gateway.data_dir,
