@@ -5,6 +5,12 @@
 //! defaulted, unknown keys refused); [`Config::load`] turns it into checked,
 //! typed values once. Past this module nobody parses a string or checks a
 //! range again. Every error names the key it is about.
+//!
+//! It is a leaf: every section's checked type, every bound a key is
+//! checked against, the closed choices as enums and the password file's
+//! format ([`passwords`]) are defined here or below (ids, backoff's retry
+//! policy, protocol's packet limit), never imported from the parts that
+//! use them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
