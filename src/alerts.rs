@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::clip::Clip;
+use crate::config::AlertsConfig;
 use crate::metrics::{self, Count};
 use crate::north::{AlertEvent, Link, NorthSender, Tag};
 pub use crate::protocol::alert::AlertKind;
@@ -57,14 +58,6 @@ pub struct Alert {
     /// upto]`. Not published; marks them alerted once acknowledged.
     #[serde(skip)]
     pub covers: Option<(i64, i64)>,
-}
-
-/// `[alerts]`, checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AlertsConfig {
-    pub north_down: Duration,
-    pub backlog_age: Duration,
-    pub backend_silent: Duration,
 }
 
 /// Decides what to raise from what it is shown.

@@ -3,10 +3,22 @@
 //! The k-th resend (k = 0 for the first) waits `d·(1 − jitter·u)` with
 //! `d = min(max, base·2^k)` and `u` uniform in [0, 1). The delay is therefore
 //! always in `(d·(1 − jitter), d]` and never above `max`.
+//!
+//! [`RetryConfig`] is the policy these delays are drawn from; it is a plain
+//! value, checked where it is built.
 
 use std::time::Duration;
 
-use crate::config::RetryConfig;
+/// A resend policy: delays from `base` doubling up to `max`, each shortened
+/// by up to `jitter` (a fraction in [0, 1]), and `max_attempts` attempts
+/// before the sender gives up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryConfig {
+    pub base: Duration,
+    pub max: Duration,
+    pub max_attempts: u32,
+    pub jitter: f64,
+}
 
 /// The delay before resend `k`, for a given uniform sample `u` in [0, 1).
 pub fn delay(cfg: &RetryConfig, k: u32, u: f64) -> Duration {

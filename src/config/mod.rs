@@ -5,20 +5,28 @@
 //! defaulted, unknown keys refused); [`Config::load`] turns it into checked,
 //! typed values once. Past this module nobody parses a string or checks a
 //! range again. Every error names the key it is about.
+//!
+//! It is a leaf: every section's checked type, every bound a key is
+//! checked against, the closed choices as enums and the password file's
+//! format ([`passwords`]) are defined here or below (ids, backoff's retry
+//! policy, protocol's packet limit), never imported from the parts that
+//! use them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::backoff::RetryConfig;
 use crate::ids::{DeviceId, GatewayId};
 
 mod north;
+pub mod passwords;
 mod raw;
 mod south;
 mod tls;
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
-pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode};
+pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode, MAX_UNANSWERED};
 pub use tls::{ClientTls, ListenerTls};
 
 /// A configuration error, always about one key.
@@ -57,6 +65,34 @@ pub enum SyncMode {
     Normal,
 }
 
+impl LogFormat {
+    /// `log.format`'s value: "text" or "json".
+    fn parse(value: &str) -> Result<LogFormat, ConfigError> {
+        match value {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(ConfigError::new(
+                "log.format",
+                format!("must be \"text\" or \"json\" (got {other:?})"),
+            )),
+        }
+    }
+}
+
+impl SyncMode {
+    /// `store.sync`'s value: "full" or "normal".
+    fn parse(value: &str) -> Result<SyncMode, ConfigError> {
+        match value {
+            "full" => Ok(SyncMode::Full),
+            "normal" => Ok(SyncMode::Normal),
+            other => Err(ConfigError::new(
+                "store.sync",
+                format!("must be \"full\" or \"normal\" (got {other:?})"),
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub gateway: GatewayId,
@@ -72,9 +108,17 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `shutdown.grace_s`: from the signal to exit, at most.
     pub shutdown_grace: Duration,
-    pub alerts: crate::alerts::AlertsConfig,
+    pub alerts: AlertsConfig,
     /// `admin.listen`: where the admin HTTP server listens (`None`: off).
     pub admin: Option<std::net::SocketAddr>,
+}
+
+/// `[alerts]`, checked: how long each condition lasts before it is raised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlertsConfig {
+    pub north_down: Duration,
+    pub backlog_age: Duration,
+    pub backend_silent: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -82,14 +126,6 @@ pub struct DownlinkConfig {
     pub batch_size: usize,
     pub confirm_timeout: Duration,
     pub queue_cap: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryConfig {
-    pub base: Duration,
-    pub max: Duration,
-    pub max_attempts: u32,
-    pub jitter: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -138,16 +174,7 @@ impl Config {
             ));
         }
 
-        let sync = match raw.store.sync.as_str() {
-            "full" => SyncMode::Full,
-            "normal" => SyncMode::Normal,
-            other => {
-                return Err(ConfigError::new(
-                    "store.sync",
-                    format!("must be \"full\" or \"normal\" (got {other:?})"),
-                ))
-            }
-        };
+        let sync = SyncMode::parse(&raw.store.sync)?;
         in_range("store.max_batch", raw.store.max_batch, 1, 100_000)?;
         // Below 1 MiB the WAL of a few commits alone would fill it; above
         // 1 PiB is a typo. There is no "unlimited": a full disk stalls
@@ -212,16 +239,7 @@ impl Config {
         }
 
         in_range("shutdown.grace_s", raw.shutdown.grace_s, 1, 3600)?;
-        let log_format = match raw.log.format.as_str() {
-            "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            other => {
-                return Err(ConfigError::new(
-                    "log.format",
-                    format!("must be \"text\" or \"json\" (got {other:?})"),
-                ))
-            }
-        };
+        let log_format = LogFormat::parse(&raw.log.format)?;
         Ok(Config {
             gateway,
             data_dir: raw.gateway.data_dir,
@@ -249,7 +267,7 @@ impl Config {
             log_level: raw.log.level,
             log_format,
             shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
-            alerts: crate::alerts::AlertsConfig {
+            alerts: AlertsConfig {
                 north_down: Duration::from_secs(raw.alerts.north_down_s),
                 backlog_age: Duration::from_secs(raw.alerts.backlog_age_s),
                 backend_silent: Duration::from_secs(raw.alerts.backend_silent_s),

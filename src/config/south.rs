@@ -120,14 +120,17 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
         "south.max_inflight_per_device",
         raw.max_inflight_per_device,
         1,
-        crate::uplink::intake::MAX_UNANSWERED,
+        MAX_UNANSWERED,
     )?;
 
     let listener_tls = &raw.tls;
     let site_tls = &raw.site_tls;
-    let south_auth = south_auth(raw, listen)?;
-    let south_mode = match raw.mode.as_str() {
-        "embedded" => {
+    // south.auth is checked first (as embedded mode's unless the mode is
+    // "external"); a mode that is neither is reported after it.
+    let mode = ModeName::parse(&raw.mode);
+    let south_auth = south_auth(raw, listen, matches!(mode, Ok(ModeName::External)))?;
+    let south_mode = match mode? {
+        ModeName::Embedded => {
             if let Some(key) = tls::first_set(&[
                 ("south.site_tls.ca", &site_tls.ca),
                 ("south.site_tls.cert", &site_tls.cert),
@@ -141,7 +144,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
             }
             SouthMode::Embedded
         }
-        "external" => {
+        ModeName::External => {
             if let Some(key) = tls::first_set(&[
                 ("south.tls.cert", &listener_tls.cert),
                 ("south.tls.key", &listener_tls.key),
@@ -176,12 +179,6 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
                 tls: tls::client("south.site_tls", site_tls)?,
             })
         }
-        other => {
-            return Err(ConfigError::new(
-                "south.mode",
-                format!("{other:?} is not a mode; use \"embedded\" or \"external\""),
-            ))
-        }
     };
 
     let south_tls = match south_mode {
@@ -210,9 +207,14 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
 
 /// `south.auth` and its companions. In external mode the site broker
 /// authenticates devices, so none of them apply there.
-fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigError> {
-    if raw.mode == "external" {
-        if raw.auth != "none" {
+fn south_auth(
+    raw: &RawSouth,
+    listen: SocketAddr,
+    external: bool,
+) -> Result<SouthAuth, ConfigError> {
+    let method = MethodName::parse(&raw.auth);
+    if external {
+        if !matches!(method, Ok(MethodName::None)) {
             return Err(ConfigError::new(
                 "south.auth",
                 "applies to embedded mode only; in external mode the site broker \
@@ -227,8 +229,8 @@ fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigErr
         }
         return Ok(SouthAuth::None);
     }
-    match raw.auth.as_str() {
-        "none" => {
+    match method? {
+        MethodName::None => {
             if !raw.password_file.as_os_str().is_empty() {
                 return Err(ConfigError::new(
                     "south.password_file",
@@ -250,7 +252,7 @@ fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigErr
             }
             Ok(SouthAuth::None)
         }
-        "password" => {
+        MethodName::Password => {
             if raw.password_file.as_os_str().is_empty() {
                 return Err(ConfigError::new(
                     "south.password_file",
@@ -258,18 +260,68 @@ fn south_auth(raw: &RawSouth, listen: SocketAddr) -> Result<SouthAuth, ConfigErr
                      `ferry passwd FILE DEVICE`",
                 ));
             }
-            crate::south::auth::load(&raw.password_file)
+            super::passwords::load(&raw.password_file)
                 .map_err(|e| ConfigError::new("south.password_file", e.to_string()))?;
             Ok(SouthAuth::Password {
                 file: raw.password_file.clone(),
             })
         }
-        other => Err(ConfigError::new(
-            "south.auth",
-            format!("{other:?} is not a method; use \"none\" or \"password\""),
-        )),
     }
 }
+
+/// `south.mode`, the word: which [`SouthMode`] to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModeName {
+    Embedded,
+    External,
+}
+
+impl ModeName {
+    fn parse(value: &str) -> Result<ModeName, ConfigError> {
+        match value {
+            "embedded" => Ok(ModeName::Embedded),
+            "external" => Ok(ModeName::External),
+            other => Err(ConfigError::new(
+                "south.mode",
+                format!("{other:?} is not a mode; use \"embedded\" or \"external\""),
+            )),
+        }
+    }
+}
+
+/// `south.auth`, the word: which [`SouthAuth`] to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MethodName {
+    None,
+    Password,
+}
+
+impl MethodName {
+    fn parse(value: &str) -> Result<MethodName, ConfigError> {
+        match value {
+            "none" => Ok(MethodName::None),
+            "password" => Ok(MethodName::Password),
+            other => Err(ConfigError::new(
+                "south.auth",
+                format!("{other:?} is not a method; use \"none\" or \"password\""),
+            )),
+        }
+    }
+}
+
+impl SouthMode {
+    /// The `south.mode` value this mode is written as.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SouthMode::Embedded => "embedded",
+            SouthMode::External(_) => "external",
+        }
+    }
+}
+
+/// Uplinks sent to the store and not yet answered, at most, gateway-wide;
+/// `south.max_inflight_per_device` is at most this.
+pub const MAX_UNANSWERED: usize = 16_384;
 
 /// `south.rate_per_s` bounds, publishes per second.
 const MIN_RATE: f64 = 0.1;

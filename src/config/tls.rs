@@ -1,7 +1,7 @@
 //! TLS settings: the PEM files each link names, read and checked once when
 //! the config is loaded, so a missing file, a file with no certificate, a
 //! key that does not match its certificate or an unusable CA is one line
-//! naming the key (exit 64), never a failure at the first connection.
+//! naming the key (a config error), never a failure at the first connection.
 //!
 //! - [`ListenerTls`]: the embedded broker's device listener (`south.tls`).
 //!   rumqttd reads the files itself when the listener starts; they are

@@ -152,7 +152,7 @@ impl Reconnect {
 
     /// The delay after `failures` consecutive failures (0 for the first).
     pub fn delay(&self, failures: u32) -> Duration {
-        let cfg = crate::config::RetryConfig {
+        let cfg = crate::backoff::RetryConfig {
             base: self.base,
             max: self.max,
             max_attempts: 1,

@@ -105,7 +105,7 @@ pub enum SouthError {
     #[error("embedded broker link: {0}")]
     Link(String),
     #[error("south.password_file: {0}")]
-    PasswordFile(#[from] super::auth::FileError),
+    PasswordFile(#[from] crate::config::passwords::FileError),
 }
 
 /// Starts the broker, its listener (on the current tokio runtime) and the link.

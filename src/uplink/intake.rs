@@ -33,7 +33,7 @@ use super::limits::{Limits, Rate, Sender};
 use super::record::{Intake, ToEngine};
 use super::route::Route;
 use crate::clip::{self, Clip, LogBudget};
-use crate::config::RateLimit;
+use crate::config::{RateLimit, MAX_UNANSWERED};
 use crate::dead_letter::{DeadLetter, Direction};
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Count};
@@ -47,10 +47,9 @@ use crate::south::{DeviceControl, Inbound, SouthMessage, SouthSender};
 use crate::status_file::{LiveEvent, LiveSender};
 use crate::store::{Store, StoreError};
 
-/// Messages sent to the store and not yet answered, at most, and their
-/// payload bytes: past either, intake waits (and the broker, soon after,
-/// holds the devices back).
-pub const MAX_UNANSWERED: usize = 16_384;
+/// Messages sent to the store and not yet answered, at most
+/// ([`MAX_UNANSWERED`]), and their payload bytes: past either, intake waits
+/// (and the broker, soon after, holds the devices back).
 const MAX_UNANSWERED_BYTES: usize = 32 << 20;
 
 pub struct IntakeConfig {

@@ -64,7 +64,7 @@ impl FerryOpts {
         c.admin.listen = "127.0.0.1:0".to_string();
         c.south.rate_per_s = 1_000_000.0;
         c.south.burst = 1_000_000;
-        c.south.max_inflight_per_device = ferry::uplink::intake::MAX_UNANSWERED;
+        c.south.max_inflight_per_device = ferry::config::MAX_UNANSWERED;
         FerryOpts {
             config: c,
             mode: Mode::Embedded,

@@ -162,8 +162,8 @@ impl Ferry {
             let mut text = String::new();
             for (device, password) in &opts.logins {
                 let device = ferry::ids::DeviceId::new(device.as_str()).expect("device id");
-                let hash = ferry::south::auth::hash_password(password).expect("hash");
-                text = ferry::south::auth::set_line(&text, &device, &hash);
+                let hash = ferry::config::passwords::hash_password(password).expect("hash");
+                text = ferry::config::passwords::set_line(&text, &device, &hash);
                 super::session::register_login(south_port, device.as_str(), password);
             }
             fs::write(&config.south.password_file, text).expect("write the password file");

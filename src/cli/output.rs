@@ -4,7 +4,7 @@
 //!
 //! Always holds: no command writes with `print!`/`println!` (Rust ignores
 //! SIGPIPE, so those panic on a closed pipe, exit 101 with a backtrace);
-//! a closed stdout is an answer `main` turns into an exit code. A line on
+//! a closed stdout is an answer ([`OutputError::Closed`]), not a panic. A line on
 //! stderr ([`say`]) is best effort: if stderr is gone too, there is no one
 //! left to tell.
 

@@ -1,6 +1,6 @@
 //! The `ferry dlq`, `ferry trace` and `ferry status` commands: arguments
 //! in, one [`ferry::ops`] call, a table (or `--json`) out through
-//! [`crate::cli_output`]. A failure is (exit code, one line), or stdout
+//! [`super::output`]. A failure is (an [`Exit`], one line), or stdout
 //! closed by its reader.
 
 use std::io::IsTerminal;
@@ -12,29 +12,30 @@ use ferry::dead_letter::Direction;
 use ferry::ops::{self, dlq, fmt_ms, status, table, trace, OpsError};
 use serde::Serialize;
 
-use crate::cli_output::{OutputError, Text};
+use super::exit::Exit;
+use super::output::{self, OutputError, Text};
 
 /// Why a command stopped short.
 #[derive(Debug)]
-pub enum Failure {
-    /// Exit with this code, this one line on stderr.
-    Said(u8, String),
+enum Failure {
+    /// Exit so, this one line on stderr.
+    Said(Exit, String),
     /// The reader of stdout went away (`ferry dlq list | head`): nothing
     /// to say, and no one to say it to.
     StdoutClosed,
 }
 
-impl From<(u8, String)> for Failure {
-    fn from((code, line): (u8, String)) -> Failure {
-        Failure::Said(code, line)
+impl From<(Exit, String)> for Failure {
+    fn from((exit, line): (Exit, String)) -> Failure {
+        Failure::Said(exit, line)
     }
 }
 
 impl From<OutputError> for Failure {
     fn from(e: OutputError) -> Failure {
-        match e {
-            OutputError::Closed => Failure::StdoutClosed,
-            OutputError::Failed(_) => Failure::Said(1, e.to_string()),
+        match Exit::from(&e) {
+            Exit::StdoutClosed => Failure::StdoutClosed,
+            exit => Failure::Said(exit, e.to_string()),
         }
     }
 }
@@ -65,7 +66,19 @@ pub enum OpsCommand {
     },
 }
 
-pub fn run(command: OpsCommand) -> Outcome {
+/// Runs `command`: its output on stdout, a failure as one line on stderr.
+pub fn command(command: OpsCommand) -> Exit {
+    match run(command) {
+        Ok(()) => Exit::Ok,
+        Err(Failure::StdoutClosed) => Exit::StdoutClosed,
+        Err(Failure::Said(exit, e)) => {
+            output::say(format_args!("ferry: {e}"));
+            exit
+        }
+    }
+}
+
+fn run(command: OpsCommand) -> Outcome {
     let config = match &command {
         OpsCommand::Dlq { command } => match command {
             DlqCommand::List { common, .. }
@@ -146,18 +159,19 @@ pub enum DlqCommand {
     },
 }
 
-fn fail(e: OpsError) -> (u8, String) {
-    (e.exit_code(), e.to_string())
+fn fail(e: OpsError) -> (Exit, String) {
+    (Exit::from(&e), e.to_string())
 }
 
-fn data_dir(config: &Path) -> Result<PathBuf, (u8, String)> {
+fn data_dir(config: &Path) -> Result<PathBuf, (Exit, String)> {
     Config::load(config)
         .map(|c| c.data_dir)
-        .map_err(|e| (64, format!("{}: {e}", config.display())))
+        .map_err(|e| (Exit::Usage, format!("{}: {e}", config.display())))
 }
 
 fn print_json(value: &impl Serialize) -> Outcome {
-    let json = serde_json::to_string_pretty(value).map_err(|e| (1, format!("json: {e}")))?;
+    let json =
+        serde_json::to_string_pretty(value).map_err(|e| (Exit::Runtime, format!("json: {e}")))?;
     let mut text = Text::new();
     text.line(json);
     Ok(text.print()?)
@@ -220,7 +234,7 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             let conn = ops::open_read(&data_dir(&common.config)?).map_err(fail)?;
             let d = dlq::show(&conn, id)
                 .map_err(fail)?
-                .ok_or_else(|| (1, format!("no dead letter {id}")))?;
+                .ok_or_else(|| (Exit::Runtime, format!("no dead letter {id}")))?;
             if common.json {
                 return print_json(&d);
             }
@@ -257,7 +271,11 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             device,
         } => {
             if all != ids.is_empty() {
-                return Err((64, "name dead letter ids or --all, one of them".to_string()).into());
+                return Err((
+                    Exit::Usage,
+                    "name dead letter ids or --all, one of them".to_string(),
+                )
+                    .into());
             }
             let dir = data_dir(&common.config)?;
             let mut conn = ops::open_write(&dir).map_err(fail)?;
@@ -294,14 +312,14 @@ fn dlq(cmd: DlqCommand) -> Outcome {
             }
             if refused > 0 {
                 let line = format!("{refused} of {} dead letters not replayed", results.len());
-                return Err((1, line).into());
+                return Err((Exit::Runtime, line).into());
             }
             Ok(())
         }
         DlqCommand::Purge { common, older_than } => {
             // Checked before the store is opened: a refused age deletes nothing.
             let before = ops::duration::before(&older_than, ops::now_ms())
-                .map_err(|e| (64, format!("--older-than {e}")))?;
+                .map_err(|e| (Exit::Usage, format!("--older-than {e}")))?;
             let dir = data_dir(&common.config)?;
             let conn = ops::open_write(&dir).map_err(fail)?;
             let purged = dlq::purge(&conn, before).map_err(fail)?;
@@ -323,7 +341,7 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
     let events = trace::trace(&conn, device, msg_id).map_err(fail)?;
     if events.is_empty() {
         let line = format!("no message {msg_id} of device {device} in the store");
-        return Err((1, line).into());
+        return Err((Exit::Runtime, line).into());
     }
     if common.json {
         return print_json(&events);
@@ -350,7 +368,7 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
 
 fn status(common: Common, top: usize) -> Outcome {
     let cfg = Config::load(&common.config)
-        .map_err(|e| (64, format!("{}: {e}", common.config.display())))?;
+        .map_err(|e| (Exit::Usage, format!("{}: {e}", common.config.display())))?;
     let dir = cfg.data_dir;
     let conn = ops::open_read(&dir).map_err(fail)?;
     let s =
@@ -452,7 +470,7 @@ impl Progress {
 
     fn done(&self) {
         if self.on {
-            crate::cli_output::say("");
+            output::say("");
         }
     }
 }

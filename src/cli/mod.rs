@@ -1,0 +1,80 @@
+//! The `ferry` commands (clap): [`Cli`] names them all; `run` starts the
+//! gateway (in `main.rs`, which owns the process: signals, logging, the
+//! runtime), every other command is a tool here that does its job and
+//! answers with an [`Exit`].
+//!
+//! - [`ops`]: `dlq`, `trace` and `status`, over the library's `ops` views;
+//! - [`passwd`]: `passwd`, a password file's line rewritten;
+//! - `check-config` ([`check_config`]);
+//! - [`output`]: how every command writes stdout (never `println!`);
+//! - [`exit`]: the one place exit codes are written.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use ferry::config::Config;
+
+pub mod exit;
+pub mod ops;
+pub mod output;
+pub mod passwd;
+
+pub use exit::Exit;
+
+#[derive(Parser)]
+#[command(
+    name = "ferry",
+    version,
+    about = "MQTT edge gateway: durable store-and-forward between field devices and a backend"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Run {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Check a config file (and FERRY_* overrides) and exit.
+    CheckConfig {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Set DEVICE's password in a password file (south.password_file),
+    /// adding or replacing its line. The password is read from stdin,
+    /// without echo on a terminal. Send the running gateway SIGHUP
+    /// (`systemctl reload ferry`) to apply it.
+    Passwd {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        #[arg(value_name = "DEVICE")]
+        device: String,
+    },
+    /// Operator tools: dead letters, trace, status.
+    #[command(flatten)]
+    Ops(ops::OpsCommand),
+}
+
+/// `ferry check-config`: `FILE: ok` on stdout, or the first bad key.
+pub fn check_config(config: &Path) -> Exit {
+    if let Err(e) = Config::load(config) {
+        eprintln!("ferry: {}: {e}", config.display());
+        return Exit::Usage;
+    }
+    let mut text = output::Text::new();
+    text.line(format_args!("{}: ok", config.display()));
+    match text.print() {
+        Ok(()) => Exit::Ok,
+        Err(e) => {
+            let exit = Exit::from(&e);
+            if exit != Exit::StdoutClosed {
+                output::say(format_args!("ferry: {e}"));
+            }
+            exit
+        }
+    }
+}
