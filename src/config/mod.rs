@@ -19,32 +19,18 @@ use std::time::Duration;
 pub use crate::backoff::RetryConfig;
 use crate::ids::{DeviceId, GatewayId};
 
+mod check;
 mod north;
 pub mod passwords;
 mod raw;
 mod south;
 mod tls;
+use check::in_range;
+pub use check::ConfigError;
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
 pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode, MAX_UNANSWERED};
 pub use tls::{ClientTls, ListenerTls};
-
-/// A configuration error, always about one key.
-#[derive(Debug, thiserror::Error)]
-#[error("config key `{key}`: {reason}")]
-pub struct ConfigError {
-    pub key: String,
-    pub reason: String,
-}
-
-impl ConfigError {
-    fn new(key: &str, reason: impl Into<String>) -> Self {
-        ConfigError {
-            key: key.to_string(),
-            reason: reason.into(),
-        }
-    }
-}
 
 /// How log events are written to stderr (the journal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,49 +263,8 @@ impl Config {
     }
 }
 
-/// Username and password of one link: both empty is anonymous.
-fn credentials(
-    section: &str,
-    username: &str,
-    password: &str,
-) -> Result<Option<(String, String)>, ConfigError> {
-    match (username.is_empty(), password.is_empty()) {
-        (true, true) => Ok(None),
-        (true, false) => Err(ConfigError::new(
-            &format!("{section}.username"),
-            "a password is set but no username",
-        )),
-        _ => Ok(Some((username.to_string(), password.to_string()))),
-    }
-}
-
 fn days(n: u32) -> Duration {
     Duration::from_secs(u64::from(n) * 86_400)
-}
-
-fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
-    key: &str,
-    v: T,
-    lo: T,
-    hi: T,
-) -> Result<(), ConfigError> {
-    if v < lo || v > hi {
-        return Err(ConfigError::new(
-            key,
-            format!("must be between {lo} and {hi} (got {v})"),
-        ));
-    }
-    Ok(())
-}
-
-fn topic_segment(key: &str, v: &str) -> Result<(), ConfigError> {
-    if v.is_empty() || v.contains(['+', '#', '\0']) || v.starts_with('/') || v.ends_with('/') {
-        return Err(ConfigError::new(
-            key,
-            "must be a topic prefix without wildcards or outer slashes",
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

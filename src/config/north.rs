@@ -11,8 +11,9 @@ use std::fmt;
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
+use super::check::{credentials, in_range, topic_segment, ConfigError};
+use super::raw::RawNorth;
 use super::tls::{self, ClientTls};
-use super::{credentials, in_range, topic_segment, ConfigError, RawNorth};
 use crate::ids::GatewayId;
 
 /// Most addresses in `north.endpoints`: a cluster's nodes, not a scan list.

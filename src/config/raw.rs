@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::check::ConfigError;
 
 /// The file as written. See conf/ferry.toml for every key's meaning.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::check::{credentials, in_range, topic_segment, ConfigError};
+use super::raw::RawSouth;
 use super::tls::{self, ClientTls, ListenerTls};
-use super::{credentials, in_range, topic_segment, ConfigError, RawSouth};
 use crate::ids::GatewayId;
 
 #[derive(Debug, Clone)]

@@ -18,7 +18,8 @@ use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKey
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use super::{ConfigError, RawClientTls, RawListenerTls};
+use super::check::ConfigError;
+use super::raw::{RawClientTls, RawListenerTls};
 
 /// TLS on the embedded broker's device listener.
 #[derive(Debug, Clone, PartialEq)]

@@ -24,9 +24,9 @@
 
 mod controls;
 mod intake;
-mod receipts_north;
 mod presence;
 mod receipts;
+mod receipts_north;
 pub mod record;
 pub mod scheduler;
 

@@ -59,7 +59,7 @@ use tracing::{debug, error, info, warn};
 use super::admission;
 use super::auth::{self, Authenticator};
 use super::presence;
-use super::{
+use super::seam::{
     device_filters, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender, Started,
     INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
 };

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info};
 
 use super::backlog::{Backlog, Taken};
-use super::{
+use super::seam::{
     device_filters, Ack, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender, Started,
     TOPIC_ALLOWANCE,
 };

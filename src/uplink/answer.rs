@@ -10,8 +10,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::intake::Lines;
-use super::limits::Sender;
+use super::limits::{Lines, Sender};
 use super::record::{IntakeOutcome, ToEngine};
 use crate::clip::Clip;
 use crate::dead_letter::Direction;

@@ -29,10 +29,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::answer::{finish, Answer, AnswerFuture, Taken};
-use super::limits::{Limits, Rate, Sender};
+use super::limits::{Limits, Lines, Rate, Sender};
 use super::record::{Intake, ToEngine};
 use super::route::Route;
-use crate::clip::{self, Clip, LogBudget};
+use crate::clip::{self, Clip};
 use crate::config::{RateLimit, MAX_UNANSWERED};
 use crate::dead_letter::{DeadLetter, Direction};
 use crate::ids::{DeviceId, MsgId};
@@ -162,9 +162,6 @@ pub async fn run(
     }
     Ok(())
 }
-
-/// Log lines about device publishes, per sender (see [`LogBudget`]).
-pub(super) type Lines = LogBudget<Sender>;
 
 /// Says how many lines about each device were left out in the windows
 /// that are over.

@@ -30,6 +30,10 @@ use crate::metrics;
 /// answered to them, and one of them must not get a fresh bucket per topic.
 pub type Sender = Option<DeviceId>;
 
+/// Log lines about device publishes, per sender (see
+/// [`LogBudget`](crate::clip::LogBudget)).
+pub(super) type Lines = crate::clip::LogBudget<Sender>;
+
 /// A token bucket's answer to one publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Take {

@@ -1,0 +1,178 @@
+//! The seam's types: what the pipelines get from the devices' side
+//! ([`SouthMessage`]s through [`Inbound`], [`DeviceControl`]s) and how they
+//! answer ([`SouthSender`], [`Ack`]), whichever implementation is behind.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rumqttd::DirectPublish;
+use tokio::sync::mpsc;
+
+use super::presence;
+use crate::ids::DeviceId;
+use crate::mqtt::{self, AckToken};
+use crate::protocol::control::ControlKind;
+use crate::protocol::topics::Topics;
+
+/// Messages between the south side and the pipeline.
+pub(super) const INBOUND_CAPACITY: usize = 8192;
+/// Bytes of an oversized publish kept: enough for its `msg_id`.
+pub(super) const OVERSIZE_HEAD: usize = mqtt::OVERSIZE_HEAD;
+/// Room for the topic in the packet limit (a valid device topic is well
+/// under it; a longer one is cut short like an oversized payload).
+pub(super) const TOPIC_ALLOWANCE: usize = 1024;
+
+/// The filters ferry reads device traffic from, one per topic kind.
+pub(super) fn device_filters(topics: &Topics) -> impl Iterator<Item = String> {
+    topics.device_filters().into_iter()
+}
+
+/// A message a device published.
+#[derive(Debug, Clone)]
+pub struct SouthMessage {
+    pub topic: String,
+    pub payload: Bytes,
+    /// Its real size, when it was over the limit and only its head is in
+    /// `payload`.
+    pub oversize: Option<usize>,
+    /// Set when the broker found it outside its sender's own topics
+    /// (embedded mode): the client id that sent it. It was routed nowhere
+    /// else, and is answered `rejected`, reason `unauthorized`.
+    pub publisher: Option<String>,
+    /// When ferry took it from the broker (ms since the epoch): the
+    /// message's `received` time in `ferry trace`.
+    pub received_ms: i64,
+    /// The site broker kept it for ferry's session while ferry was away,
+    /// and replays it in the burst after a reconnect ([`backlog`]): not a
+    /// device sending fast, so not held to the per-device limits. Always
+    /// false in embedded mode.
+    pub replayed: bool,
+    /// Pass to [`SouthSender::ack`] once the message is committed (or
+    /// handed on, for a control message).
+    pub ack: Ack,
+}
+
+/// Acknowledges one device message to the south broker, where that is
+/// ferry's job (external mode); nothing in embedded mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ack(pub(super) Option<AckToken>);
+
+/// Sends to devices; cheap to clone.
+#[derive(Clone)]
+pub struct SouthSender(pub(super) Outbound);
+
+#[derive(Clone)]
+pub(super) enum Outbound {
+    Embedded(mpsc::Sender<DirectPublish>),
+    External(mqtt::Session<()>),
+}
+
+impl SouthSender {
+    /// External mode: the session to the site broker answers `probed`'s
+    /// pings (see [`crate::health`]); true. The embedded broker runs on
+    /// threads of its own and is not probed: false.
+    pub fn answer_probes(&self, probed: crate::health::Probed) -> bool {
+        match &self.0 {
+            Outbound::External(session) => {
+                session.answer_probes(probed);
+                true
+            }
+            Outbound::Embedded(_) => false,
+        }
+    }
+
+    /// Queues a publish to one device: dropped if it is not there to take
+    /// it (the protocol repairs that: the device resends, or pulls). False
+    /// once the south side is gone.
+    pub async fn publish(&self, device: &DeviceId, topic: String, payload: Bytes) -> bool {
+        match &self.0 {
+            Outbound::Embedded(tx) => {
+                let publish = DirectPublish {
+                    client_id: device.to_string(),
+                    topic: Bytes::from(topic),
+                    payload,
+                };
+                tx.send(publish).await.is_ok()
+            }
+            Outbound::External(session) => session.send_wait(topic, payload.to_vec(), false).await,
+        }
+    }
+
+    /// Leaves the south broker: an external session sends the acks queued
+    /// before this call, then DISCONNECTs (waiting at most `within`). The
+    /// embedded broker has nothing to leave.
+    pub async fn close(&self, within: std::time::Duration) {
+        if let Outbound::External(session) = &self.0 {
+            session.close(None, within).await;
+        }
+    }
+
+    /// The message behind `ack` is committed: acknowledge it to the south
+    /// broker (in receive order, on its own connection).
+    pub fn ack(&self, ack: Ack) {
+        if let (Outbound::External(session), Ack(Some(token))) = (&self.0, ack) {
+            session.ack(token);
+        }
+    }
+}
+
+/// Device publishes for the pipeline, in the order the broker took them.
+pub struct Inbound {
+    rx: mpsc::Receiver<SouthMessage>,
+    /// Payload bytes in the channel, shared with the producer.
+    bytes: Arc<AtomicUsize>,
+}
+
+impl Inbound {
+    pub(super) fn new() -> (InboundTx, Inbound) {
+        let (tx, rx) = mpsc::channel(INBOUND_CAPACITY);
+        let bytes = Arc::new(AtomicUsize::new(0));
+        (
+            InboundTx {
+                tx,
+                bytes: bytes.clone(),
+            },
+            Inbound { rx, bytes },
+        )
+    }
+
+    pub async fn recv(&mut self) -> Option<SouthMessage> {
+        let msg = self.rx.recv().await?;
+        self.bytes.fetch_sub(msg.payload.len(), Ordering::Relaxed);
+        Some(msg)
+    }
+}
+
+/// The producer's end of [`Inbound`].
+pub(super) struct InboundTx {
+    pub(super) tx: mpsc::Sender<SouthMessage>,
+    pub(super) bytes: Arc<AtomicUsize>,
+}
+
+/// The running south side.
+pub struct South {
+    pub inbound: Inbound,
+    pub outbound: SouthSender,
+    /// Resolves only if the south side stops, which is fatal.
+    pub stopped: tokio::task::JoinHandle<String>,
+    /// Device presence the broker reported (embedded mode only; in
+    /// external mode a device's status messages are its only word).
+    pub presence: Option<mpsc::UnboundedReceiver<presence::Presence>>,
+}
+
+/// What an implementation starts: [`South`], and (external mode) the
+/// site session's state, `true` when up and subscribed.
+pub(crate) struct Started {
+    pub south: South,
+    pub link: Option<mpsc::UnboundedReceiver<bool>>,
+}
+
+/// A device's control message (confirm, pull, read, nack, status), as
+/// read off its topic.
+#[derive(Debug, Clone)]
+pub struct DeviceControl {
+    pub device: DeviceId,
+    pub kind: ControlKind,
+    pub payload: Bytes,
+}
