@@ -24,10 +24,9 @@
 
 mod controls;
 mod intake;
-mod receipts_north;
 mod presence;
 mod receipts;
-pub mod record;
+mod receipts_north;
 pub mod scheduler;
 
 use std::collections::BTreeMap;
@@ -49,9 +48,11 @@ use crate::protocol::topics::Topics;
 use crate::shutdown::{Phase, Shutdown};
 use crate::south::presence::Presence;
 use crate::south::{DeviceControl, SouthSender};
+use crate::store::record::downlink::{
+    BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
+};
 use crate::store::{Store, StoreError};
 use receipts::Receipts;
-use record::{BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept};
 use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 
 /// How often deliveries of expired messages are swept for offline devices.

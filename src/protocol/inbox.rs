@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::envelope::WireEnvelope;
 use super::push_with_seq;
-use crate::downlink::record::BatchEntry;
 use crate::ids::{MsgId, Seq};
 use crate::state::DeliveryState;
+use crate::store::record::downlink::BatchEntry;
 
 /// One inbox batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -337,7 +337,7 @@ impl NorthReceipt {
         })
     }
 
-    pub fn of(event: &crate::downlink::record::DeliveryEvent, ts: i64) -> NorthReceipt {
+    pub fn of(event: &crate::store::record::downlink::DeliveryEvent, ts: i64) -> NorthReceipt {
         NorthReceipt {
             msg_id: Some(event.msg_id.to_string()),
             device: Some(event.device.to_string()),

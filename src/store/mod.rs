@@ -37,6 +37,7 @@ pub mod figures;
 pub use figures::{AlertScan, DeadSummary};
 mod outbox;
 pub mod prune;
+pub mod record;
 mod schema;
 mod uplink;
 mod writer;
@@ -60,14 +61,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::{StoreConfig, SyncMode};
 use crate::dead_letter::DeadLetter;
-use crate::downlink::record::{
-    BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
-};
 use crate::health::Heartbeat;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::IllegalMove;
-use crate::uplink::record::{
+use crate::store::record::downlink::{
+    BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
+};
+use crate::store::record::uplink::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
 use budget::Budget;

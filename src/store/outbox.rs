@@ -9,8 +9,8 @@ use rusqlite::{params, Transaction};
 
 use super::{uplink, StoreError};
 use crate::dead_letter::DeadLetter;
-use crate::downlink::record::{reason, DeliveryEvent, OutboxReceipt, Rejected};
 use crate::protocol::receipt::NorthReceipt;
+use crate::store::record::downlink::{reason, DeliveryEvent, OutboxReceipt, Rejected};
 
 type Result<T> = std::result::Result<T, StoreError>;
 

@@ -3,7 +3,7 @@ use crate::dead_letter::Direction;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::parse_uplink;
 use crate::state::MessageState;
-use crate::uplink::record::{Duplicate, EXPIRED_REASON};
+use crate::store::record::uplink::{Duplicate, EXPIRED_REASON};
 
 fn cfg() -> StoreConfig {
     StoreConfig {

@@ -1,7 +1,7 @@
 //! Uplink rows: intake with dedup and sequencing, state transitions, dead
 //! letters and the pending-work queries. Every function here runs inside
 //! the writer's open transaction and returns what its commit will make true.
-//! The records are the uplink's ([`crate::uplink::record`]).
+//! The records it reads and writes are in [`super::record::uplink`].
 
 use std::collections::HashMap;
 
@@ -14,7 +14,7 @@ use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::with_seq;
 use crate::state::MessageState;
-use crate::uplink::record::{
+use crate::store::record::uplink::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
 

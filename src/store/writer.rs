@@ -22,7 +22,7 @@ use super::clock::{self, StoreClock};
 use super::{prune, uplink, DownOp, Op, Reply, StoreError};
 use crate::health::Heartbeat;
 use crate::metrics::{self, Count};
-use crate::uplink::record::EXPIRED_REASON;
+use crate::store::record::uplink::EXPIRED_REASON;
 use down::apply_down;
 
 mod down;

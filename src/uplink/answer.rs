@@ -12,7 +12,6 @@ use tracing::warn;
 
 use super::intake::Lines;
 use super::limits::Sender;
-use super::record::{IntakeOutcome, ToEngine};
 use crate::clip::Clip;
 use crate::dead_letter::Direction;
 use crate::ids::{DeviceId, MsgId};
@@ -22,6 +21,7 @@ use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
 use crate::south::{Ack, SouthSender};
 use crate::state::MessageState;
+use crate::store::record::uplink::{IntakeOutcome, ToEngine};
 use crate::store::StoreError;
 
 /// A store answer and who it is for.

@@ -4,10 +4,10 @@
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::{message_msg_id, seq};
-use crate::downlink::record::DeliveryEvent;
 use crate::ids::DeviceId;
 use crate::state::DeliveryState;
 use crate::store::clock::Now;
+use crate::store::record::downlink::DeliveryEvent;
 use crate::store::StoreError;
 
 type Result<T> = std::result::Result<T, StoreError>;

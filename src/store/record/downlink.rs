@@ -1,7 +1,7 @@
-//! The downlink's records: what the task hands the store and what the store
-//! hands back, and the words of every reason a delivery ends with. Plain
-//! data; the store persists these and depends on this module, never the
-//! reverse.
+//! Downlink records: a message for one or more devices, inbox batches,
+//! cursors and how they moved, the delivery events and the receipts
+//! committed with them, and the words of every reason a delivery ends
+//! with. Plain data.
 
 use bytes::Bytes;
 
