@@ -49,7 +49,7 @@ use crate::shutdown::{Phase, Shutdown};
 use crate::south::presence::Presence;
 use crate::south::{DeviceControl, SouthSender};
 use crate::store::record::downlink::{
-    BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
+    BatchEntry, BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
 };
 use crate::store::{Store, StoreError};
 use receipts::Receipts;
@@ -383,7 +383,7 @@ impl Downlink {
                     reply_empty,
                     Instant::now(),
                 ) {
-                    let body = inbox_batch(&read.entries, more);
+                    let body = inbox_batch(read.entries.iter().map(BatchEntry::row), more);
                     let bytes = body.len();
                     self.south
                         .publish(&device, self.topics.device_inbox(&device), body)

@@ -36,7 +36,7 @@ pub fn report<'a>(
 ) -> Result<Vec<OutboxReceipt>> {
     events
         .into_iter()
-        .map(|e| put(tx, &NorthReceipt::of(e, ts)))
+        .map(|e| put(tx, &NorthReceipt::of(e.delivery(), ts)))
         .collect()
 }
 
