@@ -35,7 +35,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Op, Store};
+use super::Store;
 
 /// How often the running gateway persists the clock: the most it can lose
 /// across a reboot (a message then lives that much longer). Not less: on
@@ -248,7 +248,8 @@ impl Store {
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            if self.tx.send(Op::MarkClock).is_err() {
+            let marked = self.tell(|cx| save(cx.tx, &mark(cx.clock, cx.boot_id)));
+            if marked.is_err() {
                 return;
             }
         }
