@@ -93,6 +93,9 @@ pub enum Outgoing<'a> {
     Tombstone(Tombstone),
 }
 
+/// Room enough for a tombstone's JSON, to size a batch's buffer.
+const TOMBSTONE_ROOM: usize = 64;
+
 /// An inbox batch: `{"messages": [...], "more": bool}`. Stored entries are
 /// spliced, not re-parsed: `{"seq":N,` + the stored object minus its `{`.
 pub fn encode_batch(entries: &[Outgoing<'_>], more: bool) -> Bytes {
@@ -101,7 +104,7 @@ pub fn encode_batch(entries: &[Outgoing<'_>], more: bool) -> Bytes {
             .iter()
             .map(|e| match e {
                 Outgoing::Stored { entry, .. } => entry.len() + 24,
-                Outgoing::Tombstone(_) => 64,
+                Outgoing::Tombstone(_) => TOMBSTONE_ROOM,
             })
             .sum::<usize>(),
     );

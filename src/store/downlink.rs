@@ -14,7 +14,8 @@ use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::clock::Now;
-use super::{outbox, StoreError};
+use super::error::StoreError;
+use super::outbox;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::state::DeliveryState;
 use crate::store::record::downlink::{

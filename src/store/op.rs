@@ -17,8 +17,8 @@ use rusqlite::Transaction;
 use tokio::sync::oneshot;
 
 use super::clock::StoreClock;
+use super::error::StoreError;
 use super::uplink::SeqCache;
-use super::StoreError;
 
 /// A request to the writer thread, with the channel its answer goes to.
 pub(super) type Op = Box<dyn Queued>;

@@ -10,9 +10,14 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, watch};
 
 use super::budget::Budget;
-use super::{clock, schema, writer, Store, StoreError, DB_FILE};
+use super::error::StoreError;
+use super::handle::Store;
+use super::{clock, schema, writer};
 use crate::config::{StoreConfig, SyncMode};
 use crate::health::Heartbeat;
+
+/// The database file inside `gateway.data_dir`.
+pub const DB_FILE: &str = "ferry.db";
 
 impl Store {
     /// Opens (creating if needed) the database in `data_dir`, migrates it and

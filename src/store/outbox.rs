@@ -7,7 +7,8 @@
 use bytes::Bytes;
 use rusqlite::{params, Transaction};
 
-use super::{uplink, StoreError};
+use super::error::StoreError;
+use super::uplink;
 use crate::dead_letter::DeadLetter;
 use crate::protocol::receipt::NorthReceipt;
 use crate::store::record::downlink::{reason, DeliveryEvent, OutboxReceipt, Rejected};

@@ -9,7 +9,10 @@ use std::future::Future;
 use tracing::{debug, warn};
 
 use super::clock::Now;
+use super::error::StoreError;
+use super::figures::Backlog;
 use super::figures::{self, AlertScan};
+use super::handle::Store;
 use super::op::settle;
 use super::record::downlink::{
     BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
@@ -18,7 +21,7 @@ use super::record::uplink::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
     EXPIRED_REASON,
 };
-use super::{downlink, outbox, prune, uplink, Backlog, Store, StoreError};
+use super::{clock, downlink, outbox, prune, uplink};
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::receipt::NorthReceipt;
@@ -111,7 +114,7 @@ impl Store {
     }
 }
 
-/// Downlinks and their receipts (see [`downlink`], [`outbox`]).
+/// Downlinks, and the receipts north committed with their changes.
 impl Store {
     /// Stores a downlink once and queues it for each addressed device.
     pub fn down_intake(
@@ -234,7 +237,8 @@ impl Store {
     }
 }
 
-/// The services beside the pipelines: the watchdog, retention, alerts.
+/// The writer's pulse, the store clock, pruning, and what warrants a
+/// warning.
 impl Store {
     /// Answers after the commit of the batch it lands in, with the backlog
     /// (the watchdog's liveness check and `STATUS=`): an answer proves the
@@ -285,6 +289,20 @@ impl Store {
             scan.used_bytes = budget.used();
             scan.max_db_bytes = budget.limit();
             Ok(scan)
+        }
+    }
+
+    /// Persists the clock every [`clock::MARK_EVERY`] until the store stops (the
+    /// writer persists it once more when it closes).
+    pub async fn keep_clock(self) {
+        let mut every = tokio::time::interval(clock::MARK_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let marked = self.tell(|cx| clock::save(cx.tx, &clock::mark(cx.clock, cx.boot_id)));
+            if marked.is_err() {
+                return;
+            }
         }
     }
 }

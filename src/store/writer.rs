@@ -20,8 +20,9 @@ use tracing::{debug, error, info, warn};
 
 use super::budget::{self, Budget, Change};
 use super::clock::{self, StoreClock};
+use super::error::StoreError;
 use super::op::{clone_err, Cx, Op};
-use super::{uplink, StoreError};
+use super::uplink;
 use crate::health::Heartbeat;
 use crate::metrics::{self, Count};
 

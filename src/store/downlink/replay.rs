@@ -7,8 +7,8 @@ use super::{message_msg_id, seq};
 use crate::ids::DeviceId;
 use crate::state::DeliveryState;
 use crate::store::clock::Now;
+use crate::store::error::StoreError;
 use crate::store::record::downlink::DeliveryEvent;
-use crate::store::StoreError;
 
 type Result<T> = std::result::Result<T, StoreError>;
 

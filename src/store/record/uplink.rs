@@ -6,7 +6,8 @@
 use bytes::Bytes;
 
 use crate::ids::{DeviceId, MsgId, Seq};
-use crate::protocol::envelope::{north_body, Envelope, Stamp};
+use crate::protocol::envelope::Envelope;
+use crate::protocol::north::{north_body, Stamp};
 use crate::protocol::receipt::Receipt;
 use crate::state::MessageState;
 use crate::store::clock::Now;
