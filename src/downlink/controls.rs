@@ -7,7 +7,6 @@ use std::future::Future;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::record::{reason, CursorMove};
 use super::{Done, Downlink};
 use crate::clip::{self, Clip};
 use crate::ids::DeviceId;
@@ -15,6 +14,7 @@ use crate::protocol::control::{parse_control, Control};
 use crate::protocol::now_ms;
 use crate::south::DeviceControl;
 use crate::state::DeliveryState;
+use crate::store::record::downlink::{reason, CursorMove};
 use crate::store::StoreError;
 
 impl Downlink {

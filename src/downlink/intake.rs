@@ -7,7 +7,6 @@
 use bytes::Bytes;
 use tracing::{debug, warn};
 
-use super::record::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
 use super::{Done, Downlink};
 use crate::clip::Clip;
 use crate::dead_letter::{DeadLetter, Direction};
@@ -18,6 +17,7 @@ use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::DeliveryState;
+use crate::store::record::downlink::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
 use crate::store::StoreError;
 
 impl Downlink {

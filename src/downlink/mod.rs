@@ -27,7 +27,6 @@ mod intake;
 mod presence;
 mod receipts;
 mod receipts_north;
-pub mod record;
 pub mod scheduler;
 
 use std::collections::BTreeMap;
@@ -49,9 +48,11 @@ use crate::protocol::topics::Topics;
 use crate::shutdown::{Phase, Shutdown};
 use crate::south::presence::Presence;
 use crate::south::{DeviceControl, SouthSender};
+use crate::store::record::downlink::{
+    BatchEntry, BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
+};
 use crate::store::{Store, StoreError};
 use receipts::Receipts;
-use record::{BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept};
 use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 
 /// How often deliveries of expired messages are swept for offline devices.
@@ -382,7 +383,7 @@ impl Downlink {
                     reply_empty,
                     Instant::now(),
                 ) {
-                    let body = inbox_batch(&read.entries, more);
+                    let body = inbox_batch(read.entries.iter().map(BatchEntry::row), more);
                     let bytes = body.len();
                     self.south
                         .publish(&device, self.topics.device_inbox(&device), body)

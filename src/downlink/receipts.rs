@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::record::OutboxReceipt;
+use crate::store::record::downlink::OutboxReceipt;
 
 /// Most receipts in one message north.
 pub const PER_MESSAGE: usize = 500;

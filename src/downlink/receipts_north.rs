@@ -11,12 +11,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
-use super::record::{reason, OutboxReceipt};
 use super::{Done, Downlink, Timer};
 use crate::clip::Clip;
 use crate::dead_letter::{DeadLetter, Direction};
 use crate::north::{Link, Tag};
 use crate::protocol::now_ms;
+use crate::store::record::downlink::{reason, OutboxReceipt};
 use crate::store::StoreError;
 
 /// Receipts held in memory at most; the rest wait in the outbox table.

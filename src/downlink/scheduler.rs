@@ -26,8 +26,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::deadlines::Deadlines;
-use crate::downlink::record::Cursors;
 use crate::ids::{DeviceId, Seq};
+use crate::store::record::downlink::Cursors;
 
 /// A pull this soon after a batch from the cursor went out is answered by it.
 const PULL_JOINS_WITHIN: Duration = Duration::from_millis(1000);

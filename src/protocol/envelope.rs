@@ -6,7 +6,7 @@
 //! place device and backend bytes are judged, accepting a message or saying
 //! exactly why not ([`Rejection`]), never panicking on any input. Unknown
 //! fields are kept and passed on untouched; fields the gateway sets are
-//! overwritten by [`north_body`].
+//! overwritten by [`super::north::north_body`].
 
 use std::time::Duration;
 
@@ -17,7 +17,6 @@ use serde_json::{Map, Value};
 use super::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::ids::MsgId;
 
-pub use super::north::{north_body, with_seq, Stamp};
 pub use super::sniff::sniff_msg_id;
 
 /// An envelope as written: `{"msg_id", "ts", "payload" | "payload_b64",

@@ -4,14 +4,13 @@
 //!
 //! [`InboxBatch`] is the shape a device reads; the gateway writes batches
 //! with [`encode_batch`], splicing stored bytes rather than re-encoding them
-//! ([`inbox_batch`] is the same for the store's batch entries).
+//! ([`inbox_batch`] is the same for queue entries as stored, [`InboxRow`]).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::envelope::WireEnvelope;
 use super::push_with_seq;
-use crate::downlink::record::BatchEntry;
 use crate::ids::{MsgId, Seq};
 use crate::state::DeliveryState;
 
@@ -94,6 +93,9 @@ pub enum Outgoing<'a> {
     Tombstone(Tombstone),
 }
 
+/// Room enough for a tombstone's JSON, to size a batch's buffer.
+const TOMBSTONE_ROOM: usize = 64;
+
 /// An inbox batch: `{"messages": [...], "more": bool}`. Stored entries are
 /// spliced, not re-parsed: `{"seq":N,` + the stored object minus its `{`.
 pub fn encode_batch(entries: &[Outgoing<'_>], more: bool) -> Bytes {
@@ -102,7 +104,7 @@ pub fn encode_batch(entries: &[Outgoing<'_>], more: bool) -> Bytes {
             .iter()
             .map(|e| match e {
                 Outgoing::Stored { entry, .. } => entry.len() + 24,
-                Outgoing::Tombstone(_) => 64,
+                Outgoing::Tombstone(_) => TOMBSTONE_ROOM,
             })
             .sum::<usize>(),
     );
@@ -122,12 +124,22 @@ pub fn encode_batch(entries: &[Outgoing<'_>], more: bool) -> Bytes {
     Bytes::from(out)
 }
 
-/// [`encode_batch`] for entries read from the store: one without a body
-/// (or with one that is not a JSON object) goes as a tombstone.
-pub fn inbox_batch(entries: &[BatchEntry], more: bool) -> Bytes {
-    let outgoing: Vec<Outgoing<'_>> = entries
-        .iter()
-        .map(|e| match &e.body {
+/// A queue entry as stored: its envelope's JSON object without `seq`, or
+/// no body for a delivery given up before it was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboxRow<'a> {
+    pub seq: Seq,
+    pub msg_id: &'a MsgId,
+    pub state: DeliveryState,
+    pub body: Option<&'a [u8]>,
+}
+
+/// [`encode_batch`] for entries as stored: one without a body (or with one
+/// that is not a JSON object) goes as a tombstone.
+pub fn inbox_batch<'a>(rows: impl IntoIterator<Item = InboxRow<'a>>, more: bool) -> Bytes {
+    let outgoing: Vec<Outgoing<'a>> = rows
+        .into_iter()
+        .map(|e| match e.body {
             Some(body) if body.len() > 2 && body[0] == b'{' => Outgoing::Stored {
                 seq: e.seq,
                 entry: body,
@@ -152,23 +164,27 @@ mod tests {
 
     #[test]
     fn batches_splice_entries_and_tombstones() {
-        let entries = vec![
-            BatchEntry {
+        let (n9, n12) = (MsgId::new("n-9").unwrap(), MsgId::new("n-12").unwrap());
+        let entries = [
+            InboxRow {
                 seq: Seq(41),
-                msg_id: MsgId::new("n-9").unwrap(),
+                msg_id: &n9,
                 state: DeliveryState::Stored,
-                body: Some(Bytes::from_static(
-                    br#"{"msg_id":"n-9","payload":"shift B"}"#,
-                )),
+                body: Some(br#"{"msg_id":"n-9","payload":"shift B"}"#),
             },
-            BatchEntry {
+            InboxRow {
                 seq: Seq(44),
-                msg_id: MsgId::new("n-12").unwrap(),
+                msg_id: &n12,
                 state: DeliveryState::Expired,
                 body: None,
             },
         ];
-        let v: serde_json::Value = serde_json::from_slice(&inbox_batch(&entries, true)).unwrap();
+        let bytes = inbox_batch(entries, true);
+        assert_eq!(
+            &bytes[..],
+            br#"{"messages":[{"seq":41,"msg_id":"n-9","payload":"shift B"},{"seq":44,"msg_id":"n-12","status":"expired"}],"more":true}"#
+        );
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(
             v,
             serde_json::json!({"messages": [
@@ -176,7 +192,7 @@ mod tests {
                 {"seq": 44, "msg_id": "n-12", "status": "expired"}
             ], "more": true})
         );
-        let empty: serde_json::Value = serde_json::from_slice(&inbox_batch(&[], false)).unwrap();
+        let empty: serde_json::Value = serde_json::from_slice(&inbox_batch([], false)).unwrap();
         assert_eq!(empty, serde_json::json!({"messages": [], "more": false}));
     }
 
@@ -218,23 +234,22 @@ mod tests {
 
     #[test]
     fn what_the_gateway_splices_a_device_reads() {
-        let entries = vec![
-            BatchEntry {
+        let (n1, n2) = (MsgId::new("n-1").unwrap(), MsgId::new("n-2").unwrap());
+        let entries = [
+            InboxRow {
                 seq: Seq(7),
-                msg_id: MsgId::new("n-1").unwrap(),
+                msg_id: &n1,
                 state: DeliveryState::Stored,
-                body: Some(Bytes::from_static(
-                    br#"{"msg_id":"n-1","ts":5,"payload_b64":"aGk=","kind":"order"}"#,
-                )),
+                body: Some(br#"{"msg_id":"n-1","ts":5,"payload_b64":"aGk=","kind":"order"}"#),
             },
-            BatchEntry {
+            InboxRow {
                 seq: Seq(8),
-                msg_id: MsgId::new("n-2").unwrap(),
+                msg_id: &n2,
                 state: DeliveryState::Dead,
                 body: None,
             },
         ];
-        let batch: InboxBatch = serde_json::from_slice(&inbox_batch(&entries, false)).unwrap();
+        let batch: InboxBatch = serde_json::from_slice(&inbox_batch(entries, false)).unwrap();
         let InboxEntry::Message(m) = &batch.messages[0] else {
             panic!("a message: {batch:?}")
         };

@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::envelope::RejectCode;
-use crate::ids::{MsgId, Seq};
+use crate::ids::{DeviceId, MsgId, Seq};
+use crate::state::DeliveryState;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -269,6 +270,32 @@ mod tests {
             assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
         }
     }
+
+    #[test]
+    fn a_delivery_receipt_names_the_device_and_says_failed_for_dead() {
+        let (device, msg_id) = (DeviceId::new("pump-7").unwrap(), MsgId::new("n-9").unwrap());
+        let delivery = Delivery {
+            device: &device,
+            msg_id: &msg_id,
+            seq: Seq(41),
+            state: DeliveryState::Dead,
+            reason: Some("nacked: no room"),
+        };
+        assert_eq!(
+            String::from_utf8(serde_json::to_vec(&NorthReceipt::of(delivery, 5)).unwrap()).unwrap(),
+            r#"{"msg_id":"n-9","device":"pump-7","status":"failed","seq":41,"ts":5,"reason":"nacked: no room"}"#
+        );
+        let delivered = Delivery {
+            state: DeliveryState::Delivered,
+            reason: None,
+            ..delivery
+        };
+        assert_eq!(
+            String::from_utf8(serde_json::to_vec(&NorthReceipt::of(delivered, 6)).unwrap())
+                .unwrap(),
+            r#"{"msg_id":"n-9","device":"pump-7","status":"delivered","seq":41,"ts":6}"#
+        );
+    }
 }
 
 /// A receipt north on `{prefix}/receipts`, for one downlink delivery:
@@ -337,14 +364,27 @@ impl NorthReceipt {
         })
     }
 
-    pub fn of(event: &crate::downlink::record::DeliveryEvent, ts: i64) -> NorthReceipt {
+    /// The receipt of `delivery`, stamped `ts`.
+    pub fn of(delivery: Delivery<'_>, ts: i64) -> NorthReceipt {
         NorthReceipt {
-            msg_id: Some(event.msg_id.to_string()),
-            device: Some(event.device.to_string()),
-            status: event.state.receipt_status(),
-            seq: Some(event.seq.0),
+            msg_id: Some(delivery.msg_id.to_string()),
+            device: Some(delivery.device.to_string()),
+            status: delivery.state.receipt_status(),
+            seq: Some(delivery.seq.0),
             ts,
-            reason: event.reason.clone(),
+            reason: delivery.reason.map(str::to_owned),
         }
     }
+}
+
+/// A downlink delivery as its receipt north reports it: the fields the
+/// wire needs, borrowed from wherever the delivery is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery<'a> {
+    pub device: &'a DeviceId,
+    pub msg_id: &'a MsgId,
+    pub seq: Seq,
+    pub state: DeliveryState,
+    /// Why it ended, for a `failed` or `expired` receipt.
+    pub reason: Option<&'a str>,
 }

@@ -35,8 +35,6 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Op, Store};
-
 /// How often the running gateway persists the clock: the most it can lose
 /// across a reboot (a message then lives that much longer). Not less: on
 /// an idle gateway each mark is a commit (an fsync) of its own, and a
@@ -227,31 +225,6 @@ pub(super) fn mark(clock: &StoreClock, boot_id: &str) -> Mark {
             boottime_ms: boottime_ms(),
         },
         wall_ms: crate::protocol::now_ms(),
-    }
-}
-
-impl Store {
-    /// The store clock of this run.
-    pub fn clock(&self) -> StoreClock {
-        self.clock
-    }
-
-    /// Now on the wall clock and the store clock.
-    pub fn now(&self) -> Now {
-        self.clock.now()
-    }
-
-    /// Persists the clock every [`MARK_EVERY`] until the store stops (the
-    /// writer persists it once more when it closes).
-    pub async fn keep_clock(self) {
-        let mut every = tokio::time::interval(MARK_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            every.tick().await;
-            if self.tx.send(Op::MarkClock).is_err() {
-                return;
-            }
-        }
     }
 }
 

@@ -3,8 +3,8 @@
 //! the writer's open transaction and returns what its commit makes true,
 //! including every delivery whose state it changed; the receipt of each is
 //! committed in the outbox ([`super::outbox`]) in the same transaction.
-//! The records and the words of every reason are the downlink's
-//! ([`crate::downlink::record`]).
+//! The records and the words of every reason are in
+//! [`super::record::downlink`].
 //!
 //! Seqs from a device are its own word: they are bound saturated ([`sql`])
 //! and reach no further than `devices.sent_upto`, the last seq read into a
@@ -14,13 +14,14 @@ use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::clock::Now;
-use super::{outbox, StoreError};
-use crate::downlink::record::{
+use super::error::StoreError;
+use super::outbox;
+use crate::ids::{DeviceId, MsgId, Seq};
+use crate::state::DeliveryState;
+use crate::store::record::downlink::{
     reason, BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake,
     DownIntakeOutcome, Swept,
 };
-use crate::ids::{DeviceId, MsgId, Seq};
-use crate::state::DeliveryState;
 
 mod replay;
 

@@ -1,18 +1,28 @@
-//! The store's figures that operators watch: backlogs and their oldest
-//! ages, for `STATUS=`, the alerts, `ferry status`, `/api/status` and
-//! `/metrics`. Each is a seek per device or a read of a partial index,
-//! never a pass over the deliveries or the uplinks kept for retention: a
-//! scrape of a store with a million undelivered uplinks stays cheap
-//! (docs/BENCHMARKS.md). Ages are on the store clock (see [`oldest`]). Plain connections: the writer's transactions and
-//! the operators' read-only connections both use them.
+//! The store's figures: backlogs and their oldest ages, and the dead
+//! letters past a mark. Each is a seek per device or a read of a partial
+//! index, never a pass over the deliveries or the uplinks kept for
+//! retention: reading them on a store with a million undelivered uplinks
+//! stays cheap (docs/BENCHMARKS.md). Ages are on the store clock (see
+//! [`oldest`]). Plain connections: the writer's transactions and read-only
+//! connections both use them.
 
 use std::time::Duration;
 
 use rusqlite::{params, Connection, Result};
 
 use super::clock::Now;
-use super::Backlog;
 use crate::dead_letter::Direction;
+
+/// What waits to be delivered, counted for `STATUS=` (cheap: the uplink
+/// count reads the partial index of stored rows, the downlink one sums
+/// per-device cursors).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Stored uplinks not yet delivered or dead.
+    pub uplinks: u64,
+    /// Downlink queue entries past their device's confirm cursor.
+    pub downlinks: u64,
+}
 
 /// What waits to be delivered in each direction.
 pub fn backlog(conn: &Connection) -> Result<Backlog> {
@@ -92,7 +102,8 @@ pub fn downlink_top(conn: &Connection, top: usize) -> Result<Vec<(String, i64)>>
     .collect()
 }
 
-/// What [`crate::alerts`] looks at, read in one request.
+/// Dead letters past a mark, the backlog's age and size, and the disk
+/// budget: what warrants a warning, read in one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AlertScan {
     /// How long the oldest stored uplink has waited ([`oldest`]).

@@ -7,10 +7,11 @@
 use bytes::Bytes;
 use rusqlite::{params, Transaction};
 
-use super::{uplink, StoreError};
+use super::error::StoreError;
+use super::uplink;
 use crate::dead_letter::DeadLetter;
-use crate::downlink::record::{reason, DeliveryEvent, OutboxReceipt, Rejected};
 use crate::protocol::receipt::NorthReceipt;
+use crate::store::record::downlink::{reason, DeliveryEvent, OutboxReceipt, Rejected};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -36,7 +37,7 @@ pub fn report<'a>(
 ) -> Result<Vec<OutboxReceipt>> {
     events
         .into_iter()
-        .map(|e| put(tx, &NorthReceipt::of(e, ts)))
+        .map(|e| put(tx, &NorthReceipt::of(e.delivery(), ts)))
         .collect()
 }
 

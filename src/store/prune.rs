@@ -27,7 +27,7 @@
 use rusqlite::{params, Transaction};
 
 use super::clock::Now;
-use super::StoreError;
+use super::error::StoreError;
 
 type Result<T> = std::result::Result<T, StoreError>;
 

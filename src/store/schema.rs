@@ -14,7 +14,7 @@ use std::time::Instant;
 use rusqlite::Connection;
 use tracing::info;
 
-use super::StoreError;
+use super::error::StoreError;
 
 const MIGRATIONS: &[&str] = &[
     // 1: uplink store-and-forward.

@@ -1,9 +1,11 @@
+use super::clock::Now;
+use super::record::uplink::{Duplicate, Intake, IntakeOutcome, Transition, EXPIRED_REASON};
 use super::*;
+use crate::config::{StoreConfig, SyncMode};
 use crate::dead_letter::Direction;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::envelope::parse_uplink;
 use crate::state::MessageState;
-use crate::uplink::record::{Duplicate, EXPIRED_REASON};
 
 fn cfg() -> StoreConfig {
     StoreConfig {
@@ -282,7 +284,7 @@ async fn closed_resolves_once_the_last_handle_is_gone_and_what_was_queued_is_com
         !dir.path().join("ferry.db-wal").exists(),
         "the database was closed (its WAL checkpointed and removed)"
     );
-    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
     let n: i64 = conn
         .query_row("SELECT COUNT(*) FROM uplink", [], |r| r.get(0))
         .unwrap();

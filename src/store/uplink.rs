@@ -1,7 +1,7 @@
 //! Uplink rows: intake with dedup and sequencing, state transitions, dead
 //! letters and the pending-work queries. Every function here runs inside
 //! the writer's open transaction and returns what its commit will make true.
-//! The records are the uplink's ([`crate::uplink::record`]).
+//! The records it reads and writes are in [`super::record::uplink`].
 
 use std::collections::HashMap;
 
@@ -9,12 +9,12 @@ use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::clock::Now;
-use super::StoreError;
+use super::error::StoreError;
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId, Seq};
-use crate::protocol::envelope::with_seq;
+use crate::protocol::north::with_seq;
 use crate::state::MessageState;
-use crate::uplink::record::{
+use crate::store::record::uplink::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
 };
 
@@ -378,21 +378,21 @@ pub fn pending_devices(tx: &Transaction<'_>) -> Result<Vec<DeviceId>> {
     Ok(out)
 }
 
-/// What the alerts look at at `now` (see [`super::AlertScan`]).
+/// What the alerts look at at `now` (see [`super::figures::AlertScan`]).
 pub fn alert_scan(
     tx: &Transaction<'_>,
     now: Now,
     after_dead: i64,
     limit: usize,
-) -> Result<super::AlertScan> {
+) -> Result<super::figures::AlertScan> {
     let oldest = super::figures::oldest(tx, now)?;
-    let dead: Vec<super::DeadSummary> = tx
+    let dead: Vec<super::figures::DeadSummary> = tx
         .prepare_cached(
             "SELECT id, direction, device, msg_id, reason FROM dead_letter
              WHERE id > ?1 ORDER BY id LIMIT ?2",
         )?
         .query_map(params![after_dead, limit as i64], |r| {
-            Ok(super::DeadSummary {
+            Ok(super::figures::DeadSummary {
                 id: r.get(0)?,
                 direction: r.get(1)?,
                 device: r.get(2)?,
@@ -416,7 +416,7 @@ pub fn alert_scan(
         .query_row([], |r| r.get(0))
         .optional()?
         .unwrap_or(0);
-    Ok(super::AlertScan {
+    Ok(super::figures::AlertScan {
         after_dead,
         dead_alerted,
         oldest_uplink_age: oldest.uplink,

@@ -1,31 +1,30 @@
 //! The writer thread: the only user of the SQLite connection.
 //!
-//! It takes what is queued (up to `store.max_batch` ops), applies it in one
-//! transaction and commits; only then are the ops answered, in order. A
-//! batch is applied from borrowed ops, so a commit that fails for a passing
-//! reason (disk full, I/O error, busy) is simply applied and committed again
-//! after a pause, until it goes through. A corrupt database stops the
-//! writer: every op is answered with the cause, which the handles keep. An
-//! op refused on its own (an illegal move, an unreadable row) is answered
-//! with its error and the batch goes on.
+//! It takes what is queued (up to `store.max_batch` requests), applies it
+//! in one transaction and commits; only then are the requests answered, in
+//! order. A batch is applied from borrowed requests, each keeping its
+//! outcome until the commit (see [`super::op`]), so a commit that fails for
+//! a passing reason (disk full, I/O error, busy) is simply applied and
+//! committed again after a pause, until it goes through. A corrupt database
+//! stops the writer: every request is answered with the cause, which the
+//! handles keep. A request refused on its own (an illegal move, an
+//! unreadable row) is answered with its error and the batch goes on.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, ErrorCode, Transaction};
+use rusqlite::{Connection, ErrorCode};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::budget::{self, Budget, Change};
 use super::clock::{self, StoreClock};
-use super::{prune, uplink, DownOp, Op, Reply, StoreError};
+use super::error::StoreError;
+use super::op::{clone_err, Cx, Op};
+use super::uplink;
 use crate::health::Heartbeat;
 use crate::metrics::{self, Count};
-use crate::uplink::record::EXPIRED_REASON;
-use down::apply_down;
-
-mod down;
 
 /// Pauses between attempts at a batch whose commit failed for a passing
 /// reason: 100 ms doubling to 5 s.
@@ -33,9 +32,6 @@ const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// A failing store is reported again this often while it lasts.
 const REPORT_EVERY: Duration = Duration::from_secs(30);
-
-/// Answers one op (consumed) with the value its application produced.
-type Answer = Box<dyn FnOnce(Op) + Send>;
 
 /// What a failed commit means.
 enum Failure {
@@ -73,6 +69,9 @@ pub(super) struct Writer {
     measured: Instant,
     /// The store clock and this boot's id, for its marks.
     clock: (StoreClock, String),
+    /// Set by a prune that deleted rows in the batch being committed; read
+    /// and cleared after the commit.
+    rows_pruned: bool,
 }
 
 impl Writer {
@@ -93,6 +92,7 @@ impl Writer {
             wal,
             measured: Instant::now(),
             clock,
+            rows_pruned: false,
         };
         // A store opened at its budget refuses from the first message.
         w.measure_budget();
@@ -148,7 +148,7 @@ impl Writer {
                 rx.close();
                 let cause = self.stopped.get().cloned().unwrap_or_default();
                 while let Ok(op) = rx.try_recv() {
-                    fail(op, &StoreError::Stopped(cause.clone()));
+                    op.fail(&StoreError::Stopped(cause.clone()));
                 }
                 return;
             }
@@ -172,7 +172,7 @@ impl Writer {
             self.beat.bump();
             let started = Instant::now();
             match self.apply(batch) {
-                Ok(answers) => {
+                Ok(()) => {
                     crate::metrics::commit_took(started.elapsed());
                     self.seqs.committed();
                     if let Some(since) = failing_since {
@@ -189,9 +189,9 @@ impl Writer {
                     // checkpointed and truncated, and measured at once (a
                     // reader mid-read leaves it as it is; the next prune
                     // tries again).
-                    let pruned = ROWS_PRUNED.with(|p| p.replace(false)) && self.budget.over();
-                    for (op, answer) in batch.drain(..).zip(answers) {
-                        answer(op);
+                    let pruned = std::mem::take(&mut self.rows_pruned) && self.budget.over();
+                    for op in batch.drain(..) {
+                        op.answer();
                     }
                     if pruned {
                         if let Err(e) =
@@ -224,14 +224,14 @@ impl Writer {
                             error!(event = "store_damaged", error = %e, "store stopped: the database is damaged");
                             let _ = self.stopped.set(cause.clone());
                             for op in batch.drain(..) {
-                                fail(op, &StoreError::Stopped(cause.clone()));
+                                op.fail(&StoreError::Stopped(cause.clone()));
                             }
                             return false;
                         }
                         Failure::Batch => {
                             error!(event = "store_commit_failed", error = %e, batch = batch.len(), "store commit failed; nothing in the batch is announced");
                             for op in batch.drain(..) {
-                                fail(op, &StoreError::Sqlite(clone_err(&e)));
+                                op.fail(&StoreError::Sqlite(clone_err(&e)));
                             }
                             return true;
                         }
@@ -241,146 +241,24 @@ impl Writer {
         }
     }
 
-    /// Applies every op in one transaction and commits it.
-    fn apply(&mut self, batch: &[Op]) -> rusqlite::Result<Vec<Answer>> {
+    /// Applies every request in one transaction and commits it.
+    fn apply(&mut self, batch: &mut [Op]) -> rusqlite::Result<()> {
         let tx = self.conn.transaction()?;
-        let mut answers = Vec::with_capacity(batch.len());
-        // The store stamp of every row the batch writes (see schema 13).
-        let store_ms = self.clock.0.store_ms();
-        for op in batch {
-            // Reads are answered after the commit too, so nobody acts on a
-            // row that a failed commit would take back.
-            answers.push(apply_one(&tx, &mut self.seqs, &self.clock, store_ms, op)?);
+        let (clock, boot_id) = &self.clock;
+        let mut cx = Cx {
+            tx: &tx,
+            seqs: &mut self.seqs,
+            clock,
+            boot_id,
+            store_ms: clock.store_ms(),
+            pruned: &mut self.rows_pruned,
+        };
+        for op in batch.iter_mut() {
+            op.apply(&mut cx)?;
         }
         self.seqs.flush(&tx)?;
-        tx.commit()?;
-        Ok(answers)
+        tx.commit()
     }
-}
-
-/// An op's own outcome: a SQLite error fails the whole batch (it is
-/// classified and retried or failed as one), any other error is this op's
-/// answer alone.
-fn settle<T>(r: Result<T, StoreError>) -> rusqlite::Result<Result<T, StoreError>> {
-    match r {
-        Err(StoreError::Sqlite(e)) => Err(e),
-        other => Ok(other),
-    }
-}
-
-/// An answer that takes the reply out of the op it was made for.
-fn answer<T: Send + 'static>(
-    r: Result<T, StoreError>,
-    take: fn(Op) -> Option<Reply<T>>,
-) -> rusqlite::Result<Answer> {
-    let v = settle(r)?;
-    Ok(Box::new(move |op| {
-        if let Some(reply) = take(op) {
-            let _ = reply.send(v);
-        }
-    }))
-}
-
-fn apply_one(
-    tx: &Transaction<'_>,
-    seqs: &mut uplink::SeqCache,
-    (clock, boot_id): &(StoreClock, String),
-    store_ms: i64,
-    op: &Op,
-) -> rusqlite::Result<Answer> {
-    match op {
-        Op::MarkClock => {
-            clock::save(tx, &clock::mark(clock, boot_id))?;
-            Ok(Box::new(|_| {}))
-        }
-        Op::Intake(msg, _) => answer(uplink::intake(tx, seqs, msg, store_ms), |op| match op {
-            Op::Intake(_, reply) => Some(reply),
-            _ => None,
-        }),
-        Op::Reject(dl, _) => answer(uplink::dead_letter(tx, dl, store_ms), |op| match op {
-            Op::Reject(_, reply) => Some(reply),
-            _ => None,
-        }),
-        Op::Transition(t, _) => answer(uplink::transition(tx, t, store_ms), |op| match op {
-            Op::Transition(_, reply) => Some(reply),
-            _ => None,
-        }),
-        Op::DeadAlerted(id) => {
-            if let Err(e) = settle(uplink::dead_alerted(tx, *id))? {
-                debug!(error = %e, "alert mark not moved; those alerts go again after a restart");
-            }
-            Ok(Box::new(|_| {}))
-        }
-        Op::Attempt(rec) => {
-            if let Err(e) = settle(uplink::record_attempt(tx, rec))? {
-                warn!(event = "uplink_attempt_not_recorded", error = %e, "attempt not recorded");
-            }
-            Ok(Box::new(|_| {}))
-        }
-        Op::Pending {
-            device,
-            after,
-            limit,
-            ..
-        } => answer(uplink::pending(tx, device, *after, *limit), |op| match op {
-            Op::Pending { reply, .. } => Some(reply),
-            _ => None,
-        }),
-        Op::PendingDevices(_) => answer(uplink::pending_devices(tx), |op| match op {
-            Op::PendingDevices(reply) => Some(reply),
-            _ => None,
-        }),
-        Op::Lookup { device, msg_id, .. } => {
-            answer(uplink::existing(tx, device, msg_id), |op| match op {
-                Op::Lookup { reply, .. } => Some(reply),
-                _ => None,
-            })
-        }
-        Op::ExpireDue { now, .. } => answer(
-            uplink::expire_due(tx, *now, 1000, EXPIRED_REASON),
-            |op| match op {
-                Op::ExpireDue { reply, .. } => Some(reply),
-                _ => None,
-            },
-        ),
-        Op::TakeReplays(_) => answer(uplink::take_replays(tx, 1000), |op| match op {
-            Op::TakeReplays(reply) => Some(reply),
-            _ => None,
-        }),
-        Op::Down(down) => apply_down(tx, down, store_ms),
-        Op::Ping(_) => answer(
-            super::figures::backlog(tx).map_err(StoreError::from),
-            |op| match op {
-                Op::Ping(reply) => Some(reply),
-                _ => None,
-            },
-        ),
-        Op::AlertScan {
-            after_dead, limit, ..
-        } => answer(
-            uplink::alert_scan(tx, clock.now(), *after_dead, *limit),
-            |op| match op {
-                Op::AlertScan { reply, .. } => Some(reply),
-                _ => None,
-            },
-        ),
-        Op::Prune(cutoffs, _) => {
-            let pruned = prune::prune(tx, cutoffs);
-            if matches!(&pruned, Ok(p) if p.any()) {
-                ROWS_PRUNED.with(|p| p.set(true));
-            }
-            answer(pruned, |op| match op {
-                Op::Prune(_, reply) => Some(reply),
-                _ => None,
-            })
-        }
-    }
-}
-
-thread_local! {
-    /// Set by a prune that deleted rows in the batch being committed (the
-    /// writer is one thread); read and cleared after the commit.
-    static ROWS_PRUNED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The test hook behind the watchdog test: in debug builds only,
@@ -406,62 +284,5 @@ fn wedge() -> ! {
     );
     loop {
         std::thread::park();
-    }
-}
-
-/// Answers `op` with an error.
-fn fail(op: Op, e: &StoreError) {
-    fn err<T>(reply: Reply<T>, e: &StoreError) {
-        let _ = reply.send(Err(copy(e)));
-    }
-    match op {
-        Op::Intake(_, r) => err(r, e),
-        Op::Reject(_, r) => err(r, e),
-        Op::Transition(_, r) => err(r, e),
-        Op::Attempt(_) | Op::DeadAlerted(_) | Op::MarkClock => {}
-        Op::Pending { reply, .. } => err(reply, e),
-        Op::PendingDevices(r) => err(r, e),
-        Op::Lookup { reply, .. } => err(reply, e),
-        Op::ExpireDue { reply, .. } => err(reply, e),
-        Op::TakeReplays(r) => err(r, e),
-        Op::Ping(reply) => err(reply, e),
-        Op::Prune(_, reply) => err(reply, e),
-        Op::AlertScan { reply, .. } => err(reply, e),
-        Op::Down(down) => match down {
-            DownOp::Intake(_, r) => err(r, e),
-            DownOp::Batch { reply, .. } => err(reply, e),
-            DownOp::Advance { reply, .. } => err(reply, e),
-            DownOp::Nack { reply, .. } => err(reply, e),
-            DownOp::Cursors { reply, .. } => err(reply, e),
-            DownOp::Sweep { reply, .. } => err(reply, e),
-            DownOp::Reject { reply, .. } => err(reply, e),
-            DownOp::Refuse { reply, .. } => err(reply, e),
-            DownOp::OutboxPage { reply, .. } => err(reply, e),
-            DownOp::ReceiptsSent(_) => {}
-            DownOp::ReceiptDead { reply, .. } => err(reply, e),
-        },
-    }
-}
-
-/// The errors the writer answers with, copied for each asker.
-fn copy(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Sqlite(e) => StoreError::Sqlite(clone_err(e)),
-        StoreError::Stopped(cause) => StoreError::Stopped(cause.clone()),
-        StoreError::IllegalMove(m) => StoreError::IllegalMove(*m),
-        StoreError::CorruptRow { table, detail } => StoreError::CorruptRow {
-            table,
-            detail: detail.clone(),
-        },
-        other => StoreError::Stopped(other.to_string()),
-    }
-}
-
-fn clone_err(e: &rusqlite::Error) -> rusqlite::Error {
-    match e {
-        rusqlite::Error::SqliteFailure(code, msg) => {
-            rusqlite::Error::SqliteFailure(*code, msg.clone())
-        }
-        other => rusqlite::Error::InvalidParameterName(other.to_string()),
     }
 }

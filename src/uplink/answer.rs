@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::limits::{Lines, Sender};
-use super::record::{IntakeOutcome, ToEngine};
 use crate::clip::Clip;
 use crate::dead_letter::Direction;
 use crate::ids::{DeviceId, MsgId};
@@ -21,6 +20,7 @@ use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
 use crate::south::{Ack, SouthSender};
 use crate::state::MessageState;
+use crate::store::record::uplink::{IntakeOutcome, ToEngine};
 use crate::store::StoreError;
 
 /// A store answer and who it is for.

@@ -4,7 +4,6 @@
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::record::EXPIRED_REASON;
 use super::{Done, Engine};
 use crate::clip::Clip;
 use crate::dead_letter::Direction;
@@ -12,6 +11,7 @@ use crate::metrics;
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
 use crate::state::MessageState;
+use crate::store::record::uplink::EXPIRED_REASON;
 use crate::store::StoreError;
 
 impl Engine {

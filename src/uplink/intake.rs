@@ -30,7 +30,6 @@ use tracing::{debug, info, warn};
 
 use super::answer::{finish, Answer, AnswerFuture, Taken};
 use super::limits::{Limits, Lines, Rate, Sender};
-use super::record::{Intake, ToEngine};
 use super::route::Route;
 use crate::clip::{self, Clip};
 use crate::config::{RateLimit, MAX_UNANSWERED};
@@ -45,6 +44,7 @@ use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
 use crate::south::{DeviceControl, Inbound, SouthMessage, SouthSender};
 use crate::status_file::{LiveEvent, LiveSender};
+use crate::store::record::uplink::{Intake, ToEngine};
 use crate::store::{Store, StoreError};
 
 /// Messages sent to the store and not yet answered, at most

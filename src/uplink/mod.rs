@@ -24,7 +24,6 @@ pub mod backend;
 mod done;
 pub mod intake;
 pub mod limits;
-pub mod record;
 mod route;
 pub mod scheduler;
 
@@ -52,8 +51,10 @@ use crate::shutdown::{Phase, Shutdown};
 use crate::south::SouthSender;
 use crate::state::MessageState;
 use crate::status_file::LiveSender;
+use crate::store::record::uplink::{
+    AttemptRecord, Duplicate, Moved, PendingMessage, ToEngine, Transition,
+};
 use crate::store::{Store, StoreError};
-use record::{AttemptRecord, Duplicate, Moved, PendingMessage, ToEngine, Transition};
 use scheduler::{Action, Scheduler, SchedulerConfig};
 
 /// What the engine waits on from the store.

@@ -25,10 +25,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::{PendingMessage, EXPIRED_REASON};
 use crate::config::RetryConfig;
 use crate::deadlines::Deadlines;
 use crate::ids::{DeviceId, MsgId, Seq};
+use crate::store::record::uplink::{PendingMessage, EXPIRED_REASON};
 use backend::Backend;
 use queue::{arm, DeviceQueue, Entry, Refill, Status, Timers};
 

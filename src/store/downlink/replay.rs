@@ -4,11 +4,11 @@
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::{message_msg_id, seq};
-use crate::downlink::record::DeliveryEvent;
 use crate::ids::DeviceId;
 use crate::state::DeliveryState;
 use crate::store::clock::Now;
-use crate::store::StoreError;
+use crate::store::error::StoreError;
+use crate::store::record::downlink::DeliveryEvent;
 
 type Result<T> = std::result::Result<T, StoreError>;
 

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use super::down::{dev, msg};
 use super::*;
-use crate::downlink::record::DownIntake;
-use crate::retention::cutoffs;
-use crate::store::prune::Pruned;
+use crate::store::prune::{Cutoffs, Pruned};
+use crate::store::record::downlink::DownIntake;
 
 const DAY: i64 = 86_400_000;
 const YEAR: i64 = 365 * DAY;
@@ -79,10 +78,20 @@ fn fill(conn: &mut rusqlite::Connection, at: Now) {
     tx.commit().unwrap();
 }
 
+/// A prune at `now` with a day's retention for everything: what is a day
+/// old on both clocks goes.
 fn prune_at(conn: &mut rusqlite::Connection, now: Now) -> Pruned {
-    let day = Duration::from_secs(86_400);
+    let day_ago = Now {
+        wall_ms: now.wall_ms - DAY,
+        store_ms: now.store_ms - DAY,
+    };
+    let cutoffs = Cutoffs {
+        delivered: day_ago,
+        dead: day_ago,
+        limit: 500,
+    };
     let tx = conn.transaction().unwrap();
-    let pruned = crate::store::prune::prune(&tx, &cutoffs(now, day, day, false)).unwrap();
+    let pruned = crate::store::prune::prune(&tx, &cutoffs).unwrap();
     tx.commit().unwrap();
     pruned
 }

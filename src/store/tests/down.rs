@@ -1,8 +1,8 @@
 //! Downlink queues, cursors and expiry.
 
 use super::*;
-use crate::downlink::record::*;
 use crate::state::DeliveryState;
+use crate::store::record::downlink::*;
 use bytes::Bytes;
 
 pub(super) fn dev(s: &str) -> DeviceId {
@@ -171,7 +171,7 @@ async fn a_nack_dead_letters_the_delivery_and_moves_the_cursor_past_it() {
         .nack(
             device,
             Seq(1),
-            crate::downlink::record::reason::nacked("no room"),
+            crate::store::record::downlink::reason::nacked("no room"),
             3,
         )
         .await

@@ -1,7 +1,7 @@
 //! Requests the store refuses on their own, without failing the batch.
 
 use super::*;
-use crate::uplink::record::Transition;
+use crate::store::record::uplink::Transition;
 
 #[tokio::test]
 async fn an_illegal_transition_is_refused_and_writes_nothing() {
@@ -68,7 +68,7 @@ async fn an_unknown_state_in_the_database_is_an_error_not_stored() {
 
 #[tokio::test]
 async fn an_unknown_delivery_state_fails_the_read_that_meets_it() {
-    use crate::downlink::record::DownIntake;
+    use crate::store::record::downlink::DownIntake;
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &cfg()).unwrap();
     let a = DeviceId::new("a").unwrap();

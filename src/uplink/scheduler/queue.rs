@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use tokio::time::Instant;
 
-use super::super::record::PendingMessage;
 use crate::deadlines::Deadlines;
 use crate::ids::{DeviceId, MsgId, Seq};
+use crate::store::record::uplink::PendingMessage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Status {

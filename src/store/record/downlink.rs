@@ -1,11 +1,13 @@
-//! The downlink's records: what the task hands the store and what the store
-//! hands back, and the words of every reason a delivery ends with. Plain
-//! data; the store persists these and depends on this module, never the
-//! reverse.
+//! Downlink records: a message for one or more devices, inbox batches,
+//! cursors and how they moved, the delivery events and the receipts
+//! committed with them, and the words of every reason a delivery ends
+//! with. Plain data.
 
 use bytes::Bytes;
 
 use crate::ids::{DeviceId, MsgId, Seq};
+use crate::protocol::inbox::InboxRow;
+use crate::protocol::receipt::Delivery;
 use crate::state::DeliveryState;
 
 /// Why a delivery was given up on, in the words receipts and dead letters
@@ -71,6 +73,19 @@ pub struct DeliveryEvent {
     pub reason: Option<String>,
 }
 
+impl DeliveryEvent {
+    /// The fields its receipt north reports.
+    pub fn delivery(&self) -> Delivery<'_> {
+        Delivery {
+            device: &self.device,
+            msg_id: &self.msg_id,
+            seq: self.seq,
+            state: self.state,
+            reason: self.reason.as_deref(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DownIntakeOutcome {
     /// One per addressed device: its delivery's current state; `new` ones are `Stored`.
@@ -88,6 +103,18 @@ pub struct BatchEntry {
     pub msg_id: MsgId,
     pub state: DeliveryState,
     pub body: Option<Bytes>,
+}
+
+impl BatchEntry {
+    /// The entry as an inbox batch carries it.
+    pub fn row(&self) -> InboxRow<'_> {
+        InboxRow {
+            seq: self.seq,
+            msg_id: &self.msg_id,
+            state: self.state,
+            body: self.body.as_deref(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -1,11 +1,13 @@
-//! The uplink's records: what intake hands the store, what the store hands
-//! back, and the moves the engine asks for. Plain data; the store persists
-//! these and depends on this module, never the reverse.
+//! Uplink records: a validated message on its way in (its north body built
+//! on the caller's thread), a stored message waiting for the backend, what
+//! a repeated `(device, msg_id)` already is, and the moves asked of a
+//! stored message (a final state, a failed attempt). Plain data.
 
 use bytes::Bytes;
 
 use crate::ids::{DeviceId, MsgId, Seq};
-use crate::protocol::envelope::{north_body, Envelope, Stamp};
+use crate::protocol::envelope::Envelope;
+use crate::protocol::north::{north_body, Stamp};
 use crate::protocol::receipt::Receipt;
 use crate::state::MessageState;
 use crate::store::clock::Now;

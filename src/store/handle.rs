@@ -1,0 +1,97 @@
+//! The handle everyone holds: a cheap clone that queues requests for the
+//! writer thread (each request itself is written in `requests`) and sees
+//! why the writer stopped, once it has.
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::budget::Budget;
+use super::clock::{Now, StoreClock};
+use super::error::StoreError;
+use super::op::{Asked, Cx, Op, Told};
+use crate::health::Heartbeat;
+
+/// A cheap, cloneable handle to the writer thread.
+#[derive(Clone)]
+pub struct Store {
+    pub(super) tx: mpsc::UnboundedSender<Op>,
+    /// Why the writer stopped, once it has.
+    pub(super) stopped: Arc<OnceLock<String>>,
+    /// Its sender lives as long as the writer thread, connection included.
+    pub(super) exited: watch::Receiver<()>,
+    /// Bumped by the writer at every commit attempt, retries included.
+    pub(super) beat: Heartbeat,
+    pub(super) budget: Budget,
+    pub(super) clock: StoreClock,
+}
+
+impl Store {
+    /// The store clock of this run.
+    pub fn clock(&self) -> StoreClock {
+        self.clock
+    }
+
+    /// Now on the wall clock and the store clock.
+    pub fn now(&self) -> Now {
+        self.clock.now()
+    }
+
+    /// Resolves once the writer thread has exited: after the last handle
+    /// is dropped it commits everything queued, closes the database and
+    /// exits (or it stopped earlier on a damaged database). The future
+    /// holds no handle itself.
+    pub fn exited(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut exited = self.exited.clone();
+        async move { while exited.changed().await.is_ok() {} }
+    }
+
+    /// Bumped at every commit attempt: moving while pings go unanswered
+    /// means the writer is retrying a failed commit, not wedged.
+    pub fn writer_beat(&self) -> Heartbeat {
+        self.beat.clone()
+    }
+
+    /// The disk budget, as the writer last measured it.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Queues a request now: `apply` runs in the transaction of the batch
+    /// it lands in (again, should that commit be retried); the future
+    /// resolves to its outcome after the commit.
+    pub(super) fn call<T: Send + 'static>(
+        &self,
+        apply: impl FnMut(&mut Cx<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let (reply, rx) = oneshot::channel();
+        // A refused send drops the request and its reply: the wait below fails.
+        let _ = self.tx.send(Box::new(Asked {
+            apply,
+            reply,
+            outcome: None,
+        }));
+        let stopped = self.stopped.clone();
+        async move { rx.await.unwrap_or_else(|_| Err(closed(&stopped))) }
+    }
+
+    /// Queues a request nobody waits for; refused only once the writer
+    /// has stopped.
+    pub(super) fn tell(
+        &self,
+        apply: impl FnMut(&mut Cx<'_>) -> rusqlite::Result<()> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        self.tx
+            .send(Box::new(Told(apply)))
+            .map_err(|_| closed(&self.stopped))
+    }
+}
+
+/// Why nothing more can be asked: the writer's cause, if it gave one.
+fn closed(stopped: &OnceLock<String>) -> StoreError {
+    match stopped.get() {
+        Some(cause) => StoreError::Stopped(cause.clone()),
+        None => StoreError::Closed,
+    }
+}

@@ -1,0 +1,90 @@
+//! Opening the store: the data directory, the connection and its pragmas,
+//! the schema check and migrations, the store clock, and the writer
+//! thread that owns the connection from then on.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::thread;
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::{mpsc, watch};
+
+use super::budget::Budget;
+use super::error::StoreError;
+use super::handle::Store;
+use super::{clock, schema, writer};
+use crate::config::{StoreConfig, SyncMode};
+use crate::health::Heartbeat;
+
+/// The database file inside `gateway.data_dir`.
+pub const DB_FILE: &str = "ferry.db";
+
+impl Store {
+    /// Opens (creating if needed) the database in `data_dir`, migrates it and
+    /// starts the writer thread.
+    pub fn open(data_dir: &Path, cfg: &StoreConfig) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
+        let mut conn = Connection::open_with_flags(
+            data_dir.join(DB_FILE),
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // 16 MiB of page cache (default 2 MiB): the index pages of every
+        // active device stay in memory.
+        conn.pragma_update(None, "cache_size", -16384)?;
+        let sync = match cfg.sync {
+            SyncMode::Full => "FULL",
+            SyncMode::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)?;
+        conn.pragma_update(None, "busy_timeout", 5000)?;
+        // The WAL counts against store.max_db_bytes: after a checkpoint
+        // it is cut back to 64 MiB rather than kept at its high-water mark.
+        conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
+        conn.set_prepared_statement_cache_capacity(64);
+        schema::check(&conn, &data_dir.join(DB_FILE))?;
+        schema::migrate(&mut conn)?;
+        let (clock, boot_id) = clock::start(&conn)?;
+
+        let (tx, rx) = mpsc::unbounded_channel();
+        let max_batch = cfg.max_batch;
+        let stopped = Arc::new(OnceLock::new());
+        let beat = Heartbeat::default();
+        let budget = Budget::new(cfg.max_db_bytes);
+        let mut wal = data_dir.join(DB_FILE).into_os_string();
+        wal.push("-wal");
+        let writer = writer::Writer::new(
+            conn,
+            stopped.clone(),
+            beat.clone(),
+            budget.clone(),
+            wal.into(),
+            (clock, boot_id),
+        );
+        let (exiting, exited) = watch::channel(());
+        thread::Builder::new()
+            .name("ferry-store".into())
+            .spawn(move || {
+                writer.run(rx, max_batch);
+                // The connection is closed by now (`run` consumed it).
+                drop(exiting);
+            })
+            .map_err(|e| StoreError::DataDir {
+                path: data_dir.to_path_buf(),
+                source: e,
+            })?;
+        Ok(Store {
+            tx,
+            stopped,
+            exited,
+            beat,
+            budget,
+            clock,
+        })
+    }
+}
