@@ -19,7 +19,7 @@
 //!
 //! This file is the task loop; each input has its own file: `intake.rs`
 //! (north downlinks and groups), `controls.rs` (device controls),
-//! `presence.rs` (what the south broker says), `outbox.rs` (receipts north, around the
+//! `presence.rs` (what the south broker says), `receipts_north.rs` (receipts north, around the
 //! pure `receipts.rs`), and [`scheduler`] decides which batch goes when.
 
 mod controls;
