@@ -79,6 +79,11 @@ pub struct Outgoing {
     pub(crate) direct: VecDeque<(crate::protocol::Publish, u8)>,
     /// Last packet id
     last_pkid: u16,
+    /// ferry: publishes in flight at most: [`MAX_INFLIGHT`], or fewer when
+    /// the client's receive maximum (MQTT 5) says so.
+    max_inflight: usize,
+    /// ferry: the largest packet the client reads (0: no limit said).
+    pub(crate) max_packet_size: usize,
     /// Metrics of outgoing messages of this connection
     pub(crate) meter: OutgoingMeter,
 }
@@ -101,6 +106,8 @@ impl Outgoing {
             direct: VecDeque::new(),
             handle,
             last_pkid: 0,
+            max_inflight: MAX_INFLIGHT,
+            max_packet_size: 0,
             meter: Default::default(),
         };
 
@@ -113,7 +120,14 @@ impl Outgoing {
     }
 
     pub fn free_slots(&self) -> usize {
-        MAX_INFLIGHT - self.inflight_buffer.len()
+        self.max_inflight.saturating_sub(self.inflight_buffer.len())
+    }
+
+    /// ferry: holds what is sent to the client's own limits (MQTT 5's
+    /// receive maximum and maximum packet size; 0: no limit said).
+    pub(crate) fn set_client_limits(&mut self, receive_max: u16, max_packet_size: u32) {
+        self.max_inflight = (receive_max as usize).clamp(1, MAX_INFLIGHT);
+        self.max_packet_size = max_packet_size as usize;
     }
 
     pub fn push_notification(&mut self, notification: Notification) -> usize {

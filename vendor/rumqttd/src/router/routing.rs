@@ -441,6 +441,8 @@ impl Router {
         // earlier connection's delayed will is settled now.
         self.resolve_delayed_will(&client_id, clean_session);
 
+        // ferry: what it is sent is held to what it said it takes.
+        outgoing.set_client_limits(connection.receive_max, connection.max_packet_size);
         let connection_id = self.connections.insert(connection);
         assert_eq!(self.ibufs.insert(incoming), connection_id);
         assert_eq!(self.obufs.insert(outgoing), connection_id);
@@ -716,6 +718,25 @@ impl Router {
                 payload: d.payload,
             };
             if let Some(outgoing) = self.obufs.get_mut(id) {
+                // ferry: a packet over the client's maximum packet size
+                // (MQTT 5) is not sent (§3.1.2.11.4): counted, said, and
+                // left to the protocol (the gateway's message stays where
+                // its receipts say).
+                let size = publish.topic.len() + publish.payload.len() + 16;
+                if outgoing.max_packet_size > 0 && size > outgoing.max_packet_size {
+                    crate::counters::DIRECT_TOO_LARGE
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if refusals::admit_client(&d.client_id) {
+                        warn!(
+                            event = "delivery_over_client_packet_size",
+                            client_id = %Clip(&d.client_id),
+                            bytes = size,
+                            limit = outgoing.max_packet_size,
+                            "a delivery over the client's maximum packet size was not sent"
+                        );
+                    }
+                    continue;
+                }
                 outgoing.direct.push_back((publish, qos));
                 if touched.last() != Some(&id) {
                     touched.push(id);
@@ -835,27 +856,47 @@ impl Router {
                     // Currently as we don't have replication, we just use a single offset, even when appending to
                     // multiple commit logs.
 
+                    // ferry: a quarantined publish (isolation put it
+                    // there) is acknowledged, and an MQTT 5 client told
+                    // it was not authorized; the gateway answers it.
+                    let quarantined = self.config.isolation.is_some()
+                        && &publish.topic[..] == crate::QUARANTINE_TOPIC.as_bytes()
+                        && self.ibufs.get(id).is_some_and(|i| !i.client_id.is_empty());
                     match qos {
                         QoS::AtLeastOnce => {
                             let puback = PubAck {
                                 pkid,
-                                reason: PubAckReason::Success,
+                                reason: if quarantined {
+                                    PubAckReason::NotAuthorized
+                                } else {
+                                    PubAckReason::Success
+                                },
                             };
 
                             let ackslog = self.ackslog.get_mut(id).unwrap();
                             ackslog.puback(puback);
                             force_ack = true;
                         }
+                        // ferry: QoS 2 is taken at its PUBLISH, like QoS 1,
+                        // and PUBREC'd at once; its PUBREL gets its PUBCOMP
+                        // (below). Upstream kept the publish until PUBREL,
+                        // so a connection lost between the two lost it: the
+                        // client, told PUBREC, never sends it again. A
+                        // PUBLISH sent again before its PUBREC is taken
+                        // again: the gateway's receipts deduplicate by
+                        // message id.
                         QoS::ExactlyOnce => {
                             let pubrec = PubRec {
                                 pkid,
-                                reason: PubRecReason::Success,
+                                reason: if quarantined {
+                                    PubRecReason::NotAuthorized
+                                } else {
+                                    PubRecReason::Success
+                                },
                             };
-
                             let ackslog = self.ackslog.get_mut(id).unwrap();
-                            ackslog.pubrec(publish, properties, pubrec);
+                            ackslog.pubrec_taken(pubrec);
                             force_ack = true;
-                            continue;
                         }
                         QoS::AtMostOnce => {
                             // Do nothing
@@ -925,7 +966,8 @@ impl Router {
                             }
                             crate::counters::SUBSCRIPTIONS_REFUSED
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            return_codes.push(SubscribeReasonCode::Failure);
+                            // 0x97 to an MQTT 5 client, 0x80 to 3.1.1.
+                            return_codes.push(SubscribeReasonCode::QuotaExceeded);
                             continue;
                         }
                         // ferry: a remote client subscribes to its own
@@ -950,7 +992,8 @@ impl Router {
                                 }
                                 crate::counters::SUBSCRIPTIONS_REFUSED
                                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                return_codes.push(SubscribeReasonCode::Failure);
+                                // 0x87 to an MQTT 5 client, 0x80 to 3.1.1.
+                                return_codes.push(SubscribeReasonCode::NotAuthorized);
                                 continue;
                             }
                         }
@@ -990,9 +1033,16 @@ impl Router {
                         // NOTE: topic & $share/group/topic will have same filteridx!
                         self.prepare_filter(id, cursor, idx, f, group, subscription_id);
 
+                        // ferry: a remote client is sent at most QoS 1
+                        // (direct deliveries are), and granted what it
+                        // gets.
+                        let remote = self.ibufs.get(id).is_some_and(|i| !i.client_id.is_empty());
                         let code = match f.qos {
                             QoS::AtMostOnce => SubscribeReasonCode::QoS0,
                             QoS::AtLeastOnce => SubscribeReasonCode::QoS1,
+                            QoS::ExactlyOnce if remote && self.config.isolation.is_some() => {
+                                SubscribeReasonCode::QoS1
+                            }
                             QoS::ExactlyOnce => SubscribeReasonCode::QoS2,
                         };
 
@@ -1120,54 +1170,16 @@ impl Router {
                     ackslog.pubrel(pubrel);
                     self.scheduler.reschedule(id, ScheduleReason::IncomingAck);
                 }
-                Packet::PubRel(pubrel, None) => {
-                    let span = tracing::info_span!("pubrel", pkid = pubrel.pkid);
-                    let _guard = span.enter();
-
+                // ferry: its publish was taken at its PUBLISH (above), so a
+                // PUBREL, with properties (MQTT 5) or not, is answered
+                // PUBCOMP, also after a reconnect.
+                Packet::PubRel(pubrel, _) => {
                     let ackslog = self.ackslog.get_mut(id).unwrap();
-                    let pubcomp = PubComp {
+                    ackslog.pubcomp_only(PubComp {
                         pkid: pubrel.pkid,
                         reason: PubCompReason::Success,
-                    };
-
-                    // NOTE: client can try to resend previously unacked pubrels
-                    // on reconnection ( with clean session false )
-                    // we try to retrive publish assuming broker saved the previous state
-                    // successfully in graveyard.
-                    let (publish, props) = match ackslog.pubcomp(pubcomp) {
-                        Some(v) => v,
-                        None => {
-                            disconnect = true;
-                            break;
-                        }
-                    };
-
-                    // Try to append publish to commitlog
-                    match append_to_commitlog(
-                        id,
-                        publish,
-                        props,
-                        &mut self.datalog,
-                        &mut self.notifications,
-                        &mut self.connections,
-                    ) {
-                        Ok(_offset) => {
-                            // Even if one of the data in the batch is appended to commitlog,
-                            // set new data. This triggers notifications to wake waiters.
-                            // Don't overwrite this flag to false if it is already true.
-                            new_data = true;
-                        }
-                        Err(e) => {
-                            // Disconnect on bad publishes
-                            if refusals::admit_client(&client_id) {
-                                warn!(reason = %Clip(&e.to_string()), "Failed to append to commitlog");
-                            }
-                            self.router_meters.failed_publishes += 1;
-                            disconnect = true;
-                            break;
-                        }
-                    };
-                    self.scheduler.reschedule(id, ScheduleReason::IncomingAck);
+                    });
+                    force_ack = true;
                 }
                 Packet::PubComp(pubcomp, _) => {
                     let span = tracing::info_span!("pubcomp", pkid = pubcomp.pkid);

@@ -432,6 +432,10 @@ impl Protocol for V5 {
         Ok(packet)
     }
 
+    fn properties_follow_packet_id(&self) -> bool {
+        true
+    }
+
     fn write(&self, packet: Packet, buffer: &mut BytesMut) -> Result<usize, Error> {
         let size = match packet {
             Packet::Connect(
