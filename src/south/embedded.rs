@@ -168,6 +168,13 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             max_direct_queue: DEVICE_QUEUE,
             // A device subscribes to its own `ack` and `inbox` only.
             isolation: Some(topics.south_prefix().to_string()),
+            // A session for every device at most (each bounded in time by
+            // `south.max_session_expiry_s` and in size by the broker).
+            max_sessions: if cfg.max_session_expiry.is_zero() {
+                0
+            } else {
+                cfg.max_connections
+            },
         },
     );
     let (presence_tx, presence_rx) = mpsc::unbounded_channel();
@@ -227,7 +234,7 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             // A longer client id is no device id: CONNACK 2, also when the
             // CONNECT is too large to read.
             max_client_id_len: admission::MAX_CLIENT_ID,
-            max_session_expiry: 0,
+            max_session_expiry: cfg.max_session_expiry.as_secs().min(u32::MAX as u64) as u32,
             // A device has a handful of topics; aliases beyond are refused.
             topic_alias_max: TOPIC_ALIASES,
         },

@@ -90,6 +90,8 @@ pub mod counters {
     pub static CONNECTS_V31: AtomicU64 = AtomicU64::new(0);
     pub static CONNECTS_V311: AtomicU64 = AtomicU64::new(0);
     pub static CONNECTS_V5: AtomicU64 = AtomicU64::new(0);
+    /// Deliveries a full session left out (the protocol repairs them).
+    pub static SESSION_MESSAGES_DROPPED: AtomicU64 = AtomicU64::new(0);
 }
 
 /// ferry: what a connect hook is told about a CONNECT (see
@@ -396,6 +398,12 @@ pub struct RouterConfig {
     /// upstream's behaviour.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// ferry: most sessions kept for clients that are away, with
+    /// `ephemeral` (see `router/sessions.rs`; how long each lives is its
+    /// connection's session expiry, [`ConnectionSettings::max_session_expiry`]
+    /// at most). 0 keeps none.
+    #[serde(default)]
+    pub max_sessions: usize,
 }
 
 /// The user property a skipped oversized publish carries (see

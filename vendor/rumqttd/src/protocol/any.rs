@@ -95,9 +95,17 @@ impl Protocol for AnyVersion {
         }
     }
 
-    fn write(&self, packet: Packet, write: &mut BytesMut) -> Result<usize, Error> {
+    fn write(&self, mut packet: Packet, write: &mut BytesMut) -> Result<usize, Error> {
         match self {
             AnyVersion::V5 => V5.write(packet, write),
+            AnyVersion::V4 { level: 3 } => {
+                // MQTT 3.1's CONNACK has no session present flag (the
+                // byte is reserved, 0), whatever the session is.
+                if let Packet::ConnAck(ack, _) = &mut packet {
+                    ack.session_present = false;
+                }
+                V4.write(packet, write)
+            }
             _ => V4.write(packet, write),
         }
     }

@@ -77,6 +77,12 @@ pub struct Outgoing {
     pub(crate) unacked_pubrels: VecDeque<u16>,
     /// ferry: direct publishes (and their QoS) waiting for a free slot.
     pub(crate) direct: VecDeque<(crate::protocol::Publish, u8)>,
+    /// ferry: the QoS 1 direct publishes in flight, oldest first (their
+    /// `inflight_buffer` entries are under [`DIRECT_FILTER`]), kept for a
+    /// session that outlives the connection.
+    direct_inflight: VecDeque<crate::protocol::Publish>,
+    /// ferry: the CONNACK is not out yet: nothing is delivered before it.
+    pub(crate) connack_pending: bool,
     /// Last packet id
     last_pkid: u16,
     /// ferry: publishes in flight at most: [`MAX_INFLIGHT`], or fewer when
@@ -104,6 +110,8 @@ impl Outgoing {
             inflight_buffer,
             unacked_pubrels,
             direct: VecDeque::new(),
+            direct_inflight: VecDeque::new(),
+            connack_pending: true,
             handle,
             last_pkid: 0,
             max_inflight: MAX_INFLIGHT,
@@ -194,11 +202,17 @@ impl Outgoing {
     /// room; true if any moved.
     pub(crate) fn flush_direct(&mut self) -> bool {
         let mut moved = false;
+        if self.connack_pending {
+            return false;
+        }
         while let Some((_, qos)) = self.direct.front() {
             if *qos > 0 && self.free_slots() == 0 {
                 break;
             }
             let (publish, qos) = self.direct.pop_front().expect("front exists");
+            if qos > 0 {
+                self.direct_inflight.push_back(publish.clone());
+            }
             let forward = Forward {
                 cursor: None,
                 size: 0,
@@ -217,7 +231,10 @@ impl Outgoing {
     // Returns (unsolicited, outoforder) flags
     // Return: Out of order or unsolicited acks
     pub fn register_ack(&mut self, pkid: u16) -> Option<()> {
-        let (head, _filter_idx, _cursor) = self.inflight_buffer.pop_front()?;
+        let (head, filter_idx, _cursor) = self.inflight_buffer.pop_front()?;
+        if filter_idx == DIRECT_FILTER {
+            self.direct_inflight.pop_front();
+        }
 
         // We don't support out of order acks
         if pkid != head {
@@ -227,6 +244,20 @@ impl Outgoing {
         }
 
         Some(())
+    }
+
+    /// ferry: the QoS 1 direct publishes not acknowledged, in the order
+    /// they were meant to reach the client: those in flight, then those
+    /// queued (for a session that outlives the connection).
+    pub(crate) fn take_unacked_direct(&mut self) -> Vec<crate::protocol::Publish> {
+        let mut unacked: Vec<_> = self.direct_inflight.drain(..).collect();
+        unacked.extend(
+            self.direct
+                .drain(..)
+                .filter(|(_, q)| *q > 0)
+                .map(|(p, _)| p),
+        );
+        unacked
     }
 
     pub fn register_pubrec(&mut self, pkid: u16) {

@@ -25,6 +25,7 @@ use super::iobufs::{Incoming, Outgoing};
 use super::logs::{AckLog, DataLog};
 use super::scheduler::{ScheduleReason, Scheduler};
 use super::shared_subs::SharedGroup;
+mod resume;
 mod wills;
 
 use super::{
@@ -113,6 +114,10 @@ pub struct Router {
     pub direct_dropped: u64,
     /// ferry: where connects, disconnects and subscriptions are reported.
     client_events: Option<tokio::sync::mpsc::UnboundedSender<ClientEvent>>,
+    /// ferry: sessions of clients that are away (see `sessions.rs`).
+    sessions: super::sessions::Sessions,
+    /// ferry: when sessions past their end were last freed.
+    sessions_swept: std::time::Instant,
 }
 
 /// ferry: most publishes held back for one client before it is disconnected
@@ -123,6 +128,7 @@ const MAX_HELD_BYTES: usize = 64 << 20;
 
 impl Router {
     pub fn new(router_id: RouterId, config: RouterConfig) -> Router {
+        let max_sessions = config.max_sessions;
         let (router_tx, router_rx) = bounded(1000);
 
         let meters = Slab::with_capacity(10);
@@ -163,6 +169,8 @@ impl Router {
             hold_remote: false,
             direct_dropped: 0,
             client_events: None,
+            sessions: super::sessions::Sessions::new(max_sessions),
+            sessions_swept: std::time::Instant::now(),
         }
     }
 
@@ -394,6 +402,9 @@ impl Router {
         };
         let clean_session = connection.clean;
         let previous_session = saved.as_ref().is_some_and(|s| s.session_state.is_some());
+        // ferry: the session it left, unless it starts clean.
+        let resumed = self.session_to_resume(&client_id, clean_session);
+        let resuming = resumed.is_some();
         // for qos2 pending pubrels
         let mut pending_acks = VecDeque::new();
 
@@ -463,9 +474,13 @@ impl Router {
             .is_none());
 
         let ack = ConnAck {
-            session_present: !clean_session && previous_session,
+            session_present: (!clean_session && previous_session) || resuming,
             code: ConnectReturnCode::Success,
         };
+        if let Some(saved) = resumed {
+            info!(connection_id, "session resumed");
+            self.resume_session(connection_id, saved);
+        }
 
         let properties = ConnAckProperties {
             topic_alias_max: Some(TOPIC_ALIAS_MAX),
@@ -553,7 +568,10 @@ impl Router {
         // published once the connection is cleaned up.
         let will = wills::GoneWill::take(&mut connection);
         let _incoming = self.ibufs.remove(id);
-        let outgoing = self.obufs.remove(id);
+        let mut outgoing = self.obufs.remove(id);
+        // ferry: a session that outlives its connection is kept.
+        self.save_session(&connection, &mut outgoing);
+        self.sweep_sessions();
         let mut tracker = self.scheduler.remove(id);
         self.connection_map.remove(&client_id);
         self.ackslog.remove(id);
@@ -682,6 +700,19 @@ impl Router {
         let mut touched = Vec::new();
         for d in publishes {
             let Some(&id) = self.connection_map.get(&d.client_id) else {
+                // ferry: kept in its session, if it has one.
+                let topic = std::str::from_utf8(&d.topic).unwrap_or_default().to_owned();
+                let publish = Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: d.topic,
+                    pkid: 0,
+                    payload: d.payload,
+                };
+                if self.sessions.queue(&d.client_id, &topic, publish) {
+                    continue;
+                }
                 self.direct_dropped += 1;
                 debug!(
                     client_id = d.client_id,
@@ -1204,7 +1235,7 @@ impl Router {
 
                     force_ack = true;
                 }
-                Packet::Disconnect(_, _) => {
+                Packet::Disconnect(_, props) => {
                     let span = tracing::info_span!("disconnect");
                     let _guard = span.enter();
                     disconnect = true;
@@ -1212,6 +1243,11 @@ impl Router {
                     if let Some(connection) = self.connections.get_mut(id) {
                         connection.last_will = None;
                         connection.last_will_properties = None;
+                        // ferry: an MQTT 5 DISCONNECT may shorten (or end)
+                        // the session, never lengthen it past what it got.
+                        if let Some(expiry) = props.and_then(|p| p.session_expiry_interval) {
+                            connection.session_expiry = connection.session_expiry.min(expiry);
+                        }
                     }
                     break;
                 }
@@ -1372,6 +1408,12 @@ impl Router {
 
         // We always try to ack when ever a connection is scheduled
         ack_device_data(ackslog, outgoing);
+        // ferry: the CONNACK is out (it was the first ack): deliveries
+        // may follow it now.
+        if outgoing.connack_pending {
+            outgoing.connack_pending = false;
+            outgoing.flush_direct();
+        }
 
         let connection = &mut self.connections[id];
 
