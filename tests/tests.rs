@@ -44,5 +44,6 @@ mod operate;
 mod ops;
 mod ops_edges;
 mod robust;
+mod sessions;
 mod tls;
 mod uplink;
