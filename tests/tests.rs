@@ -47,3 +47,4 @@ mod robust;
 mod sessions;
 mod tls;
 mod uplink;
+mod v5_broker;

@@ -188,6 +188,11 @@ impl<P: Protocol> Network<P> {
         Ok(Ok(Packet::Publish(publish, Some(properties))))
     }
 
+    /// ferry: the protocol level the client speaks (see [`Protocol::level`]).
+    pub fn protocol_level(&self) -> u8 {
+        self.protocol.level()
+    }
+
     /// ferry: whether the client speaks MQTT 5 (its CONNECT said so).
     pub fn speaks_v5(&self) -> bool {
         self.protocol.properties_follow_packet_id()

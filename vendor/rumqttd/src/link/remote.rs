@@ -97,6 +97,7 @@ impl<P: Protocol> RemoteLink<P> {
             return Err(Error::NotConnectPacket(connect_packet));
         };
         let v5 = network.speaks_v5();
+        let level = network.protocol_level();
 
         // Register this connection with the router. Router replys with ack which if ok will
         // start the link. Router can sometimes reject the connection (ex max connection limit)
@@ -154,6 +155,13 @@ impl<P: Protocol> RemoteLink<P> {
 
         let id = link_rx.id();
         Span::current().record("connection_id", id);
+        // ferry: connections accepted, by protocol level.
+        let by_level = match level {
+            3 => &crate::counters::CONNECTS_V31,
+            5 => &crate::counters::CONNECTS_V5,
+            _ => &crate::counters::CONNECTS_V311,
+        };
+        by_level.fetch_add(1, Ordering::Relaxed);
 
         if let Some(mut packet) = notification.into() {
             if let Packet::ConnAck(_ack, props) = &mut packet {
