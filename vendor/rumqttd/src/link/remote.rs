@@ -387,10 +387,12 @@ where
         }) => {
             let id_too_long =
                 config.max_client_id_len > 0 && client_id_len > config.max_client_id_len;
+            // ferry: packet too large is 0x95 to an MQTT 5 client, 5 (not
+            // authorized) to 3.1.1, as before.
             let code = if id_too_long {
                 ConnectReturnCode::ClientIdentifierNotValid
             } else {
-                ConnectReturnCode::NotAuthorized
+                ConnectReturnCode::PacketTooLarge
             };
             crate::counters::CLIENT_IDS_REFUSED.fetch_add(1, Ordering::Relaxed);
             if crate::refusals::admit(peer.ip()) {
