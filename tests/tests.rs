@@ -48,3 +48,4 @@ mod sessions;
 mod tls;
 mod uplink;
 mod v5_broker;
+mod versions;

@@ -20,6 +20,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod any_version;
 pub mod backlog;
 pub mod certs;
 pub mod clients;
