@@ -57,7 +57,7 @@ impl<T: Tag> Task<T> {
         let now = Instant::now();
         let (from, _) = self.endpoints.current();
         let leave = accepts && up && from > 0 && self.endpoints.check_at().is_some();
-        if leave && self.client.try_disconnect().is_err() {
+        if leave && !self.client.try_disconnect() {
             warn!(event = "link_disconnect_not_queued", link = %self.opts.name, "disconnect could not be queued; staying on this endpoint");
             self.endpoints.checked(false, now);
             return link;
