@@ -27,8 +27,8 @@ const REQUEST_CAPACITY: usize = 65_536;
 
 /// rumqttc's event loop of either version.
 pub(super) enum Loop {
-    V4(EventLoop),
-    V5(rumqttc::v5::EventLoop),
+    V4(Box<EventLoop>),
+    V5(Box<rumqttc::v5::EventLoop>),
 }
 
 /// rumqttc's client and event loop for `opts`, on its first endpoint, in
@@ -43,12 +43,12 @@ pub(super) fn client(opts: &super::Options) -> (Client, Loop) {
             let mut net = rumqttc::NetworkOptions::new();
             net.set_tcp_nodelay(true);
             eventloop.set_network_options(net);
-            (Client::V4(client), Loop::V4(eventloop))
+            (Client::V4(client), Loop::V4(Box::new(eventloop)))
         }
         MqttVersion::V5 => {
             let mqtt = super::v5::options(opts, first, REQUEST_CAPACITY);
             let (client, eventloop) = rumqttc::v5::AsyncClient::new(mqtt, REQUEST_CAPACITY);
-            (Client::V5(client), Loop::V5(eventloop))
+            (Client::V5(client), Loop::V5(Box::new(eventloop)))
         }
     }
 }
@@ -66,6 +66,31 @@ impl Loop {
                 .await
                 .map(super::v5::from_v5)
                 .map_err(|e| super::v5::error(&e)),
+        }
+    }
+
+    /// The PUBACKs rumqttc read from a connection that then failed, not
+    /// yet reported (MQTT 5 only). A v5 broker may refuse a publish and
+    /// close the connection at once (Mosquitto 2.0.11 does after a PUBACK
+    /// `not_authorized`): the reason code would be lost with it. They are
+    /// acknowledgements of that connection, so the session may count them
+    /// before it hears of the drop. 3.1.1 keeps its old rule: nothing read
+    /// from a failed connection is reported.
+    fn salvage_acks(&mut self) -> Vec<Wire> {
+        match self {
+            Loop::V4(_) => Vec::new(),
+            Loop::V5(l) => l
+                .state
+                .events
+                .drain(..)
+                .filter(|e| {
+                    matches!(
+                        e,
+                        rumqttc::v5::Event::Incoming(rumqttc::v5::mqttbytes::v5::Packet::PubAck(_))
+                    )
+                })
+                .map(super::v5::from_v5)
+                .collect(),
         }
     }
 
@@ -188,6 +213,11 @@ pub(super) async fn run(mut eventloop: Loop, session: mpsc::Sender<Polled>, opts
                 // them may be what the upstream chokes on), nor report
                 // events read from it.
                 if !replay {
+                    for ack in eventloop.salvage_acks() {
+                        if session.send(Polled::Event(ack)).await.is_err() {
+                            return;
+                        }
+                    }
                     eventloop.forget();
                 }
                 let (resume, after) = oneshot::channel();

@@ -84,13 +84,13 @@ pub(super) fn from_v5(event: Event) -> Wire {
             pkid: ack.pkid,
             refused: reason_puback(&ack.reason),
         },
-        Event::Incoming(Packet::Publish(p)) => Wire::Publish(Incoming {
+        Event::Incoming(Packet::Publish(p)) => Wire::Publish(Box::new(Incoming {
             topic: String::from_utf8_lossy(&p.topic).into_owned(),
             payload: p.payload.clone(),
             retain: p.retain,
             acked: p.qos != QoS::AtMostOnce,
             received: Received::V5(p),
-        }),
+        })),
         Event::Outgoing(Outgoing::Publish(pkid)) => Wire::Written(pkid),
         Event::Outgoing(Outgoing::AwaitAck(pkid)) => Wire::AwaitAck(pkid),
         Event::Outgoing(Outgoing::Disconnect) => Wire::Disconnect,

@@ -35,7 +35,7 @@ pub(super) enum Wire {
     Written(u16),
     /// rumqttc holds a publish back until this packet id is acknowledged.
     AwaitAck(u16),
-    Publish(Incoming),
+    Publish(Box<Incoming>),
     /// Our DISCONNECT was written.
     Disconnect,
     /// Anything else (pings, our own acks): the loop is alive.
@@ -164,13 +164,13 @@ pub(super) fn from_v4(event: Event) -> Wire {
             pkid: ack.pkid,
             refused: None,
         },
-        Event::Incoming(Packet::Publish(p)) => Wire::Publish(Incoming {
+        Event::Incoming(Packet::Publish(p)) => Wire::Publish(Box::new(Incoming {
             topic: p.topic.clone(),
             payload: p.payload.clone(),
             retain: p.retain,
             acked: p.qos != QoS::AtMostOnce,
             received: Received::V4(p),
-        }),
+        })),
         Event::Outgoing(Outgoing::Publish(pkid)) => Wire::Written(pkid),
         Event::Outgoing(Outgoing::AwaitAck(pkid)) => Wire::AwaitAck(pkid),
         Event::Outgoing(Outgoing::Disconnect) => Wire::Disconnect,

@@ -10,7 +10,8 @@ use super::{Event, Tag, Task};
 
 impl<T: Tag> Task<T> {
     /// Hands one incoming publish to the owner.
-    pub(super) async fn on_publish(&mut self, p: Incoming) -> Option<()> {
+    pub(super) async fn on_publish(&mut self, p: Box<Incoming>) -> Option<()> {
+        let p = *p;
         let size = p.topic.len() + p.payload.len();
         let oversize = (size > self.opts.max_message_bytes).then_some(size);
         let payload = match oversize {
