@@ -25,12 +25,14 @@ pub mod passwords;
 mod raw;
 mod south;
 mod tls;
+mod version;
 use check::in_range;
 pub use check::ConfigError;
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
 pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode, MAX_UNANSWERED};
 pub use tls::{ClientTls, ListenerTls};
+pub use version::MqttVersion;
 
 /// How log events are written to stderr (the journal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,40 +51,6 @@ pub enum SyncMode {
     Full,
     /// WAL without fsync per commit: survives a crash of ferry only.
     Normal,
-}
-
-/// The MQTT protocol level ferry speaks as a client of a broker
-/// (`south.mqtt_version` in external mode, `north.mqtt_version`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum MqttVersion {
-    /// MQTT 3.1.1 (protocol level 4).
-    #[default]
-    V311,
-    /// MQTT 5: reason codes on CONNACK, SUBACK and PUBACK, the broker's
-    /// limits announced in its CONNACK.
-    V5,
-}
-
-impl MqttVersion {
-    /// `key`'s value: "3.1.1" or "5".
-    pub fn parse(key: &str, value: &str) -> Result<MqttVersion, ConfigError> {
-        match value {
-            "3.1.1" => Ok(MqttVersion::V311),
-            "5" => Ok(MqttVersion::V5),
-            other => Err(ConfigError::new(
-                key,
-                format!("must be \"3.1.1\" or \"5\" (got {other:?})"),
-            )),
-        }
-    }
-
-    /// The value a config file writes for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MqttVersion::V311 => "3.1.1",
-            MqttVersion::V5 => "5",
-        }
-    }
 }
 
 impl LogFormat {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::check::{credentials, in_range, topic_segment, ConfigError};
 use super::raw::RawNorth;
 use super::tls::{self, ClientTls};
-use super::MqttVersion;
+use super::version::MqttVersion;
 use crate::ids::GatewayId;
 
 /// Most addresses in `north.endpoints`: a cluster's nodes, not a scan list.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::check::{credentials, in_range, topic_segment, ConfigError};
 use super::raw::RawSouth;
 use super::tls::{self, ClientTls, ListenerTls};
-use super::MqttVersion;
+use super::version::MqttVersion;
 use crate::ids::GatewayId;
 
 #[derive(Debug, Clone)]

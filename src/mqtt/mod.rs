@@ -20,7 +20,15 @@
 //!   [`Options::prefer_first`] a working session on a later one is left
 //!   cleanly for the first once it accepts again ([`endpoints::Endpoints`]).
 //!   A move is a drop like any other to the owner: `Down`, then `Up` on the
-//!   new node, with everything unacknowledged the owner's to send again.
+//!   new node, with everything unacknowledged the owner's to send again;
+//! - either protocol version ([`Options::version`]): MQTT 3.1.1, or MQTT 5
+//!   through `rumqttc::v5` (`v5.rs`), normalised into the same events
+//!   (`wire.rs`), so no owner knows which is underneath. What 5 adds is
+//!   said in the owner's terms: a PUBACK reason code that refuses a
+//!   tracked publish, or a publish larger than the broker's CONNACK
+//!   allows, is [`Event::Refused`]; a SUBACK failure is a refused filter
+//!   in [`Event::Up`]; a refused CONNACK is a failed connection whose log
+//!   line names the reason code.
 //!
 //! Two ways to publish:
 //! - [`Session::publish`]: tracked, made for one connection (`epoch`).
@@ -223,7 +231,8 @@ pub enum Event<T> {
     /// The broker acknowledged this tracked publish.
     Published(T),
     /// The broker dropped the link on this tracked publish while it was
-    /// alone in flight: count it as a failed attempt.
+    /// alone in flight, or (MQTT 5) refused it with a PUBACK reason code,
+    /// or it is larger than the broker takes: count it as a failed attempt.
     Refused(T),
 }
 
