@@ -255,3 +255,47 @@ async fn an_uplink_the_upstream_refuses_by_mqtt_5_reason_code_is_dead_lettered_a
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uplink_larger_than_the_upstreams_mqtt_5_maximum_packet_size_is_refused_unsent_and_the_link_holds(
+) {
+    // rumqttc's v5 client fails the whole connection on a publish larger
+    // than the CONNACK's maximum packet size; the session refuses it first.
+    let gw = "gw-v5-big";
+    let mq = Mosquitto::start_with(&["max_packet_size 2000"]);
+    let ferry =
+        Ferry::start(FerryOpts::new(gw, mq.port).with(|c| c.north.mqtt_version = "5".into()));
+    let _backend = Backend::connect_auto_ack(mq.port, gw).await;
+    let mut device =
+        connected_device(DeviceOptions::new("127.0.0.1", ferry.south_port, "v5-big")).await;
+    let boot = boot_id();
+    let (big, small) = (format!("{boot}-big"), format!("{boot}-small"));
+    device
+        .send("t", &big, json!("x".repeat(3000)))
+        .expect("valid id");
+    device.send("t", &small, json!(1)).expect("valid id");
+
+    let failed = receipts(&mut device, ReceiptStatus::Failed, 1, SECS_30).await;
+    assert!(failed.contains(&big), "{}", ferry.log_tail());
+    assert_eq!(
+        ferry.query_i64(
+            "SELECT COUNT(*) FROM uplink WHERE device = 'v5-big' AND state = 'delivered'",
+            []
+        ),
+        1,
+        "the small one went through\n{}",
+        ferry.log_tail()
+    );
+    let log = ferry.log();
+    assert!(
+        log.contains("reason=\"packet_too_large\""),
+        "{}",
+        ferry.log_tail()
+    );
+    assert_eq!(
+        log.matches("event=\"link_down\"").count(),
+        0,
+        "never written, so never a reason to drop the link\n{}",
+        ferry.log_tail()
+    );
+}
