@@ -36,6 +36,7 @@ mod config;
 mod downlink;
 mod edges;
 mod external;
+mod external_v5;
 mod hostile;
 mod isolation;
 mod lifecycle;
