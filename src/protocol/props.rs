@@ -23,6 +23,7 @@ use super::north::NorthMessage;
 use super::receipt::{NorthReceipt, NorthStatus, Receipt, ReceiptStatus};
 use super::sniff::sniff_msg_id;
 use super::topics::{check_stream, DeviceTopic, NorthTopics, Topics};
+use super::user_props::UserProps;
 use crate::ids::{DeviceId, GatewayId, MsgId, Seq};
 
 const MAX_BYTES: usize = 64 << 10;
@@ -146,6 +147,15 @@ fn envelope() -> impl Strategy<Value = WireEnvelope> {
             retry,
             extra: Map::new(),
         })
+}
+
+/// An MQTT 5 publish's user properties: a few keys, some repeated, any
+/// text.
+fn user_props() -> impl Strategy<Value = Vec<(String, String)>> {
+    prop::collection::vec(
+        (prop_oneof![Just("k".to_string()), ".{0,8}"], ".{0,16}"),
+        0..6,
+    )
 }
 
 proptest! {
@@ -358,6 +368,7 @@ proptest! {
         stream in stream(),
         stored_ts in any::<i64>(),
         env in envelope(),
+        props in user_props(),
     ) {
         let messages = entries
             .into_iter()
@@ -374,7 +385,8 @@ proptest! {
         let back: InboxBatch = serde_json::from_slice(&serde_json::to_vec(&batch).unwrap()).expect("reads back");
         prop_assert_eq!(back, batch);
 
-        let north = NorthMessage { seq: Seq(1), gateway: gateway.clone(), device: device.clone(), stream: stream.clone(), stored_ts, envelope: env };
+        let props = UserProps::new(props).expect("within the bounds by construction");
+        let north = NorthMessage { seq: Seq(1), gateway: gateway.clone(), device: device.clone(), stream: stream.clone(), stored_ts, props, envelope: env };
         let back: NorthMessage = serde_json::from_slice(&north.to_bytes()).expect("reads back");
         prop_assert_eq!(back, north);
         let topics = NorthTopics::new("ferry", &gateway);
@@ -405,8 +417,7 @@ fn payload_numbers_go_through_the_gateway_unchanged() {
             stream: "t",
             stored_ms: 1,
         };
-        let north: Value =
-            serde_json::from_slice(&super::north::north_body(&up.fields, &stamp)).unwrap();
+        let north: Value = serde_json::from_slice(&super::north::north_body(&up, &stamp)).unwrap();
         assert_eq!(north["payload"]["v"].as_f64(), Some(x), "north body");
         let down = parse_downlink(&bytes, MAX_BYTES, 1).expect("valid downlink");
         let entry: Value = serde_json::from_slice(&down.entry).unwrap();
