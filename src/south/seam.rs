@@ -48,9 +48,26 @@ pub struct SouthMessage {
     /// device sending fast, so not held to the per-device limits. Always
     /// false in embedded mode.
     pub replayed: bool,
+    /// What its MQTT 5 publish carried beside the payload; empty for MQTT
+    /// 3.1.1 (and in external mode).
+    pub v5: PublishProps,
     /// Pass to [`SouthSender::ack`] once the message is committed (or
     /// handed on, for a control message).
     pub ack: Ack,
+}
+
+/// What an MQTT 5 device publish carries that ferry passes on
+/// (docs/PROTOCOL.md, "Payload envelope"), as the device sent it: intake
+/// judges it ([`crate::protocol::envelope::with_publish`]). Its size is
+/// bounded by the broker's packet limit only; the protocol's bounds on
+/// user properties are intake's to apply, with a rejection, not here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishProps {
+    /// The device's user properties, in order; never the gateway's own
+    /// (`ferry-...`, [`crate::protocol::user_props::INTERNAL_PREFIX`]).
+    pub user: Vec<(String, String)>,
+    /// The message expiry interval, seconds.
+    pub expiry_s: Option<u32>,
 }
 
 /// Acknowledges one device message to the south broker, where that is
