@@ -120,6 +120,9 @@ pub struct RawSouth {
     pub max_connections: usize,
     /// Longest MQTT keep-alive a device is held to, seconds.
     pub max_keep_alive_s: u64,
+    /// Longest a device's MQTT session outlives its connection, seconds
+    /// (0: no sessions).
+    pub max_session_expiry_s: u64,
     /// Most subscriptions one device may hold.
     pub max_subscriptions: usize,
     /// A connection that has not completed its CONNECT within this long is
@@ -202,6 +205,7 @@ impl Default for RawSouth {
             topic_prefix: "devices".into(),
             max_connections: 10_000,
             max_keep_alive_s: 600,
+            max_session_expiry_s: 3600,
             max_subscriptions: 8,
             connect_timeout_ms: 5000,
             rate_per_s: 200.0,

@@ -11,6 +11,9 @@ use super::raw::RawSouth;
 use super::tls::{self, ClientTls, ListenerTls};
 use crate::ids::GatewayId;
 
+/// The longest `south.max_session_expiry_s` allowed: 30 days.
+const MAX_SESSION_EXPIRY_S: u64 = 30 * 24 * 3600;
+
 #[derive(Debug, Clone)]
 pub struct SouthConfig {
     pub mode: SouthMode,
@@ -21,6 +24,10 @@ pub struct SouthConfig {
     pub max_connections: usize,
     /// A device asking for a longer keep-alive, or none, gets this one.
     pub max_keep_alive: Duration,
+    /// Embedded mode: the longest a device's session (MQTT 3.1.1 without
+    /// a clean session, MQTT 5's session expiry) outlives its connection;
+    /// zero keeps none.
+    pub max_session_expiry: Duration,
     pub max_subscriptions: usize,
     /// Embedded mode: how long a connection may take to complete its TLS
     /// handshake and its CONNECT.
@@ -95,6 +102,12 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
         raw.max_keep_alive_s,
         5,
         u16::MAX as u64,
+    )?;
+    in_range(
+        "south.max_session_expiry_s",
+        raw.max_session_expiry_s,
+        0,
+        MAX_SESSION_EXPIRY_S,
     )?;
     in_range("south.max_subscriptions", raw.max_subscriptions, 2, 10_000)?;
     in_range(
@@ -194,6 +207,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
         topic_prefix: raw.topic_prefix.clone(),
         max_connections: raw.max_connections,
         max_keep_alive: Duration::from_secs(raw.max_keep_alive_s),
+        max_session_expiry: Duration::from_secs(raw.max_session_expiry_s),
         max_subscriptions: raw.max_subscriptions,
         connect_timeout: Duration::from_millis(raw.connect_timeout_ms),
         tls: south_tls,

@@ -46,7 +46,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
-use rumqttd::protocol::v4::V4;
+use rumqttd::protocol::any::AnyVersion;
 use rumqttd::{
     ConnectionSettings, DirectPublish, Forward, LinkType, Notification, Router, RouterConfig,
     Server, ServerSettings, TlsConfig, OVERSIZE_PROPERTY, PUBLISHER_PROPERTY, QUARANTINE_TOPIC,
@@ -92,6 +92,8 @@ const INBOUND_BYTES: usize = 32 << 20;
 /// Receipts and batches waiting for one device beyond what it has in
 /// flight, before its own publishes are held back until it reads them.
 pub const DEVICE_QUEUE: usize = 1000;
+/// Topic aliases an MQTT 5 device may set: more than its topics.
+const TOPIC_ALIASES: u16 = 32;
 /// Deliveries handed to the broker in one event, at most.
 const DELIVER_BATCH: usize = 1024;
 
@@ -166,6 +168,13 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             max_direct_queue: DEVICE_QUEUE,
             // A device subscribes to its own `ack` and `inbox` only.
             isolation: Some(topics.south_prefix().to_string()),
+            // A session for every device at most (each bounded in time by
+            // `south.max_session_expiry_s` and in size by the broker).
+            max_sessions: if cfg.max_session_expiry.is_zero() {
+                0
+            } else {
+                cfg.max_connections
+            },
         },
     );
     let (presence_tx, presence_rx) = mpsc::unbounded_channel();
@@ -225,9 +234,12 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             // A longer client id is no device id: CONNACK 2, also when the
             // CONNECT is too large to read.
             max_client_id_len: admission::MAX_CLIENT_ID,
+            max_session_expiry: cfg.max_session_expiry.as_secs().min(u32::MAX as u64) as u32,
+            // A device has a handful of topics; aliases beyond are refused.
+            topic_alias_max: TOPIC_ALIASES,
         },
     };
-    let mut server = Server::new(settings, router_tx, V4);
+    let mut server = Server::new(settings, router_tx, AnyVersion::default());
     let stopped = tokio::spawn(async move {
         match server.start(LinkType::Remote).await {
             Ok(()) => "south listener stopped".to_string(),

@@ -83,6 +83,15 @@ pub mod counters {
     /// CONNECTs refused because the broker had no room
     /// (`max_connections`).
     pub static CONNECTIONS_FULL: AtomicU64 = AtomicU64::new(0);
+    /// Deliveries not sent because they were over the client's maximum
+    /// packet size (MQTT 5).
+    pub static DIRECT_TOO_LARGE: AtomicU64 = AtomicU64::new(0);
+    /// CONNECTs accepted, by protocol level: MQTT 3.1, 3.1.1 and 5.
+    pub static CONNECTS_V31: AtomicU64 = AtomicU64::new(0);
+    pub static CONNECTS_V311: AtomicU64 = AtomicU64::new(0);
+    pub static CONNECTS_V5: AtomicU64 = AtomicU64::new(0);
+    /// Deliveries a full session left out (the protocol repairs them).
+    pub static SESSION_MESSAGES_DROPPED: AtomicU64 = AtomicU64::new(0);
 }
 
 /// ferry: what a connect hook is told about a CONNECT (see
@@ -258,6 +267,15 @@ pub struct ConnectionSettings {
     /// `max_payload_size` whose client id is longer. 0 = no limit.
     #[serde(default)]
     pub max_client_id_len: usize,
+    /// ferry: the longest session a client may keep past its connection,
+    /// in seconds (MQTT 5's session expiry is held to it; a 3.1.1 client
+    /// without a clean session gets it). 0 keeps no sessions.
+    #[serde(default)]
+    pub max_session_expiry: u32,
+    /// ferry: the most topic aliases (MQTT 5) a client may set, resolved
+    /// per connection before isolation sees the publish (`link::properties`).
+    #[serde(default)]
+    pub topic_alias_max: u16,
 }
 
 /// ferry: where a publish outside its client's own topics goes instead
@@ -380,6 +398,12 @@ pub struct RouterConfig {
     /// upstream's behaviour.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// ferry: most sessions kept for clients that are away, with
+    /// `ephemeral` (see `router/sessions.rs`; how long each lives is its
+    /// connection's session expiry, [`ConnectionSettings::max_session_expiry`]
+    /// at most). 0 keeps none.
+    #[serde(default)]
+    pub max_sessions: usize,
 }
 
 /// The user property a skipped oversized publish carries (see

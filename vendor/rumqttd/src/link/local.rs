@@ -63,6 +63,11 @@ pub struct LinkBuilder<'a> {
     holdable: bool,
     // ferry: 0 by default (a will is published as soon as its connection ends)
     will_delay: u32,
+    // ferry: what the client asked of its session and of what it is sent
+    // (see `Connection`): no session, no limits by default.
+    session_expiry: u32,
+    receive_max: u16,
+    max_packet_size: u32,
 }
 
 impl<'a> LinkBuilder<'a> {
@@ -78,7 +83,24 @@ impl<'a> LinkBuilder<'a> {
             topic_alias_max: 0,
             holdable: false,
             will_delay: 0,
+            session_expiry: 0,
+            receive_max: u16::MAX,
+            max_packet_size: 0,
         }
+    }
+
+    /// ferry: seconds the session outlives the connection (0: none).
+    pub fn session_expiry(mut self, secs: u32) -> Self {
+        self.session_expiry = secs;
+        self
+    }
+
+    /// ferry: the client's receive maximum and maximum packet size (0: no
+    /// limit), which what it is sent is held to.
+    pub fn client_limits(mut self, receive_max: u16, max_packet_size: u32) -> Self {
+        self.receive_max = receive_max;
+        self.max_packet_size = max_packet_size;
+        self
     }
 
     /// ferry: seconds from the connection's end to its will's publication
@@ -142,6 +164,9 @@ impl<'a> LinkBuilder<'a> {
             .topic_alias_max(self.topic_alias_max);
         connection.holdable = self.holdable;
         connection.will_delay = self.will_delay;
+        connection.session_expiry = self.session_expiry;
+        connection.receive_max = self.receive_max;
+        connection.max_packet_size = self.max_packet_size;
         let incarnation = connection.incarnation;
         let incoming = Incoming::new(connection.client_id.to_owned());
         let (outgoing, link_rx) = Outgoing::new(connection.client_id.to_owned());

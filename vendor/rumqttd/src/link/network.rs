@@ -88,7 +88,8 @@ impl<P: Protocol> Network<P> {
     /// ferry: skip a PUBLISH over the size limit on the wire, passing on its
     /// topic, packet id and the first `head` bytes of its payload, marked
     /// with a [`crate::OVERSIZE_PROPERTY`] user property giving its real
-    /// payload size, instead of failing the connection. MQTT 3.1.1 framing.
+    /// payload size, instead of failing the connection. MQTT 3.1.1 and 5
+    /// framing (5's properties are skipped).
     pub fn set_oversize_head(&mut self, head: usize) {
         self.oversize_head = head;
     }
@@ -129,7 +130,29 @@ impl<P: Protocol> Network<P> {
             return Ok(Err(fixed + 2 - self.read.len()));
         }
         let topic_len = u16::from_be_bytes([self.read[fixed], self.read[fixed + 1]]) as usize;
-        let header = 2 + topic_len + if qos > 0 { 2 } else { 0 };
+        let mut header = 2 + topic_len + if qos > 0 { 2 } else { 0 };
+        // MQTT 5: the properties follow, and are skipped with the rest
+        // (the message is answered `rejected`; what it carried is moot).
+        let mut properties = 0;
+        if self.protocol.properties_follow_packet_id() {
+            let mut shift = 0;
+            loop {
+                let Some(&b) = self.read.get(fixed + header) else {
+                    return Ok(Err(fixed + header + 1 - self.read.len()));
+                };
+                header += 1;
+                properties |= ((b & 0x7f) as usize) << shift;
+                shift += 7;
+                if b & 0x80 == 0 {
+                    break;
+                }
+                if shift > 21 {
+                    return Err(Error::Protocol(protocol::Error::MalformedRemainingLength));
+                }
+            }
+        }
+        let packet_id_end = 2 + topic_len + if qos > 0 { 2 } else { 0 };
+        header += properties;
         if header > remaining {
             return Err(Error::Protocol(protocol::Error::MalformedPacket));
         }
@@ -141,6 +164,7 @@ impl<P: Protocol> Network<P> {
         packet.advance(fixed + 2);
         let topic = packet.split_to(topic_len);
         let pkid = if qos > 0 { packet.get_u16() } else { 0 };
+        packet.advance((header - packet_id_end).min(packet.len()));
         let size = remaining - header;
         self.skip = fixed + remaining - want;
         self.discard();
@@ -162,6 +186,25 @@ impl<P: Protocol> Network<P> {
             ..Default::default()
         };
         Ok(Ok(Packet::Publish(publish, Some(properties))))
+    }
+
+    /// ferry: whether the client speaks MQTT 5 (its CONNECT said so).
+    pub fn speaks_v5(&self) -> bool {
+        self.protocol.properties_follow_packet_id()
+    }
+
+    /// ferry: tells an MQTT 5 client why the broker closes the connection
+    /// (a 3.1.1 connection is just closed); a write that fails is moot.
+    pub async fn disconnect(&mut self, reason: protocol::DisconnectReasonCode) {
+        if self.speaks_v5() {
+            let packet = Packet::Disconnect(
+                protocol::Disconnect {
+                    reason_code: reason,
+                },
+                None,
+            );
+            let _ = self.write(packet).await;
+        }
     }
 
     pub fn set_keepalive(&mut self, keepalive: u16) {

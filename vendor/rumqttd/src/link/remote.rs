@@ -1,6 +1,7 @@
 use crate::link::local::{LinkError, LinkRx, LinkTx};
 use crate::link::network;
 use crate::link::network::Network;
+use crate::link::properties;
 use crate::local::LinkBuilder;
 use crate::protocol::{ConnAck, Connect, ConnectReturnCode, Login, Packet, Protocol};
 use crate::router::{Event, Notification};
@@ -51,6 +52,10 @@ pub enum Error {
     /// violation (MQTT 3.1.1 §3.1.0-2): the connection is closed.
     #[error("second CONNECT on one connection")]
     SecondConnect,
+    /// ferry: a publish whose MQTT 5 properties break the rules (a topic
+    /// alias out of range or never set, a subscription identifier).
+    #[error("publish properties: {0:?}")]
+    BadProperties(crate::protocol::DisconnectReasonCode),
     #[error("Channel try send error")]
     TrySend(#[from] TrySendError<(ConnectionId, Event)>),
     #[error("Link error = {0}")]
@@ -68,6 +73,8 @@ pub struct RemoteLink<P> {
     pub(crate) will_delay_interval: u32,
     /// ferry: the client's id and the isolation prefix, when isolated.
     isolation: Option<(String, String)>,
+    /// ferry: the topic aliases the client set (MQTT 5).
+    aliases: properties::Aliases,
 }
 
 impl<P: Protocol> RemoteLink<P> {
@@ -80,21 +87,35 @@ impl<P: Protocol> RemoteLink<P> {
         assigned_client_id: Option<String>,
         // ferry: for the line about a refusal.
         peer: std::net::SocketAddr,
+        // ferry: the limits the connection is held to (session expiry,
+        // aliases, packet size, keep-alive).
+        config: &ConnectionSettings,
+        // ferry: the keep-alive the client asked for, when it was capped.
+        asked_keep_alive: Option<u16>,
     ) -> Result<RemoteLink<P>, Error> {
         let Packet::Connect(connect, props, lastwill, lastwill_props, _) = connect_packet else {
             return Err(Error::NotConnectPacket(connect_packet));
         };
+        let v5 = network.speaks_v5();
 
         // Register this connection with the router. Router replys with ack which if ok will
         // start the link. Router can sometimes reject the connection (ex max connection limit)
         let client_id = assigned_client_id.as_ref().unwrap_or(&connect.client_id);
         let clean_session = connect.clean_session;
 
-        let topic_alias_max = props.as_ref().and_then(|p| p.topic_alias_max);
-        let session_expiry = props
+        // ferry: the session expiry, held to the cap (a 3.1.1 client
+        // without a clean session gets the cap).
+        let (session_expiry, expiry_capped) = properties::session_expiry(
+            v5,
+            clean_session,
+            props.as_ref(),
+            config.max_session_expiry,
+        );
+        let receive_max = props
             .as_ref()
-            .and_then(|p| p.session_expiry_interval)
-            .unwrap_or(0);
+            .and_then(|p| p.receive_maximum)
+            .unwrap_or(u16::MAX);
+        let client_max_packet = props.as_ref().and_then(|p| p.max_packet_size).unwrap_or(0);
 
         let delay_interval = lastwill_props
             .as_ref()
@@ -111,9 +132,12 @@ impl<P: Protocol> RemoteLink<P> {
             .last_will(lastwill)
             .last_will_properties(lastwill_props)
             .dynamic_filters(dynamic_filters)
-            .topic_alias_max(topic_alias_max.unwrap_or(0))
+            // ferry: the broker sends no topic aliases of its own.
+            .topic_alias_max(0)
             .holdable(true)
             .will_delay(will_delay_interval)
+            .session_expiry(session_expiry)
+            .client_limits(receive_max, client_max_packet)
             .build();
         let (link_tx, link_rx, notification) = match built {
             Ok(link) => link,
@@ -135,7 +159,15 @@ impl<P: Protocol> RemoteLink<P> {
             if let Packet::ConnAck(_ack, props) = &mut packet {
                 let mut new_props = props.clone().unwrap_or_default();
                 new_props.assigned_client_identifier = assigned_client_id;
-                *props = Some(new_props);
+                // ferry: what the connection is held to, told (MQTT 5).
+                let granted = properties::Granted {
+                    server_keep_alive: asked_keep_alive.map(|_| connect.keep_alive),
+                    session_expiry: expiry_capped.then_some(session_expiry),
+                    max_packet_size: config.max_payload_size.min(u32::MAX as usize) as u32,
+                    topic_alias_max: config.topic_alias_max,
+                    receive_max: config.max_inflight_count.clamp(1, u16::MAX as usize) as u16,
+                };
+                *props = Some(granted.into_properties(new_props));
                 network.write(packet).await?;
             }
         }
@@ -150,6 +182,7 @@ impl<P: Protocol> RemoteLink<P> {
             notifications: VecDeque::new(),
             will_delay_interval,
             isolation: None,
+            aliases: properties::Aliases::new(config.topic_alias_max),
         })
     }
 
@@ -198,6 +231,27 @@ impl<P: Protocol> RemoteLink<P> {
         }
     }
 
+    /// ferry: resolves the topic aliases and checks the properties of the
+    /// publishes from `from` on; the first that breaks the rules, and why.
+    fn check_properties(
+        aliases: &mut properties::Aliases,
+        packets: &mut VecDeque<Packet>,
+        from: usize,
+    ) -> Option<(usize, crate::protocol::DisconnectReasonCode)> {
+        for (at, packet) in packets.iter_mut().enumerate().skip(from) {
+            let Packet::Publish(publish, props) = packet else {
+                continue;
+            };
+            let checked = aliases
+                .resolve(publish, props)
+                .and_then(|()| properties::check_client_properties(props));
+            if let Err(reason) = checked {
+                return Some((at, reason));
+            }
+        }
+        None
+    }
+
     pub async fn start(&mut self) -> Result<(), Error> {
         self.network.set_keepalive(self.connect.keep_alive);
 
@@ -207,11 +261,18 @@ impl<P: Protocol> RemoteLink<P> {
             select! {
                 o = self.network.read() => {
                     let packet = o?;
-                    let (len, second_connect) = {
+                    let (len, second_connect, bad) = {
                         let mut buffer = self.link_tx.buffer();
                         let from = buffer.len();
                         buffer.push_back(packet);
                         self.network.readv(&mut buffer)?;
+                        // ferry: real topics and no forged marks before
+                        // isolation looks (a bad alias ends the connection
+                        // after what came before it).
+                        let bad = Self::check_properties(&mut self.aliases, &mut buffer, from);
+                        if let Some((at, _)) = bad {
+                            buffer.truncate(at);
+                        }
                         self.quarantine(&mut buffer, from);
                         // ferry: what came before a second CONNECT is
                         // handled; the CONNECT and what follows it are not.
@@ -222,11 +283,15 @@ impl<P: Protocol> RemoteLink<P> {
                         if let Some(at) = second {
                             buffer.truncate(from + at);
                         }
-                        (buffer.len(), second.is_some())
+                        (buffer.len(), second.is_some(), bad)
                     };
 
                     trace!("Packets read from network, count = {}", len);
                     self.link_tx.notify().await?;
+                    if let Some((_, reason)) = bad {
+                        self.network.disconnect(reason).await;
+                        return Err(Error::BadProperties(reason));
+                    }
                     if second_connect {
                         return Err(Error::SecondConnect);
                     }
@@ -495,6 +560,8 @@ mod tests {
             oversize_head: 0,
             isolation: None,
             max_client_id_len: 0,
+            max_session_expiry: 0,
+            topic_alias_max: 0,
         }
     }
 

@@ -1,5 +1,7 @@
 #![allow(dead_code, unused)]
 
+// ferry: one listener for every version (see `any`).
+pub mod any;
 pub mod v4;
 pub mod v5;
 
@@ -748,4 +750,9 @@ pub enum Error {
 pub trait Protocol {
     fn read_mut(&mut self, stream: &mut BytesMut, max_size: usize) -> Result<Packet, Error>;
     fn write(&self, packet: Packet, write: &mut BytesMut) -> Result<usize, Error>;
+    /// ferry: whether a PUBLISH's properties follow its packet id (MQTT
+    /// 5), for the link that skips an oversized one on the wire.
+    fn properties_follow_packet_id(&self) -> bool {
+        false
+    }
 }

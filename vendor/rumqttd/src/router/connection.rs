@@ -52,6 +52,14 @@ pub struct Connection {
     /// ferry: seconds between the connection's end and its will (MQTT 5's
     /// will delay, at most its session expiry); 0 publishes it at once.
     pub(crate) will_delay: u32,
+    /// ferry: seconds the client's session outlives the connection (0:
+    /// none; held to the broker's cap by the connection's task).
+    pub(crate) session_expiry: u32,
+    /// ferry: publishes the client takes unacknowledged (MQTT 5's receive
+    /// maximum; 3.1.1 clients say nothing, 65,535).
+    pub(crate) receive_max: u16,
+    /// ferry: the largest packet the client reads (0: no limit said).
+    pub(crate) max_packet_size: u32,
 }
 
 impl Connection {
@@ -89,6 +97,9 @@ impl Connection {
             holdable: false,
             incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
             will_delay: 0,
+            session_expiry: 0,
+            receive_max: u16::MAX,
+            max_packet_size: 0,
         }
     }
 

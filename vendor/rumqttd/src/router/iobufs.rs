@@ -77,8 +77,19 @@ pub struct Outgoing {
     pub(crate) unacked_pubrels: VecDeque<u16>,
     /// ferry: direct publishes (and their QoS) waiting for a free slot.
     pub(crate) direct: VecDeque<(crate::protocol::Publish, u8)>,
+    /// ferry: the QoS 1 direct publishes in flight, oldest first (their
+    /// `inflight_buffer` entries are under [`DIRECT_FILTER`]), kept for a
+    /// session that outlives the connection.
+    direct_inflight: VecDeque<crate::protocol::Publish>,
+    /// ferry: the CONNACK is not out yet: nothing is delivered before it.
+    pub(crate) connack_pending: bool,
     /// Last packet id
     last_pkid: u16,
+    /// ferry: publishes in flight at most: [`MAX_INFLIGHT`], or fewer when
+    /// the client's receive maximum (MQTT 5) says so.
+    max_inflight: usize,
+    /// ferry: the largest packet the client reads (0: no limit said).
+    pub(crate) max_packet_size: usize,
     /// Metrics of outgoing messages of this connection
     pub(crate) meter: OutgoingMeter,
 }
@@ -99,8 +110,12 @@ impl Outgoing {
             inflight_buffer,
             unacked_pubrels,
             direct: VecDeque::new(),
+            direct_inflight: VecDeque::new(),
+            connack_pending: true,
             handle,
             last_pkid: 0,
+            max_inflight: MAX_INFLIGHT,
+            max_packet_size: 0,
             meter: Default::default(),
         };
 
@@ -113,7 +128,14 @@ impl Outgoing {
     }
 
     pub fn free_slots(&self) -> usize {
-        MAX_INFLIGHT - self.inflight_buffer.len()
+        self.max_inflight.saturating_sub(self.inflight_buffer.len())
+    }
+
+    /// ferry: holds what is sent to the client's own limits (MQTT 5's
+    /// receive maximum and maximum packet size; 0: no limit said).
+    pub(crate) fn set_client_limits(&mut self, receive_max: u16, max_packet_size: u32) {
+        self.max_inflight = (receive_max as usize).clamp(1, MAX_INFLIGHT);
+        self.max_packet_size = max_packet_size as usize;
     }
 
     pub fn push_notification(&mut self, notification: Notification) -> usize {
@@ -180,11 +202,17 @@ impl Outgoing {
     /// room; true if any moved.
     pub(crate) fn flush_direct(&mut self) -> bool {
         let mut moved = false;
+        if self.connack_pending {
+            return false;
+        }
         while let Some((_, qos)) = self.direct.front() {
             if *qos > 0 && self.free_slots() == 0 {
                 break;
             }
             let (publish, qos) = self.direct.pop_front().expect("front exists");
+            if qos > 0 {
+                self.direct_inflight.push_back(publish.clone());
+            }
             let forward = Forward {
                 cursor: None,
                 size: 0,
@@ -203,7 +231,10 @@ impl Outgoing {
     // Returns (unsolicited, outoforder) flags
     // Return: Out of order or unsolicited acks
     pub fn register_ack(&mut self, pkid: u16) -> Option<()> {
-        let (head, _filter_idx, _cursor) = self.inflight_buffer.pop_front()?;
+        let (head, filter_idx, _cursor) = self.inflight_buffer.pop_front()?;
+        if filter_idx == DIRECT_FILTER {
+            self.direct_inflight.pop_front();
+        }
 
         // We don't support out of order acks
         if pkid != head {
@@ -213,6 +244,20 @@ impl Outgoing {
         }
 
         Some(())
+    }
+
+    /// ferry: the QoS 1 direct publishes not acknowledged, in the order
+    /// they were meant to reach the client: those in flight, then those
+    /// queued (for a session that outlives the connection).
+    pub(crate) fn take_unacked_direct(&mut self) -> Vec<crate::protocol::Publish> {
+        let mut unacked: Vec<_> = self.direct_inflight.drain(..).collect();
+        unacked.extend(
+            self.direct
+                .drain(..)
+                .filter(|(_, q)| *q > 0)
+                .map(|(p, _)| p),
+        );
+        unacked
     }
 
     pub fn register_pubrec(&mut self, pkid: u16) {

@@ -484,6 +484,16 @@ impl AckLog {
         self.committed.push_back(ack);
     }
 
+    /// ferry: a PUBREC for a publish already taken (nothing recorded).
+    pub fn pubrec_taken(&mut self, ack: PubRec) {
+        self.committed.push_back(Ack::PubRec(ack));
+    }
+
+    /// ferry: a PUBCOMP for a PUBREL whose publish was taken at PUBLISH.
+    pub fn pubcomp_only(&mut self, ack: PubComp) {
+        self.committed.push_back(Ack::PubComp(ack));
+    }
+
     pub fn pubrel(&mut self, ack: PubRel) {
         let ack = Ack::PubRel(ack);
         self.committed.push_back(ack);

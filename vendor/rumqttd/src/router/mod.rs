@@ -22,6 +22,8 @@ pub mod iobufs;
 mod logs;
 mod routing;
 mod scheduler;
+// ferry: persistent sessions, bounded.
+mod sessions;
 pub(crate) mod shared_subs;
 mod waiters;
 

@@ -25,6 +25,7 @@ use super::iobufs::{Incoming, Outgoing};
 use super::logs::{AckLog, DataLog};
 use super::scheduler::{ScheduleReason, Scheduler};
 use super::shared_subs::SharedGroup;
+mod resume;
 mod wills;
 
 use super::{
@@ -113,6 +114,10 @@ pub struct Router {
     pub direct_dropped: u64,
     /// ferry: where connects, disconnects and subscriptions are reported.
     client_events: Option<tokio::sync::mpsc::UnboundedSender<ClientEvent>>,
+    /// ferry: sessions of clients that are away (see `sessions.rs`).
+    sessions: super::sessions::Sessions,
+    /// ferry: when sessions past their end were last freed.
+    sessions_swept: std::time::Instant,
 }
 
 /// ferry: most publishes held back for one client before it is disconnected
@@ -123,6 +128,7 @@ const MAX_HELD_BYTES: usize = 64 << 20;
 
 impl Router {
     pub fn new(router_id: RouterId, config: RouterConfig) -> Router {
+        let max_sessions = config.max_sessions;
         let (router_tx, router_rx) = bounded(1000);
 
         let meters = Slab::with_capacity(10);
@@ -163,6 +169,8 @@ impl Router {
             hold_remote: false,
             direct_dropped: 0,
             client_events: None,
+            sessions: super::sessions::Sessions::new(max_sessions),
+            sessions_swept: std::time::Instant::now(),
         }
     }
 
@@ -394,6 +402,9 @@ impl Router {
         };
         let clean_session = connection.clean;
         let previous_session = saved.as_ref().is_some_and(|s| s.session_state.is_some());
+        // ferry: the session it left, unless it starts clean.
+        let resumed = self.session_to_resume(&client_id, clean_session);
+        let resuming = resumed.is_some();
         // for qos2 pending pubrels
         let mut pending_acks = VecDeque::new();
 
@@ -441,6 +452,8 @@ impl Router {
         // earlier connection's delayed will is settled now.
         self.resolve_delayed_will(&client_id, clean_session);
 
+        // ferry: what it is sent is held to what it said it takes.
+        outgoing.set_client_limits(connection.receive_max, connection.max_packet_size);
         let connection_id = self.connections.insert(connection);
         assert_eq!(self.ibufs.insert(incoming), connection_id);
         assert_eq!(self.obufs.insert(outgoing), connection_id);
@@ -461,9 +474,13 @@ impl Router {
             .is_none());
 
         let ack = ConnAck {
-            session_present: !clean_session && previous_session,
+            session_present: (!clean_session && previous_session) || resuming,
             code: ConnectReturnCode::Success,
         };
+        if let Some(saved) = resumed {
+            info!(connection_id, "session resumed");
+            self.resume_session(connection_id, saved);
+        }
 
         let properties = ConnAckProperties {
             topic_alias_max: Some(TOPIC_ALIAS_MAX),
@@ -551,7 +568,10 @@ impl Router {
         // published once the connection is cleaned up.
         let will = wills::GoneWill::take(&mut connection);
         let _incoming = self.ibufs.remove(id);
-        let outgoing = self.obufs.remove(id);
+        let mut outgoing = self.obufs.remove(id);
+        // ferry: a session that outlives its connection is kept.
+        self.save_session(&connection, &mut outgoing);
+        self.sweep_sessions();
         let mut tracker = self.scheduler.remove(id);
         self.connection_map.remove(&client_id);
         self.ackslog.remove(id);
@@ -680,6 +700,19 @@ impl Router {
         let mut touched = Vec::new();
         for d in publishes {
             let Some(&id) = self.connection_map.get(&d.client_id) else {
+                // ferry: kept in its session, if it has one.
+                let topic = std::str::from_utf8(&d.topic).unwrap_or_default().to_owned();
+                let publish = Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: d.topic,
+                    pkid: 0,
+                    payload: d.payload,
+                };
+                if self.sessions.queue(&d.client_id, &topic, publish) {
+                    continue;
+                }
                 self.direct_dropped += 1;
                 debug!(
                     client_id = d.client_id,
@@ -716,6 +749,25 @@ impl Router {
                 payload: d.payload,
             };
             if let Some(outgoing) = self.obufs.get_mut(id) {
+                // ferry: a packet over the client's maximum packet size
+                // (MQTT 5) is not sent (§3.1.2.11.4): counted, said, and
+                // left to the protocol (the gateway's message stays where
+                // its receipts say).
+                let size = publish.topic.len() + publish.payload.len() + 16;
+                if outgoing.max_packet_size > 0 && size > outgoing.max_packet_size {
+                    crate::counters::DIRECT_TOO_LARGE
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if refusals::admit_client(&d.client_id) {
+                        warn!(
+                            event = "delivery_over_client_packet_size",
+                            client_id = %Clip(&d.client_id),
+                            bytes = size,
+                            limit = outgoing.max_packet_size,
+                            "a delivery over the client's maximum packet size was not sent"
+                        );
+                    }
+                    continue;
+                }
                 outgoing.direct.push_back((publish, qos));
                 if touched.last() != Some(&id) {
                     touched.push(id);
@@ -835,27 +887,47 @@ impl Router {
                     // Currently as we don't have replication, we just use a single offset, even when appending to
                     // multiple commit logs.
 
+                    // ferry: a quarantined publish (isolation put it
+                    // there) is acknowledged, and an MQTT 5 client told
+                    // it was not authorized; the gateway answers it.
+                    let quarantined = self.config.isolation.is_some()
+                        && &publish.topic[..] == crate::QUARANTINE_TOPIC.as_bytes()
+                        && self.ibufs.get(id).is_some_and(|i| !i.client_id.is_empty());
                     match qos {
                         QoS::AtLeastOnce => {
                             let puback = PubAck {
                                 pkid,
-                                reason: PubAckReason::Success,
+                                reason: if quarantined {
+                                    PubAckReason::NotAuthorized
+                                } else {
+                                    PubAckReason::Success
+                                },
                             };
 
                             let ackslog = self.ackslog.get_mut(id).unwrap();
                             ackslog.puback(puback);
                             force_ack = true;
                         }
+                        // ferry: QoS 2 is taken at its PUBLISH, like QoS 1,
+                        // and PUBREC'd at once; its PUBREL gets its PUBCOMP
+                        // (below). Upstream kept the publish until PUBREL,
+                        // so a connection lost between the two lost it: the
+                        // client, told PUBREC, never sends it again. A
+                        // PUBLISH sent again before its PUBREC is taken
+                        // again: the gateway's receipts deduplicate by
+                        // message id.
                         QoS::ExactlyOnce => {
                             let pubrec = PubRec {
                                 pkid,
-                                reason: PubRecReason::Success,
+                                reason: if quarantined {
+                                    PubRecReason::NotAuthorized
+                                } else {
+                                    PubRecReason::Success
+                                },
                             };
-
                             let ackslog = self.ackslog.get_mut(id).unwrap();
-                            ackslog.pubrec(publish, properties, pubrec);
+                            ackslog.pubrec_taken(pubrec);
                             force_ack = true;
-                            continue;
                         }
                         QoS::AtMostOnce => {
                             // Do nothing
@@ -925,7 +997,8 @@ impl Router {
                             }
                             crate::counters::SUBSCRIPTIONS_REFUSED
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            return_codes.push(SubscribeReasonCode::Failure);
+                            // 0x97 to an MQTT 5 client, 0x80 to 3.1.1.
+                            return_codes.push(SubscribeReasonCode::QuotaExceeded);
                             continue;
                         }
                         // ferry: a remote client subscribes to its own
@@ -950,7 +1023,8 @@ impl Router {
                                 }
                                 crate::counters::SUBSCRIPTIONS_REFUSED
                                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                return_codes.push(SubscribeReasonCode::Failure);
+                                // 0x87 to an MQTT 5 client, 0x80 to 3.1.1.
+                                return_codes.push(SubscribeReasonCode::NotAuthorized);
                                 continue;
                             }
                         }
@@ -990,9 +1064,16 @@ impl Router {
                         // NOTE: topic & $share/group/topic will have same filteridx!
                         self.prepare_filter(id, cursor, idx, f, group, subscription_id);
 
+                        // ferry: a remote client is sent at most QoS 1
+                        // (direct deliveries are), and granted what it
+                        // gets.
+                        let remote = self.ibufs.get(id).is_some_and(|i| !i.client_id.is_empty());
                         let code = match f.qos {
                             QoS::AtMostOnce => SubscribeReasonCode::QoS0,
                             QoS::AtLeastOnce => SubscribeReasonCode::QoS1,
+                            QoS::ExactlyOnce if remote && self.config.isolation.is_some() => {
+                                SubscribeReasonCode::QoS1
+                            }
                             QoS::ExactlyOnce => SubscribeReasonCode::QoS2,
                         };
 
@@ -1120,54 +1201,16 @@ impl Router {
                     ackslog.pubrel(pubrel);
                     self.scheduler.reschedule(id, ScheduleReason::IncomingAck);
                 }
-                Packet::PubRel(pubrel, None) => {
-                    let span = tracing::info_span!("pubrel", pkid = pubrel.pkid);
-                    let _guard = span.enter();
-
+                // ferry: its publish was taken at its PUBLISH (above), so a
+                // PUBREL, with properties (MQTT 5) or not, is answered
+                // PUBCOMP, also after a reconnect.
+                Packet::PubRel(pubrel, _) => {
                     let ackslog = self.ackslog.get_mut(id).unwrap();
-                    let pubcomp = PubComp {
+                    ackslog.pubcomp_only(PubComp {
                         pkid: pubrel.pkid,
                         reason: PubCompReason::Success,
-                    };
-
-                    // NOTE: client can try to resend previously unacked pubrels
-                    // on reconnection ( with clean session false )
-                    // we try to retrive publish assuming broker saved the previous state
-                    // successfully in graveyard.
-                    let (publish, props) = match ackslog.pubcomp(pubcomp) {
-                        Some(v) => v,
-                        None => {
-                            disconnect = true;
-                            break;
-                        }
-                    };
-
-                    // Try to append publish to commitlog
-                    match append_to_commitlog(
-                        id,
-                        publish,
-                        props,
-                        &mut self.datalog,
-                        &mut self.notifications,
-                        &mut self.connections,
-                    ) {
-                        Ok(_offset) => {
-                            // Even if one of the data in the batch is appended to commitlog,
-                            // set new data. This triggers notifications to wake waiters.
-                            // Don't overwrite this flag to false if it is already true.
-                            new_data = true;
-                        }
-                        Err(e) => {
-                            // Disconnect on bad publishes
-                            if refusals::admit_client(&client_id) {
-                                warn!(reason = %Clip(&e.to_string()), "Failed to append to commitlog");
-                            }
-                            self.router_meters.failed_publishes += 1;
-                            disconnect = true;
-                            break;
-                        }
-                    };
-                    self.scheduler.reschedule(id, ScheduleReason::IncomingAck);
+                    });
+                    force_ack = true;
                 }
                 Packet::PubComp(pubcomp, _) => {
                     let span = tracing::info_span!("pubcomp", pkid = pubcomp.pkid);
@@ -1192,7 +1235,7 @@ impl Router {
 
                     force_ack = true;
                 }
-                Packet::Disconnect(_, _) => {
+                Packet::Disconnect(_, props) => {
                     let span = tracing::info_span!("disconnect");
                     let _guard = span.enter();
                     disconnect = true;
@@ -1200,6 +1243,11 @@ impl Router {
                     if let Some(connection) = self.connections.get_mut(id) {
                         connection.last_will = None;
                         connection.last_will_properties = None;
+                        // ferry: an MQTT 5 DISCONNECT may shorten (or end)
+                        // the session, never lengthen it past what it got.
+                        if let Some(expiry) = props.and_then(|p| p.session_expiry_interval) {
+                            connection.session_expiry = connection.session_expiry.min(expiry);
+                        }
                     }
                     break;
                 }
@@ -1360,6 +1408,12 @@ impl Router {
 
         // We always try to ack when ever a connection is scheduled
         ack_device_data(ackslog, outgoing);
+        // ferry: the CONNACK is out (it was the first ack): deliveries
+        // may follow it now.
+        if outgoing.connack_pending {
+            outgoing.connack_pending = false;
+            outgoing.flush_direct();
+        }
 
         let connection = &mut self.connections[id];
 

@@ -618,6 +618,7 @@ async fn remote<P: Protocol>(
 
     let dynamic_filters = config.dynamic_filters;
     let isolation = config.isolation.clone();
+    let settings = config.clone();
 
     let max_keep_alive = config.max_keep_alive;
     // ferry: the CONNECT (and the connect hook's verdict) is due by the
@@ -640,6 +641,29 @@ async fn remote<P: Protocol>(
             debug!("CONNECT refused");
             return;
         }
+        // ferry: a protocol level none of the codecs speaks is told so
+        // (CONNACK 1, in 3.1.1's format, which every client reads).
+        Err(
+            e @ remote::Error::Network(network::Error::Protocol(
+                crate::protocol::Error::InvalidProtocolLevel(_),
+            )),
+        ) => {
+            crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
+            if refusals::admit(accepted.peer.ip()) {
+                warn!(
+                    event = "connect_unsupported_version",
+                    peer = %accepted.peer,
+                    error = %Clip(&e.to_string()),
+                    "CONNECT refused: a protocol level the broker does not speak"
+                );
+            }
+            let ack = ConnAck {
+                session_present: false,
+                code: ConnectReturnCode::RefusedProtocolVersion,
+            };
+            let _ = network.write(Packet::ConnAck(ack, None)).await;
+            return;
+        }
         // ferry: said in a bounded line (the error's text, never the packet
         // it carries), and only so often per peer.
         Err(e) => {
@@ -656,10 +680,12 @@ async fn remote<P: Protocol>(
         }
     };
     // ferry: hold the connection to the longest keep-alive allowed.
+    let mut asked_keep_alive = None;
     if let Packet::Connect(connect, ..) = &mut connect_packet {
         let effective = remote::effective_keep_alive(connect.keep_alive, max_keep_alive);
         if effective != connect.keep_alive {
             info!(asked = connect.keep_alive, effective, "keep-alive capped");
+            asked_keep_alive = Some(connect.keep_alive);
             connect.keep_alive = effective;
         }
     }
@@ -739,6 +765,8 @@ async fn remote<P: Protocol>(
         dynamic_filters,
         assigned_client_id,
         accepted.peer,
+        &settings,
+        asked_keep_alive,
     )
     .await
     {

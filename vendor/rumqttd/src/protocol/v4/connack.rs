@@ -55,6 +55,16 @@ fn connect_code(return_code: ConnectReturnCode) -> u8 {
         ConnectReturnCode::ServiceUnavailable => 3,
         ConnectReturnCode::BadUserNamePassword => 4,
         ConnectReturnCode::NotAuthorized => 5,
-        _ => unreachable!(),
+        // ferry: MQTT 5's codes, told to a 3.1.1 client in its own five
+        // (upstream panicked on them).
+        ConnectReturnCode::UnsupportedProtocolVersion => 1,
+        ConnectReturnCode::BadAuthenticationMethod => 4,
+        ConnectReturnCode::ServerUnavailable
+        | ConnectReturnCode::ServerBusy
+        | ConnectReturnCode::QuotaExceeded
+        | ConnectReturnCode::ConnectionRateExceeded
+        | ConnectReturnCode::UseAnotherServer
+        | ConnectReturnCode::ServerMoved => 3,
+        _ => 5,
     }
 }

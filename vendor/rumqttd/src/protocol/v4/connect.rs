@@ -33,12 +33,12 @@ pub fn read(
     let protocol_name = read_mqtt_bytes(&mut bytes)?;
     let protocol_name = std::str::from_utf8(&protocol_name)?.to_owned();
     let protocol_level = read_u8(&mut bytes)?;
-    if protocol_name != "MQTT" {
-        return Err(Error::InvalidProtocol);
-    }
-
-    if protocol_level != 4 {
-        return Err(Error::InvalidProtocolLevel(protocol_level));
+    // ferry: MQTT 3.1 (`MQIsdp`, level 3) is read like 3.1.1, whose
+    // CONNECT it shares but for the name and level.
+    match (protocol_name.as_str(), protocol_level) {
+        ("MQTT", 4) | ("MQIsdp", 3) => {}
+        ("MQTT" | "MQIsdp", level) => return Err(Error::InvalidProtocolLevel(level)),
+        _ => return Err(Error::InvalidProtocol),
     }
 
     let connect_flags = read_u8(&mut bytes)?;

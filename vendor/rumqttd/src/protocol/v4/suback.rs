@@ -50,20 +50,13 @@ fn reason(code: u8) -> Result<SubscribeReasonCode, Error> {
 }
 
 fn code(reason: SubscribeReasonCode) -> u8 {
+    // ferry: 3.1.1 has one failure code; MQTT 5's reasons are all 0x80 here
+    // (upstream wrote them as they are, which no 3.1.1 client reads).
     match reason {
         SubscribeReasonCode::Success(qos) => qos as u8,
-        SubscribeReasonCode::Failure => 0x80,
         SubscribeReasonCode::QoS0 => 0,
         SubscribeReasonCode::QoS1 => 1,
         SubscribeReasonCode::QoS2 => 2,
-        SubscribeReasonCode::Unspecified => 128,
-        SubscribeReasonCode::ImplementationSpecific => 131,
-        SubscribeReasonCode::NotAuthorized => 135,
-        SubscribeReasonCode::TopicFilterInvalid => 143,
-        SubscribeReasonCode::PkidInUse => 145,
-        SubscribeReasonCode::QuotaExceeded => 151,
-        SubscribeReasonCode::SharedSubscriptionsNotSupported => 158,
-        SubscribeReasonCode::SubscriptionIdNotSupported => 161,
-        SubscribeReasonCode::WildcardSubscriptionsNotSupported => 162,
+        _ => 0x80,
     }
 }

@@ -417,6 +417,9 @@ fn connect_code(return_code: ConnectReturnCode) -> u8 {
         ConnectReturnCode::UseAnotherServer => 156,
         ConnectReturnCode::ServerMoved => 157,
         ConnectReturnCode::ConnectionRateExceeded => 159,
-        _ => unreachable!(),
+        // ferry: 3.1.1's codes, told to an MQTT 5 client in its own
+        // (upstream panicked on them).
+        ConnectReturnCode::RefusedProtocolVersion => 132,
+        ConnectReturnCode::ServiceUnavailable => 136,
     }
 }

@@ -426,10 +426,16 @@ impl Protocol for V5 {
                 let (pubcomp, properties) = pubcomp::read(fixed_header, packet)?;
                 Packet::PubComp(pubcomp, properties)
             }
-            _ => unreachable!(),
+            // ferry: a packet only a server sends (CONNACK, SUBACK,
+            // UNSUBACK) or AUTH is the client's protocol error, not a panic.
+            _ => return Err(Error::InvalidPacketType(fixed_header.byte1 >> 4)),
         };
 
         Ok(packet)
+    }
+
+    fn properties_follow_packet_id(&self) -> bool {
+        true
     }
 
     fn write(&self, packet: Packet, buffer: &mut BytesMut) -> Result<usize, Error> {
