@@ -12,7 +12,8 @@
 //!   repeated, an array of its values in the order sent. Keys are sorted;
 //!   nothing is dropped.
 //! - Names starting `ferry-` ([`INTERNAL_PREFIX`]) are the gateway's own,
-//!   between its broker and itself; they never reach [`UserProps`].
+//!   between its broker and itself; they never reach [`UserProps`] (the
+//!   broker strips a device's; `with_publish` refuses one that got by).
 
 use std::fmt;
 

@@ -383,17 +383,6 @@ fn south_message(f: Forward) -> Option<SouthMessage> {
         (Some(_), Some(own)) => own,
         _ => topic,
     };
-    // What the device's MQTT 5 publish carried, without ferry's own marks.
-    let v5 = f
-        .properties
-        .map_or_else(Default::default, |p| super::seam::PublishProps {
-            user: p
-                .user_properties
-                .into_iter()
-                .filter(|(k, _)| !crate::protocol::user_props::is_internal(k))
-                .collect(),
-            expiry_s: p.message_expiry_interval,
-        });
     Some(SouthMessage {
         publisher,
         topic,
@@ -401,7 +390,7 @@ fn south_message(f: Forward) -> Option<SouthMessage> {
         oversize,
         received_ms: now_ms(),
         replayed: false,
-        v5,
+        v5: super::seam::PublishProps::of(f.properties),
         // The broker acknowledged it when the link took it.
         ack: Default::default(),
     })
@@ -490,33 +479,5 @@ mod tests {
         ] {
             assert!(!own_subscribe_filter("devices", "a", refused), "{refused}");
         }
-    }
-
-    #[test]
-    fn a_v5_publish_brings_its_user_properties_and_expiry_without_ferrys_own() {
-        let forward = |properties| rumqttd::Forward {
-            cursor: None,
-            size: 0,
-            publish: rumqttd::protocol::Publish::new("devices/a/up/t", "{}", false),
-            properties,
-        };
-        let props = rumqttd::protocol::PublishProperties {
-            message_expiry_interval: Some(30),
-            user_properties: [("b", "1"), (rumqttd::OVERSIZE_PROPERTY, "9"), ("a", "2")]
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .into(),
-            ..Default::default()
-        };
-        let msg = super::south_message(forward(Some(props))).unwrap();
-        assert_eq!(msg.oversize, Some(9));
-        assert_eq!(msg.v5.expiry_s, Some(30));
-        assert_eq!(
-            msg.v5.user,
-            [("b".to_string(), "1".to_string()), ("a".into(), "2".into())]
-        );
-        assert_eq!(
-            super::south_message(forward(None)).unwrap().v5,
-            Default::default()
-        );
     }
 }
