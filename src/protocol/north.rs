@@ -179,4 +179,16 @@ mod tests {
             serde_json::from_slice::<Value>(&bytes).unwrap()
         );
     }
+
+    #[test]
+    fn the_protocol_example_with_props_parses() {
+        let text = r#"{"seq": 17, "gateway": "edge-01", "device": "press-7", "stream": "line3/temp",
+   "msg_id": "a-000017", "ts": 1764470000123, "stored_ts": 1764470000200,
+   "payload": {"temp": 81.5}, "ttl_s": 120, "props": {"site": "b2", "tag": ["x", "y"]}}"#;
+        let m: NorthMessage = serde_json::from_str(text).unwrap();
+        assert_eq!(m.props.get_all("tag").collect::<Vec<_>>(), ["x", "y"]);
+        assert_eq!(m.props.get_all("site").collect::<Vec<_>>(), ["b2"]);
+        assert_eq!((m.seq, m.envelope.ttl_s), (Seq(17), Some(120)));
+        assert!(m.envelope.extra.is_empty(), "{:?}", m.envelope.extra);
+    }
 }

@@ -16,7 +16,7 @@ use super::ack::{encode_acks, parse_acks, BackendAck};
 use super::control::{parse_control, Confirm, ControlKind, Nack, Pull, Read, Status};
 use super::depth::{nested_deeper_than, MAX_DEPTH};
 use super::envelope::{
-    parse_downlink, parse_uplink, Payload, RejectCode, WireDownlink, WireEnvelope,
+    parse_downlink, parse_uplink, with_publish, Payload, RejectCode, WireDownlink, WireEnvelope,
 };
 use super::inbox::{InboxBatch, InboxEntry, InboxEnvelope, Tombstone, TombstoneStatus};
 use super::north::NorthMessage;
@@ -159,6 +159,30 @@ fn user_props() -> impl Strategy<Value = Vec<(String, String)>> {
 }
 
 proptest! {
+    #[test]
+    fn an_mqtt5_publish_is_taken_whole_or_refused(
+        // Short text, and lengths at the bounds (128-byte names,
+        // 1,024-byte values, 32 pairs, 8 KiB).
+        pairs in prop::collection::vec(
+            (prop_oneof![".{0,8}", "k{126,130}"], prop_oneof![".{0,16}", "v{1020,1030}"]),
+            0..36,
+        ),
+        expiry in prop::option::of(any::<u32>()),
+    ) {
+        let env = parse_uplink(br#"{"msg_id":"m","payload":1}"#, MAX_BYTES).unwrap();
+        match with_publish(env, pairs.clone(), expiry) {
+            Ok(e) => {
+                let mut sent = pairs;
+                sent.sort();
+                let mut kept = e.props.pairs().to_vec();
+                kept.sort();
+                prop_assert_eq!(kept, sent, "every pair, none dropped");
+                prop_assert_eq!(e.ttl.map(|t| t.as_secs()), expiry.map(u64::from));
+            }
+            Err(r) => prop_assert_eq!(r.msg_id, Some(MsgId::new("m").unwrap())),
+        }
+    }
+
     #[test]
     fn no_parser_panics_on_any_input(bytes in input()) {
         let _ = parse_uplink(&bytes, MAX_BYTES);
