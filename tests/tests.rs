@@ -44,5 +44,7 @@ mod operate;
 mod ops;
 mod ops_edges;
 mod robust;
+mod sessions;
 mod tls;
 mod uplink;
+mod v5_broker;

@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 pub(super) struct Broker;
 
 /// `(name, help, counter)`; names are under the `ferry_` prefix.
-fn broker_counters() -> [(&'static str, &'static str, &'static AtomicU64); 7] {
+fn broker_counters() -> [(&'static str, &'static str, &'static AtomicU64); 9] {
     use rumqttd::counters;
     [
         ("broker_subscriptions_refused", "SUBSCRIBEs the embedded broker refused (not the device's own topics, or over the limit)", &counters::SUBSCRIPTIONS_REFUSED),
@@ -21,6 +21,18 @@ fn broker_counters() -> [(&'static str, &'static str, &'static AtomicU64); 7] {
         ("broker_wills_refused", "CONNECTs refused because their will was on a topic the device may not publish on", &counters::WILLS_REFUSED),
         ("broker_client_ids_refused", "CONNECTs refused for a client id over 64 bytes (or one the broker cannot take), or a CONNECT too large to read", &counters::CLIENT_IDS_REFUSED),
         ("broker_connections_full", "CONNECTs refused because south.max_connections devices were connected", &counters::CONNECTIONS_FULL),
+        ("broker_deliveries_over_client_packet_size", "Receipts and batches not sent because they were over the device's MQTT 5 maximum packet size", &counters::DIRECT_TOO_LARGE),
+        ("broker_session_messages_left_out", "Deliveries a device's full MQTT session left out (the protocol sends them again)", &counters::SESSION_MESSAGES_DROPPED),
+    ]
+}
+
+/// Connections accepted, by the MQTT version the device spoke.
+fn connects_by_protocol() -> [(&'static str, &'static AtomicU64); 3] {
+    use rumqttd::counters;
+    [
+        ("3.1", &counters::CONNECTS_V31),
+        ("3.1.1", &counters::CONNECTS_V311),
+        ("5", &counters::CONNECTS_V5),
     ]
 }
 
@@ -30,6 +42,17 @@ impl Collector for Broker {
             let counter = ConstCounter::new(value.load(Ordering::Relaxed));
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
+        }
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "broker_connects",
+            "Device connections the embedded broker accepted, by MQTT version",
+            None,
+            counter.metric_type(),
+        )?;
+        for (protocol, value) in connects_by_protocol() {
+            let counter = ConstCounter::new(value.load(Ordering::Relaxed));
+            counter.encode(family.encode_family(&[("protocol", protocol)])?)?;
         }
         Ok(())
     }

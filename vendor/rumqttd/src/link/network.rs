@@ -188,6 +188,11 @@ impl<P: Protocol> Network<P> {
         Ok(Ok(Packet::Publish(publish, Some(properties))))
     }
 
+    /// ferry: the protocol level the client speaks (see [`Protocol::level`]).
+    pub fn protocol_level(&self) -> u8 {
+        self.protocol.level()
+    }
+
     /// ferry: whether the client speaks MQTT 5 (its CONNECT said so).
     pub fn speaks_v5(&self) -> bool {
         self.protocol.properties_follow_packet_id()
@@ -291,7 +296,10 @@ impl<P: Protocol> Network<P> {
             } else {
                 match Protocol::read_mut(&mut self.protocol, &mut self.read, self.max_incoming_size)
                 {
-                    Ok(packet) => return Ok(packet),
+                    Ok(mut packet) => {
+                        crate::link::properties::strip_reserved(&mut packet);
+                        return Ok(packet);
+                    }
                     Err(protocol::Error::InsufficientBytes(required)) => required,
                     Err(protocol::Error::PayloadSizeLimitExceeded(_))
                         if self.read.first().is_some_and(|b| b >> 4 == 1) =>
@@ -334,6 +342,12 @@ impl<P: Protocol> Network<P> {
                         Ok(packet) => Ok(packet),
                         Err(_) => return Ok(packets.len()),
                     }
+                }
+                // ferry: a client's own `ferry-` marks go (an oversized
+                // publish, above, carries only the broker's).
+                Ok(mut packet) => {
+                    crate::link::properties::strip_reserved(&mut packet);
+                    Ok(packet)
                 }
                 other => other,
             };

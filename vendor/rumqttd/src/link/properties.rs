@@ -9,8 +9,8 @@
 //!   aliases, each topic counted; the broker sends no aliases of its own.
 //! - User properties named `ferry-...` are the broker's own marks
 //!   ([`crate::PUBLISHER_PROPERTY`], [`crate::TOPIC_PROPERTY`],
-//!   [`crate::OVERSIZE_PROPERTY`]): a client's are removed, so no client can
-//!   forge them.
+//!   [`crate::OVERSIZE_PROPERTY`]): a client's are removed as its packets
+//!   are decoded ([`strip_reserved`]), so no client can forge them.
 //! - A client may not send subscription identifiers on a publish.
 
 use std::collections::HashMap;
@@ -71,20 +71,27 @@ impl Aliases {
     }
 }
 
-/// Removes a client's `ferry-...` user properties; a publish a client may
-/// not send (one with subscription identifiers) is its protocol error.
-pub(crate) fn check_client_properties(
-    properties: &mut Option<PublishProperties>,
-) -> Result<(), DisconnectReasonCode> {
-    let Some(p) = properties else {
-        return Ok(());
-    };
-    if !p.subscription_identifiers.is_empty() {
-        return Err(DisconnectReasonCode::ProtocolError);
+/// Removes the `ferry-...` user properties of a publish as the client sent
+/// it (the network reader calls it on every packet it decodes, before it
+/// marks an oversized publish itself).
+pub(crate) fn strip_reserved(packet: &mut crate::protocol::Packet) {
+    if let crate::protocol::Packet::Publish(_, Some(p)) = packet {
+        p.user_properties
+            .retain(|(name, _)| !name.starts_with(RESERVED_PREFIX));
     }
-    p.user_properties
-        .retain(|(name, _)| !name.starts_with(RESERVED_PREFIX));
-    Ok(())
+}
+
+/// A publish a client may not send (one with subscription identifiers) is
+/// its protocol error.
+pub(crate) fn check_client_properties(
+    properties: &Option<PublishProperties>,
+) -> Result<(), DisconnectReasonCode> {
+    match properties {
+        Some(p) if !p.subscription_identifiers.is_empty() => {
+            Err(DisconnectReasonCode::ProtocolError)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What the broker's CONNACK tells a client about this connection (MQTT 5;
@@ -194,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_clients_ferry_properties_are_removed_and_its_own_kept() {
-        let mut props = Some(PublishProperties {
+        let props = Some(PublishProperties {
             user_properties: vec![
                 ("ferry-publisher".into(), "dev-b".into()),
                 ("line".into(), "3".into()),
@@ -202,16 +209,20 @@ mod tests {
             ],
             ..Default::default()
         });
-        check_client_properties(&mut props).unwrap();
+        let mut packet = crate::protocol::Packet::Publish(publish("devices/a/up/t"), props);
+        strip_reserved(&mut packet);
+        let crate::protocol::Packet::Publish(_, Some(props)) = packet else {
+            unreachable!()
+        };
         assert_eq!(
-            props.unwrap().user_properties,
+            props.user_properties,
             vec![("line".to_string(), "3".to_string())]
         );
-        let mut props = Some(PublishProperties {
+        let props = Some(PublishProperties {
             subscription_identifiers: vec![1],
             ..Default::default()
         });
-        assert!(check_client_properties(&mut props).is_err());
+        assert!(check_client_properties(&props).is_err());
     }
 
     #[test]

@@ -97,6 +97,7 @@ impl<P: Protocol> RemoteLink<P> {
             return Err(Error::NotConnectPacket(connect_packet));
         };
         let v5 = network.speaks_v5();
+        let level = network.protocol_level();
 
         // Register this connection with the router. Router replys with ack which if ok will
         // start the link. Router can sometimes reject the connection (ex max connection limit)
@@ -154,6 +155,13 @@ impl<P: Protocol> RemoteLink<P> {
 
         let id = link_rx.id();
         Span::current().record("connection_id", id);
+        // ferry: connections accepted, by protocol level.
+        let by_level = match level {
+            3 => &crate::counters::CONNECTS_V31,
+            5 => &crate::counters::CONNECTS_V5,
+            _ => &crate::counters::CONNECTS_V311,
+        };
+        by_level.fetch_add(1, Ordering::Relaxed);
 
         if let Some(mut packet) = notification.into() {
             if let Packet::ConnAck(_ack, props) = &mut packet {
@@ -379,10 +387,12 @@ where
         }) => {
             let id_too_long =
                 config.max_client_id_len > 0 && client_id_len > config.max_client_id_len;
+            // ferry: packet too large is 0x95 to an MQTT 5 client, 5 (not
+            // authorized) to 3.1.1, as before.
             let code = if id_too_long {
                 ConnectReturnCode::ClientIdentifierNotValid
             } else {
-                ConnectReturnCode::NotAuthorized
+                ConnectReturnCode::PacketTooLarge
             };
             crate::counters::CLIENT_IDS_REFUSED.fetch_add(1, Ordering::Relaxed);
             if crate::refusals::admit(peer.ip()) {

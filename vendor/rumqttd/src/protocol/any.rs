@@ -113,6 +113,10 @@ impl Protocol for AnyVersion {
     fn properties_follow_packet_id(&self) -> bool {
         *self == AnyVersion::V5
     }
+
+    fn level(&self) -> u8 {
+        AnyVersion::level(self).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -135,6 +139,30 @@ mod tests {
         assert_eq!(connect_level(&connect("MQTT", 6)).unwrap(), None);
         assert_eq!(connect_level(&connect("MQTT", 3)).unwrap(), None);
         assert_eq!(connect_level(&[0x30, 0]).unwrap(), None);
+    }
+
+    #[test]
+    fn a_disconnect_with_a_reason_is_read_back_whole() {
+        use crate::protocol::{Disconnect, DisconnectReasonCode};
+        let mut out = BytesMut::new();
+        let reason = DisconnectReasonCode::TopicAliasInvalid;
+        let packet = Packet::Disconnect(
+            Disconnect {
+                reason_code: reason,
+            },
+            None,
+        );
+        AnyVersion::V5.write(packet, &mut out).unwrap();
+        assert_eq!(&out[..], &[0xe0, 0x02, 0x94, 0x00]);
+        let mut normal = BytesMut::new();
+        let packet = Packet::Disconnect(
+            Disconnect {
+                reason_code: DisconnectReasonCode::NormalDisconnection,
+            },
+            None,
+        );
+        AnyVersion::V5.write(packet, &mut normal).unwrap();
+        assert_eq!(&normal[..], &[0xe0, 0x00]);
     }
 
     #[test]

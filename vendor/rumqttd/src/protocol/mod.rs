@@ -755,4 +755,9 @@ pub trait Protocol {
     fn properties_follow_packet_id(&self) -> bool {
         false
     }
+    /// ferry: the protocol level the connection speaks (3: MQTT 3.1, 4:
+    /// 3.1.1, 5), 0 before its CONNECT decides it.
+    fn level(&self) -> u8 {
+        4
+    }
 }

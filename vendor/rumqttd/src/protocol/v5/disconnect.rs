@@ -18,7 +18,11 @@ fn len(disconnect: &Disconnect, properties: &Option<DisconnectProperties>) -> us
         let properties_len_len = len_len(properties_len);
         length += properties_len_len + properties_len;
     } else {
-        length += 1;
+        // ferry: the reason code and an empty properties length: upstream
+        // counted 1 and wrote 2 bytes, so the packet ran into the next one
+        // (and a client that reads the properties length, as rumqttc's
+        // does, cannot read the reason code alone).
+        length += 2;
     }
 
     length
@@ -69,7 +73,9 @@ pub fn write(
 
     let length = len(disconnect, properties);
 
-    if length == 2 {
+    // ferry: by what it is, not its length (which is 2 for any reason
+    // without properties too).
+    if disconnect.reason_code == DisconnectReasonCode::NormalDisconnection && properties.is_none() {
         buffer.put_u8(0x00);
         return Ok(length);
     }

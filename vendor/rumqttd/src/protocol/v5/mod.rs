@@ -438,6 +438,10 @@ impl Protocol for V5 {
         true
     }
 
+    fn level(&self) -> u8 {
+        5
+    }
+
     fn write(&self, packet: Packet, buffer: &mut BytesMut) -> Result<usize, Error> {
         let size = match packet {
             Packet::Connect(

@@ -1,0 +1,138 @@
+//! Persistent sessions on the embedded broker (vendor/README.md, patch
+//! 44), seen by a bare MQTT 3.1.1 client that acknowledges only what it is
+//! told to: a device that connects without a clean session keeps its
+//! subscriptions to its own `ack` and `inbox` across a reconnect, is told
+//! its session is present, and gets again the receipts it had not
+//! acknowledged when its connection dropped; a clean session gets none of
+//! it; a session is gone once its expiry (`south.max_session_expiry_s`)
+//! has passed.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::raw_mqtt::RawStream;
+use crate::support::{free_port, Ferry, FerryOpts, RawMqtt};
+
+const SECS_10: Duration = Duration::from_secs(10);
+
+/// A CONNECT as `id` with keep-alive 60 and this clean session flag; the
+/// client and its CONNACK.
+async fn connect(port: u16, id: &str, clean_session: bool) -> (RawMqtt, rumqttc::ConnAck) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("tcp connect");
+    let stream: Box<dyn RawStream> = Box::new(tcp);
+    let mut connect = rumqttc::Connect::new(id);
+    connect.keep_alive = 60;
+    connect.clean_session = clean_session;
+    let (raw, ack) = RawMqtt::try_connect_packet(stream, connect)
+        .await
+        .unwrap_or_else(|e| panic!("{id}: {e}"));
+    assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success, "{id}");
+    (raw, ack)
+}
+
+/// The next receipt PUBLISH, not acknowledged: its packet, payload parsed.
+async fn next_receipt(raw: &mut RawMqtt) -> Option<(rumqttc::Publish, Value)> {
+    receipt_within(raw, SECS_10).await
+}
+
+/// The next receipt PUBLISH within `timeout`, not acknowledged.
+async fn receipt_within(raw: &mut RawMqtt, timeout: Duration) -> Option<(rumqttc::Publish, Value)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match raw.recv(left).await? {
+            rumqttc::Packet::Publish(p) => {
+                let v = serde_json::from_slice(&p.payload).expect("a receipt is JSON");
+                return Some((p, v));
+            }
+            _ => continue,
+        }
+    }
+}
+
+fn envelope(msg_id: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"msg_id": msg_id, "payload": {"t": 1}})).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_not_acknowledged_before_a_drop_comes_again_after_a_reconnect_with_its_session() {
+    let ferry = Ferry::start(FerryOpts::new("gw-sess", free_port()));
+    let (mut raw, ack) = connect(ferry.south_port, "sess-a", false).await;
+    assert!(!ack.session_present, "nothing to resume the first time");
+    raw.subscribe(&["devices/sess-a/ack".to_string()]).await;
+    let publish = raw.publish("devices/sess-a/up/t", envelope("m-1"));
+    raw.send(publish).await;
+    let (first, receipt) = next_receipt(&mut raw).await.expect("a receipt");
+    assert_eq!(receipt["msg_id"], "m-1");
+    assert_eq!(receipt["status"], "stored");
+    assert!(!first.dup);
+    // Gone without acknowledging the receipt, or saying DISCONNECT.
+    drop(raw);
+
+    let (mut raw, ack) = connect(ferry.south_port, "sess-a", false).await;
+    assert!(ack.session_present, "the session is resumed");
+    let (again, receipt) = next_receipt(&mut raw)
+        .await
+        .expect("the unacknowledged receipt is sent again");
+    assert_eq!(receipt["msg_id"], "m-1", "{receipt}");
+    assert!(again.dup, "sent again, marked DUP");
+    raw.send(rumqttc::Packet::PubAck(rumqttc::PubAck::new(again.pkid)))
+        .await;
+    // The subscription is back without a SUBSCRIBE: a new uplink's receipt
+    // arrives.
+    let publish = raw.publish("devices/sess-a/up/t", envelope("m-2"));
+    raw.send(publish).await;
+    let (_, receipt) = next_receipt(&mut raw)
+        .await
+        .expect("a receipt on the kept subscription");
+    assert_eq!(receipt["msg_id"], "m-2", "{receipt}");
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM uplink", []),
+        2,
+        "each stored once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_session_resumes_nothing_and_leaves_nothing() {
+    let ferry = Ferry::start(FerryOpts::new("gw-clean", free_port()));
+    let (mut raw, _) = connect(ferry.south_port, "sess-c", false).await;
+    raw.subscribe(&["devices/sess-c/ack".to_string()]).await;
+    drop(raw);
+    // A clean session ends the kept one.
+    let (raw, ack) = connect(ferry.south_port, "sess-c", true).await;
+    assert!(!ack.session_present);
+    drop(raw);
+    let (mut raw, ack) = connect(ferry.south_port, "sess-c", false).await;
+    assert!(!ack.session_present, "the clean session left none behind");
+    let publish = raw.publish("devices/sess-c/up/t", envelope("c-1"));
+    raw.send(publish).await;
+    // A stored receipt comes within milliseconds when it comes at all.
+    let receipt = receipt_within(&mut raw, Duration::from_secs(1)).await;
+    assert!(
+        receipt.is_none(),
+        "no subscription, no receipt: {receipt:?}"
+    );
+    assert_eq!(ferry.query_i64("SELECT COUNT(*) FROM uplink", []), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_gone_once_its_expiry_has_passed() {
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-expiry", free_port()).with(|c| c.south.max_session_expiry_s = 1),
+    );
+    let (mut raw, _) = connect(ferry.south_port, "sess-e", false).await;
+    raw.subscribe(&["devices/sess-e/ack".to_string()]).await;
+    drop(raw);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_raw, ack) = connect(ferry.south_port, "sess-e", false).await;
+    assert!(!ack.session_present, "the session expired after 1 s");
+    let log = ferry.log();
+    assert!(
+        log.contains("sessions_expired"),
+        "the expired session was freed:\n{log}"
+    );
+}
