@@ -137,6 +137,7 @@ async fn receive(
             publisher: None,
             received_ms: now_ms(),
             replayed,
+            v5: Default::default(),
             ack: Ack(Some(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);

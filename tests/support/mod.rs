@@ -30,6 +30,7 @@ pub mod ferry;
 pub mod mosquitto;
 pub mod proc;
 pub mod raw_mqtt;
+pub mod raw_v5;
 pub mod session;
 
 use std::fs::{self, File};
