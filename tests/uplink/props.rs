@@ -125,7 +125,6 @@ async fn user_properties_past_a_bound_are_rejected_and_dead_lettered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pending the broker: rumqttd's commit log drops a publish whose message expiry has run out before ferry's link reads it (router/logs.rs, readv), one with expiry 0 at once, after its PUBACK"]
 async fn a_message_expiry_that_cannot_be_a_ttl_is_rejected_not_lost() {
     let mq = Mosquitto::start();
     let ferry = Ferry::start(FerryOpts::new("gw-props-exp", mq.port));
