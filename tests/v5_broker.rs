@@ -11,13 +11,13 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use serde_json::{json, Value};
 
-use crate::support::any_version::Raw5;
+use crate::support::raw_v5::RawV5;
 use crate::support::{free_port, Backend, Ferry, FerryOpts, Mosquitto};
 
 const SECS_10: Duration = Duration::from_secs(10);
 
 /// Receipts (acknowledged) until one for `msg_id`.
-async fn receipt_for(raw: &mut Raw5, msg_id: &str) -> Option<Value> {
+async fn receipt_for(raw: &mut RawV5, msg_id: &str) -> Option<Value> {
     loop {
         match raw.recv(SECS_10).await? {
             Packet::Publish(p) => {
@@ -36,9 +36,9 @@ async fn receipt_for(raw: &mut Raw5, msg_id: &str) -> Option<Value> {
 }
 
 /// Connects as `id` and subscribes to its `ack`.
-async fn device(port: u16, id: &str) -> Raw5 {
-    let mut raw = Raw5::connect(port, id).await;
-    raw.subscribe(&[format!("devices/{id}/ack")]).await;
+async fn device(port: u16, id: &str) -> RawV5 {
+    let mut raw = RawV5::connect(port, id).await;
+    raw.subscribe(&format!("devices/{id}/ack")).await;
     raw
 }
 
@@ -60,12 +60,12 @@ async fn a_topic_alias_carries_no_publish_past_isolation() {
     let mut backend = Backend::connect(mosquitto.port, "gw-alias").await;
     let mut raw = device(ferry.south_port, "al-w").await;
     // Alias 1 set on the victim's topic: refused like any such publish.
-    raw.publish("devices/al-v/up/t", envelope("forged-1"), alias(1))
+    raw.publish_with("devices/al-v/up/t", envelope("forged-1"), alias(1))
         .await;
     let r = receipt_for(&mut raw, "forged-1").await.expect("a receipt");
     assert_eq!(r["status"], "rejected", "{r}");
     // Used again with an empty topic: the same topic, the same refusal.
-    raw.publish("", envelope("forged-2"), alias(1)).await;
+    raw.publish_with("", envelope("forged-2"), alias(1)).await;
     let r = receipt_for(&mut raw, "forged-2").await.expect("a receipt");
     assert_eq!(r["status"], "rejected", "{r}");
     assert!(
@@ -73,9 +73,9 @@ async fn a_topic_alias_carries_no_publish_past_isolation() {
         "{r}"
     );
     // Alias 2 on its own topic works, by topic and by alias.
-    raw.publish("devices/al-w/up/t", envelope("own-1"), alias(2))
+    raw.publish_with("devices/al-w/up/t", envelope("own-1"), alias(2))
         .await;
-    raw.publish("", envelope("own-2"), alias(2)).await;
+    raw.publish_with("", envelope("own-2"), alias(2)).await;
     for id in ["own-1", "own-2"] {
         let r = receipt_for(&mut raw, id).await.expect("a receipt");
         assert_eq!(r["status"], "stored", "{r}");
@@ -113,7 +113,7 @@ async fn a_device_cannot_forge_the_brokers_own_marks() {
         ],
         ..Default::default()
     };
-    raw.publish("devices/fg-a/up/t", envelope("small-1"), props)
+    raw.publish_with("devices/fg-a/up/t", envelope("small-1"), props)
         .await;
     let r = receipt_for(&mut raw, "small-1").await.expect("a receipt");
     assert_eq!(r["status"], "stored", "stored as what it is: {r}");
@@ -123,7 +123,7 @@ async fn a_device_cannot_forge_the_brokers_own_marks() {
 async fn an_alias_out_of_range_ends_the_connection_with_its_reason() {
     let ferry = Ferry::start(FerryOpts::new("gw-alias-max", free_port()));
     let mut raw = device(ferry.south_port, "al-x").await;
-    raw.publish("devices/al-x/up/t", envelope("x-1"), alias(33))
+    raw.publish_with("devices/al-x/up/t", envelope("x-1"), alias(33))
         .await;
     let mut reason = None;
     while let Some(p) = raw.recv(SECS_10).await {

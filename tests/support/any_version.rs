@@ -1,20 +1,16 @@
 //! A bare device client at any protocol level the embedded broker speaks:
 //! MQTT 3.1 and 3.1.1 through [`RawMqtt`] (3.1 differs only in its
-//! CONNECT), MQTT 5 through [`Raw5`] (rumqttc's v5 codec, no event loop).
+//! CONNECT), MQTT 5 through [`RawV5`] (rumqttc's v5 codec, no event loop).
 //! It sends exactly what it is told; [`AnyDevice::next_message`]
 //! acknowledges what it reads.
 
 use std::time::Duration;
 
-use bytes::BytesMut;
 use rumqttc::v5::mqttbytes::v5;
 use rumqttc::v5::mqttbytes::QoS as QoS5;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
+use super::raw_v5::RawV5;
 use super::RawMqtt;
-
-const SECS_10: Duration = Duration::from_secs(10);
 
 /// An MQTT protocol level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,103 +24,10 @@ impl Level {
     pub const ALL: [Level; 3] = [Level::V31, Level::V311, Level::V5];
 }
 
-/// A bare MQTT 5 client.
-pub struct Raw5 {
-    tcp: TcpStream,
-    buf: BytesMut,
-    pkid: u16,
-}
-
-impl Raw5 {
-    /// TCP connect and CONNECT (clean start, keep-alive 60, the device's
-    /// login if the test gave it one); the CONNACK, or why there is none.
-    pub async fn try_connect(port: u16, id: &str) -> Result<(Raw5, v5::ConnAck), String> {
-        let tcp = TcpStream::connect(("127.0.0.1", port))
-            .await
-            .map_err(|e| format!("tcp connect: {e}"))?;
-        let _ = tcp.set_nodelay(true);
-        let mut raw = Raw5 {
-            tcp,
-            buf: BytesMut::new(),
-            pkid: 0,
-        };
-        let connect = v5::Connect {
-            keep_alive: 60,
-            client_id: id.into(),
-            clean_start: true,
-            properties: None,
-        };
-        let login = super::session::login_for(port, id).map(|(u, p)| v5::Login::new(u, p));
-        raw.send(v5::Packet::Connect(connect, None, login)).await;
-        match raw.recv(SECS_10).await {
-            Some(v5::Packet::ConnAck(ack)) => Ok((raw, ack)),
-            other => Err(format!("{id}: expected CONNACK, got {other:?}")),
-        }
-    }
-
-    /// Connects and insists on being accepted.
-    pub async fn connect(port: u16, id: &str) -> Raw5 {
-        let (raw, ack) = Raw5::try_connect(port, id).await.unwrap();
-        assert_eq!(ack.code, v5::ConnectReturnCode::Success, "{id}");
-        raw
-    }
-
-    pub fn next_pkid(&mut self) -> u16 {
-        self.pkid = self.pkid % u16::MAX + 1;
-        self.pkid
-    }
-
-    pub async fn send(&mut self, packet: v5::Packet) {
-        let mut out = BytesMut::new();
-        packet.write(&mut out, None).expect("encode");
-        self.tcp.write_all(&out).await.expect("write");
-    }
-
-    /// A QoS 1 PUBLISH on `topic` (empty: by alias) with these properties.
-    pub async fn publish(&mut self, topic: &str, payload: Vec<u8>, props: v5::PublishProperties) {
-        let mut p = v5::Publish::new(topic, QoS5::AtLeastOnce, payload, Some(props));
-        p.pkid = self.next_pkid();
-        self.send(v5::Packet::Publish(p)).await;
-    }
-
-    /// SUBSCRIBE to `filters` at QoS 1; the SUBACK's reason codes.
-    pub async fn subscribe(&mut self, filters: &[String]) -> Vec<v5::SubscribeReasonCode> {
-        let filters = filters
-            .iter()
-            .map(|f| v5::Filter::new(f.clone(), QoS5::AtLeastOnce));
-        let mut sub = v5::Subscribe::new_many(filters, None);
-        sub.pkid = self.next_pkid();
-        self.send(v5::Packet::Subscribe(sub)).await;
-        loop {
-            match self.recv(SECS_10).await {
-                Some(v5::Packet::SubAck(ack)) => return ack.return_codes,
-                Some(_) => continue,
-                None => panic!("no SUBACK"),
-            }
-        }
-    }
-
-    /// The next packet within `timeout`; `None` when the socket closed or
-    /// nothing came.
-    pub async fn recv(&mut self, timeout: Duration) -> Option<v5::Packet> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Ok(p) = v5::Packet::read(&mut self.buf, None) {
-                return Some(p);
-            }
-            let read = tokio::time::timeout_at(deadline, self.tcp.read_buf(&mut self.buf)).await;
-            match read {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return None,
-            }
-        }
-    }
-}
-
 /// A device speaking one protocol level.
 pub enum AnyDevice {
     V4(RawMqtt),
-    V5(Raw5),
+    V5(RawV5),
 }
 
 impl AnyDevice {
@@ -142,7 +45,7 @@ impl AnyDevice {
                 AnyDevice::V4(raw)
             }
             Level::V311 => AnyDevice::V4(RawMqtt::connect(port, id, 60).await),
-            Level::V5 => AnyDevice::V5(Raw5::connect(port, id).await),
+            Level::V5 => AnyDevice::V5(RawV5::connect(port, id).await),
         }
     }
 
@@ -156,7 +59,7 @@ impl AnyDevice {
                 .map(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_)))
                 .collect(),
             AnyDevice::V5(raw) => raw
-                .subscribe(filters)
+                .subscribe_all(filters)
                 .await
                 .into_iter()
                 .map(|c| matches!(c, v5::SubscribeReasonCode::Success(_)))
@@ -171,7 +74,7 @@ impl AnyDevice {
                 let p = raw.publish(topic, payload);
                 raw.send(p).await;
             }
-            AnyDevice::V5(raw) => raw.publish(topic, payload, Default::default()).await,
+            AnyDevice::V5(raw) => raw.publish_with(topic, payload, Default::default()).await,
         }
     }
 

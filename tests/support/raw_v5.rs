@@ -55,7 +55,7 @@ impl RawV5 {
         raw
     }
 
-    fn next_pkid(&mut self) -> u16 {
+    pub fn next_pkid(&mut self) -> u16 {
         self.next_pkid = self.next_pkid % u16::MAX + 1;
         self.next_pkid
     }
@@ -80,6 +80,40 @@ impl RawV5 {
                 None => panic!("no SUBACK for {filter}"),
             }
         }
+    }
+
+    /// SUBSCRIBE at QoS 1 to every filter in one packet; the SUBACK's
+    /// reason codes.
+    pub async fn subscribe_all(
+        &mut self,
+        filters: &[String],
+    ) -> Vec<rumqttc::v5::mqttbytes::v5::SubscribeReasonCode> {
+        let filters = filters
+            .iter()
+            .map(|f| Filter::new(f.clone(), QoS::AtLeastOnce));
+        let mut sub = Subscribe::new_many(filters, None);
+        sub.pkid = self.next_pkid();
+        self.send(Packet::Subscribe(sub)).await;
+        loop {
+            match self.recv(CONNECT_TIMEOUT).await {
+                Some(Packet::SubAck(ack)) => return ack.return_codes,
+                Some(_) => continue,
+                None => panic!("no SUBACK"),
+            }
+        }
+    }
+
+    /// A QoS 1 PUBLISH of `payload` on `topic` (empty: by alias) with
+    /// exactly these properties.
+    pub async fn publish_with(
+        &mut self,
+        topic: &str,
+        payload: impl Into<bytes::Bytes>,
+        props: PublishProperties,
+    ) {
+        let mut p = Publish::new(topic, QoS::AtLeastOnce, payload, Some(props));
+        p.pkid = self.next_pkid();
+        self.send(Packet::Publish(p)).await;
     }
 
     /// A QoS 1 PUBLISH of `payload` on `topic` with these user properties
