@@ -138,3 +138,74 @@ async fn an_alias_out_of_range_ends_the_connection_with_its_reason() {
     );
     assert_eq!(ferry.query_i64("SELECT COUNT(*) FROM uplink", []), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_cannot_forge_the_brokers_own_marks_either() {
+    use rumqttc::v5::mqttbytes::v5::{Connect, LastWill, LastWillProperties};
+    let ferry = Ferry::start(FerryOpts::new("gw-will-forge", free_port()));
+    // A will on the device's own up topic that claims, by the broker's
+    // marks, to be another device's quarantined publish.
+    let props = LastWillProperties {
+        delay_interval: None,
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: vec![
+            ("ferry-publisher".into(), "wf-victim".into()),
+            ("ferry-topic".into(), "devices/wf-victim/up/t".into()),
+        ],
+    };
+    let will = LastWill::new(
+        "devices/wf-a/up/t",
+        envelope("will-1"),
+        QoS::AtLeastOnce,
+        false,
+        Some(props),
+    );
+    let connect = Connect {
+        keep_alive: 60,
+        client_id: "wf-a".into(),
+        clean_start: true,
+        properties: None,
+    };
+    let (raw, ack) = RawV5::try_connect_packet(ferry.south_port, connect, Some(will))
+        .await
+        .unwrap();
+    assert_eq!(
+        ack.code,
+        rumqttc::v5::mqttbytes::v5::ConnectReturnCode::Success
+    );
+    // Gone without DISCONNECT: the will is published.
+    drop(raw);
+    crate::support::receipts::eventually(
+        SECS_10,
+        "the will is stored as wf-a's own uplink",
+        || ferry.query_i64("SELECT COUNT(*) FROM uplink WHERE device = 'wf-a'", []) == 1,
+    )
+    .await;
+    assert_eq!(
+        ferry.query_i64("SELECT COUNT(*) FROM dead_letter", []),
+        0,
+        "nothing taken for a quarantined publish of wf-victim's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enhanced_authentication_is_refused_with_bad_authentication_method() {
+    use rumqttc::v5::mqttbytes::v5::{Connect, ConnectProperties, ConnectReturnCode};
+    let ferry = Ferry::start(FerryOpts::new("gw-auth-method", free_port()));
+    let mut props = ConnectProperties::new();
+    props.authentication_method = Some("SCRAM-SHA-1".into());
+    let connect = Connect {
+        keep_alive: 60,
+        client_id: "am-a".into(),
+        clean_start: true,
+        properties: Some(props),
+    };
+    let (_raw, ack) = RawV5::try_connect_packet(ferry.south_port, connect, None)
+        .await
+        .unwrap();
+    assert_eq!(ack.code, ConnectReturnCode::BadAuthenticationMethod);
+}

@@ -24,6 +24,30 @@ pub struct RawV5 {
 }
 
 impl RawV5 {
+    /// `connect` (any MQTT 5 CONNECT) with this will and the client's test
+    /// login if it has one; the CONNACK, or why there is none.
+    pub async fn try_connect_packet(
+        port: u16,
+        connect: Connect,
+        will: Option<rumqttc::v5::mqttbytes::v5::LastWill>,
+    ) -> Result<(RawV5, rumqttc::v5::mqttbytes::v5::ConnAck), String> {
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("tcp connect: {e}"))?;
+        let mut raw = RawV5 {
+            stream,
+            buf: BytesMut::new(),
+            next_pkid: 0,
+        };
+        let login =
+            super::session::login_for(port, &connect.client_id).map(|(u, p)| Login::new(u, p));
+        raw.send(Packet::Connect(connect, will, login)).await;
+        match raw.recv(CONNECT_TIMEOUT).await {
+            Some(Packet::ConnAck(ack)) => Ok((raw, ack)),
+            other => Err(format!("expected an MQTT 5 CONNACK, got {other:?}")),
+        }
+    }
+
     /// CONNECT (clean start, MQTT 5) as `client_id`, with its test login if
     /// it has one, and insists on a successful CONNACK.
     pub async fn connect(port: u16, client_id: &str) -> RawV5 {
