@@ -238,14 +238,21 @@ impl Ferry {
     /// constructor blocks SIGHUP (`/proc/PID/status`, `SigBlk`) or a handler
     /// catches it (`SigCgt`). Before that the kernel and the dynamic loader
     /// run (about a millisecond), where no program can handle a signal.
-    /// Panics if that is only once the store is open (`store_checked`
-    /// logged): then SIGHUP was not held from the start.
+    /// Panics if it is seen with SIGHUP neither held nor caught after its
+    /// store is open (`store_checked` logged): then SIGHUP was not held from
+    /// the start. (Seeing it held with the store already open proves
+    /// nothing either way: on a loaded machine this poller may first run
+    /// after both.)
     fn wait_own_code(&self) {
         let log_before = self.log().len();
         let pid = self.pid().expect("spawned");
         let hup = 1u64 << (libc::SIGHUP - 1);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
+            // The log first: a store opened by then, with SIGHUP not held
+            // after it, is the failure.
+            let log = self.log();
+            let store_open = log[log_before.min(log.len())..].contains("store_checked");
             let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             let mask = |field: &str| {
                 status
@@ -255,13 +262,12 @@ impl Ferry {
                     .unwrap_or(0)
             };
             if (mask("SigBlk:") | mask("SigCgt:")) & hup != 0 {
-                let log = self.log();
-                assert!(
-                    !log[log_before.min(log.len())..].contains("store_checked"),
-                    "ferry (pid {pid}) opened its store before it held SIGHUP"
-                );
                 return;
             }
+            assert!(
+                !store_open,
+                "ferry (pid {pid}) opened its store before it held SIGHUP"
+            );
             std::thread::yield_now();
         }
         panic!("ferry (pid {pid}) never held or caught SIGHUP");
