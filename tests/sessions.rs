@@ -136,3 +136,33 @@ async fn a_session_is_gone_once_its_expiry_has_passed() {
         "the expired session was freed:\n{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_subscribed_once_gets_its_inbox_after_a_reconnect_with_its_session() {
+    use ferry::client::backend::{BackendClient, BackendOptions};
+    let mq = crate::support::Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-sess-inbox", mq.port));
+    let backend =
+        BackendClient::connect(BackendOptions::new("127.0.0.1", mq.port, "gw-sess-inbox"));
+    let (mut raw, _) = connect(ferry.south_port, "sess-i", false).await;
+    raw.subscribe(&["devices/sess-i/ack".into(), "devices/sess-i/inbox".into()])
+        .await;
+    drop(raw);
+    // Sent while the device is away.
+    backend.send_down(&["sess-i"], json!({"msg_id": "d-1", "payload": "shift B"}));
+    crate::support::receipts::eventually(SECS_10, "the downlink is stored", || {
+        ferry.query_i64(
+            "SELECT COUNT(*) FROM down_delivery WHERE device = 'sess-i'",
+            [],
+        ) == 1
+    })
+    .await;
+    // The firmware subscribes once, at its first boot: not now.
+    let (mut raw, ack) = connect(ferry.south_port, "sess-i", false).await;
+    assert!(ack.session_present);
+    let (batch, body) = next_receipt(&mut raw)
+        .await
+        .expect("the inbox batch, on the kept subscription");
+    assert_eq!(batch.topic, "devices/sess-i/inbox");
+    assert_eq!(body["messages"][0]["msg_id"], "d-1", "{body}");
+}

@@ -39,6 +39,8 @@ pub struct BackendOptions {
     pub credentials: Option<(String, String)>,
     /// Plain TCP, or TLS to the upstream broker.
     pub transport: mqtt::Transport,
+    /// The MQTT version the backend connects with (3.1.1 by default).
+    pub mqtt_version: mqtt::MqttVersion,
 }
 
 impl BackendOptions {
@@ -54,6 +56,15 @@ impl BackendOptions {
             persistent_session: true,
             credentials: None,
             transport: mqtt::Transport::Tcp,
+            mqtt_version: mqtt::MqttVersion::V311,
+        }
+    }
+
+    /// These options, connecting with MQTT 5.
+    pub fn v5(self) -> BackendOptions {
+        BackendOptions {
+            mqtt_version: mqtt::MqttVersion::V5,
+            ..self
         }
     }
 }
@@ -113,6 +124,7 @@ impl BackendClient {
         mqtt.clean_session = !opts.persistent_session;
         mqtt.credentials = opts.credentials.clone();
         mqtt.transport = opts.transport.clone();
+        mqtt.version = opts.mqtt_version;
         mqtt.inflight = 1000;
         mqtt.subscriptions = vec![topics.up_filter(), topics.receipts(), topics.status()];
         let (session, session_events) = Session::start(mqtt);

@@ -25,12 +25,14 @@ pub mod passwords;
 mod raw;
 mod south;
 mod tls;
+mod version;
 use check::in_range;
 pub use check::ConfigError;
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
 pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode, MAX_UNANSWERED};
 pub use tls::{ClientTls, ListenerTls};
+pub use version::MqttVersion;
 
 /// How log events are written to stderr (the journal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

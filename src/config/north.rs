@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::check::{credentials, in_range, topic_segment, ConfigError};
 use super::raw::RawNorth;
 use super::tls::{self, ClientTls};
+use super::version::MqttVersion;
 use crate::ids::GatewayId;
 
 /// Most addresses in `north.endpoints`: a cluster's nodes, not a scan list.
@@ -30,6 +31,8 @@ pub struct NorthConfig {
     /// `(username, password)`; `None` connects anonymously.
     pub credentials: Option<(String, String)>,
     pub keep_alive: Duration,
+    /// `north.mqtt_version`.
+    pub mqtt_version: MqttVersion,
     pub ack_timeout: Duration,
     pub max_inflight: usize,
     /// `{topic_prefix}/{gateway}`.
@@ -142,6 +145,7 @@ pub(super) fn check(
         .prefer_first
         .then(|| Duration::from_secs(raw.prefer_first_check_s));
     in_range("north.keep_alive_s", raw.keep_alive_s, 5, 3600)?;
+    let mqtt_version = MqttVersion::parse("north.mqtt_version", &raw.mqtt_version)?;
     in_range("north.ack_timeout_ms", raw.ack_timeout_ms, 100, 3_600_000)?;
     in_range("north.max_inflight", raw.max_inflight, 1, 1000)?;
     if raw.max_packet_bytes < max_payload_bytes + 4096 {
@@ -173,6 +177,7 @@ pub(super) fn check(
         client_id,
         credentials: credentials("north", &raw.username, &raw.password)?,
         keep_alive: Duration::from_secs(raw.keep_alive_s),
+        mqtt_version,
         ack_timeout: Duration::from_millis(raw.ack_timeout_ms),
         max_inflight: raw.max_inflight,
         prefix: format!("{}/{}", raw.topic_prefix, gateway),

@@ -157,6 +157,9 @@ pub struct RawSouth {
     pub client_id: String,
     /// External mode: MQTT keep-alive, seconds.
     pub keep_alive_s: u64,
+    /// External mode: the MQTT version ferry speaks to the site broker,
+    /// "3.1.1" or "5".
+    pub mqtt_version: String,
     /// Embedded mode: TLS on the device listener.
     pub tls: RawListenerTls,
     /// External mode: TLS to the site broker.
@@ -218,6 +221,7 @@ impl Default for RawSouth {
             password: String::new(),
             client_id: String::new(),
             keep_alive_s: 30,
+            mqtt_version: "3.1.1".into(),
             tls: RawListenerTls::default(),
             site_tls: RawClientTls::default(),
         }
@@ -249,6 +253,8 @@ pub struct RawNorth {
     pub password: String,
     /// MQTT keep-alive, seconds.
     pub keep_alive_s: u64,
+    /// The MQTT version ferry speaks to the upstream broker, "3.1.1" or "5".
+    pub mqtt_version: String,
     /// Wait for the backend's ack before an attempt counts as failed.
     pub ack_timeout_ms: u64,
     /// Most unacked messages per device.
@@ -273,6 +279,7 @@ impl Default for RawNorth {
             username: String::new(),
             password: String::new(),
             keep_alive_s: 30,
+            mqtt_version: "3.1.1".into(),
             ack_timeout_ms: 10_000,
             max_inflight: 32,
             topic_prefix: "ferry".into(),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::check::{credentials, in_range, topic_segment, ConfigError};
 use super::raw::RawSouth;
 use super::tls::{self, ClientTls, ListenerTls};
+use super::version::MqttVersion;
 use crate::ids::GatewayId;
 
 /// The longest `south.max_session_expiry_s` allowed: 30 days.
@@ -76,6 +77,8 @@ pub struct ExternalSouth {
     /// `(username, password)`; `None` connects anonymously.
     pub credentials: Option<(String, String)>,
     pub keep_alive: Duration,
+    /// `south.mqtt_version`.
+    pub mqtt_version: MqttVersion,
     /// TLS to the site broker (`None`: plain TCP).
     pub tls: Option<ClientTls>,
 }
@@ -143,8 +146,16 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
     // "external"); a mode that is neither is reported after it.
     let mode = ModeName::parse(&raw.mode);
     let south_auth = south_auth(raw, listen, matches!(mode, Ok(ModeName::External)))?;
+    let mqtt_version = MqttVersion::parse("south.mqtt_version", &raw.mqtt_version)?;
     let south_mode = match mode? {
         ModeName::Embedded => {
+            if mqtt_version != MqttVersion::V311 {
+                return Err(ConfigError::new(
+                    "south.mqtt_version",
+                    "applies to external mode only: it is the version ferry speaks as the \
+                     site broker's client (devices choose their own); leave it \"3.1.1\"",
+                ));
+            }
             if let Some(key) = tls::first_set(&[
                 ("south.site_tls.ca", &site_tls.ca),
                 ("south.site_tls.cert", &site_tls.cert),
@@ -190,6 +201,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
                 client_id,
                 credentials: credentials("south", &raw.username, &raw.password)?,
                 keep_alive: Duration::from_secs(raw.keep_alive_s),
+                mqtt_version,
                 tls: tls::client("south.site_tls", site_tls)?,
             })
         }

@@ -83,9 +83,40 @@ fn south_mode_is_embedded_by_default_and_external_takes_the_site_broker() {
             client_id: "ferry-g-south".into(),
             credentials: Some(("ferry".into(), "pw".into())),
             keep_alive: Duration::from_secs(30),
+            mqtt_version: MqttVersion::V311,
             tls: None,
         })
     );
+}
+
+#[test]
+fn mqtt_version_is_3_1_1_by_default_5_on_request_and_anything_else_names_its_key() {
+    let external = "[gateway]\nid = \"g\"\n[south]\nmode = \"external\"\n";
+    let cfg = load_str(external).unwrap();
+    assert_eq!(cfg.north.mqtt_version, MqttVersion::V311);
+    let SouthMode::External(site) = &cfg.south.mode else {
+        panic!("external mode");
+    };
+    assert_eq!(site.mqtt_version, MqttVersion::V311);
+
+    let cfg = load_str(&format!(
+        "{external}mqtt_version = \"5\"\n[north]\nmqtt_version = \"5\"\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.north.mqtt_version, MqttVersion::V5);
+    let SouthMode::External(site) = &cfg.south.mode else {
+        panic!("external mode");
+    };
+    assert_eq!(site.mqtt_version, MqttVersion::V5);
+
+    let err = load_str(&format!("{external}mqtt_version = \"5.0\"\n")).unwrap_err();
+    assert_eq!(err.key, "south.mqtt_version", "{err}");
+    assert!(err.to_string().contains("\"3.1.1\" or \"5\""), "{err}");
+    let err = load_str("[gateway]\nid = \"g\"\n[north]\nmqtt_version = \"3\"\n").unwrap_err();
+    assert_eq!(err.key, "north.mqtt_version", "{err}");
+    // The embedded broker takes each device's own version.
+    let err = load_str("[gateway]\nid = \"g\"\n[south]\nmqtt_version = \"5\"\n").unwrap_err();
+    assert_eq!(err.key, "south.mqtt_version", "{err}");
 }
 
 #[test]

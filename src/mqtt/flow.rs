@@ -154,6 +154,19 @@ impl<T: Tag> Flow<T> {
         self.held.push_front(out);
     }
 
+    /// The session refused `tag`'s publish itself (larger than the broker
+    /// takes) after [`Flow::next_to_send`]: it was never handed over, and
+    /// its owner counts it as a failed attempt.
+    pub fn withdrawn(&mut self, tag: &T) {
+        if self.requested.back() == Some(tag) {
+            self.requested.pop_back();
+        }
+        if self.probe.as_ref().is_some_and(|p| &p.tag == tag) {
+            self.probe = None;
+        }
+        self.suspects.retain(|s| s != tag);
+    }
+
     /// rumqttc wrote a publish with packet id `pkid`.
     pub fn written(&mut self, pkid: u16, now: Instant) {
         let tag = match self.collided.take() {

@@ -20,7 +20,15 @@
 //!   [`Options::prefer_first`] a working session on a later one is left
 //!   cleanly for the first once it accepts again ([`endpoints::Endpoints`]).
 //!   A move is a drop like any other to the owner: `Down`, then `Up` on the
-//!   new node, with everything unacknowledged the owner's to send again.
+//!   new node, with everything unacknowledged the owner's to send again;
+//! - either protocol version ([`Options::version`]): MQTT 3.1.1, or MQTT 5
+//!   through `rumqttc::v5` (`v5.rs`), normalised into the same events
+//!   (`wire.rs`), so no owner knows which is underneath. What 5 adds is
+//!   said in the owner's terms: a PUBACK reason code that refuses a
+//!   tracked publish, or a publish larger than the broker's CONNACK
+//!   allows, is [`Event::Refused`]; a SUBACK failure is a refused filter
+//!   in [`Event::Up`]; a refused CONNACK is a failed connection whose log
+//!   line names the reason code.
 //!
 //! Two ways to publish:
 //! - [`Session::publish`]: tracked, made for one connection (`epoch`).
@@ -40,18 +48,20 @@ pub mod flow;
 mod link;
 mod poll;
 mod session;
+mod v5;
+mod wire;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rumqttc::{AsyncClient, QoS};
 use tokio::sync::{mpsc, Notify};
 
 pub use acks::AckToken;
 pub use flow::{Outgoing, Tag};
 
-pub use crate::config::Endpoint;
+pub use crate::config::{Endpoint, MqttVersion};
 pub use crate::protocol::MQTT_MAX_PACKET;
 /// An oversized message's head, kept so its owner can name it.
 pub const OVERSIZE_HEAD: usize = 4096;
@@ -68,6 +78,9 @@ pub struct Options {
     /// accepts again, and go back to it when it does (`None`: stay).
     pub prefer_first: Option<Duration>,
     pub client_id: String,
+    /// The protocol level spoken: 3.1.1 (rumqttc's client) or 5
+    /// (`rumqttc::v5`, `v5.rs`). The owner sees the same events either way.
+    pub version: MqttVersion,
     /// Username and password.
     pub credentials: Option<(String, String)>,
     pub keep_alive: Duration,
@@ -175,6 +188,7 @@ impl Options {
             endpoints: vec![Endpoint::new(host, port)],
             prefer_first: None,
             client_id: client_id.into(),
+            version: MqttVersion::V311,
             credentials: None,
             keep_alive: Duration::from_secs(30),
             clean_session: true,
@@ -217,7 +231,8 @@ pub enum Event<T> {
     /// The broker acknowledged this tracked publish.
     Published(T),
     /// The broker dropped the link on this tracked publish while it was
-    /// alone in flight: count it as a failed attempt.
+    /// alone in flight, or (MQTT 5) refused it with a PUBACK reason code,
+    /// or it is larger than the broker takes: count it as a failed attempt.
     Refused(T),
 }
 
@@ -236,10 +251,12 @@ pub struct Message {
 /// The owner's handle; cheap to clone. Dropping every handle and the event
 /// receiver ends the session.
 pub struct Session<T> {
-    client: AsyncClient,
+    client: wire::Client,
     publishes: mpsc::Sender<Outgoing<T>>,
     commands: mpsc::UnboundedSender<session::Command>,
     closed: Arc<Notify>,
+    /// The largest publish the connection takes (see `session/outgoing.rs`).
+    max_packet: Arc<AtomicUsize>,
 }
 
 impl<T> Clone for Session<T> {
@@ -249,6 +266,7 @@ impl<T> Clone for Session<T> {
             publishes: self.publishes.clone(),
             commands: self.commands.clone(),
             closed: self.closed.clone(),
+            max_packet: self.max_packet.clone(),
         }
     }
 }
@@ -278,11 +296,15 @@ impl<T: Tag> Session<T> {
     }
 
     /// Fire-and-forget QoS 1 publish (see the module doc). False if
-    /// rumqttc's request queue is full.
+    /// rumqttc's request queue is full. One larger than an MQTT 5 broker
+    /// takes is dropped here, with a warning (rumqttc would fail the
+    /// connection on it, and replay it after every reconnect).
     pub fn send(&self, topic: impl Into<String>, body: impl Into<Vec<u8>>, retain: bool) -> bool {
-        self.client
-            .try_publish(topic.into(), QoS::AtLeastOnce, retain, body.into())
-            .is_ok()
+        let (topic, body) = (topic.into(), body.into());
+        if self.too_large(&topic, &body) {
+            return true;
+        }
+        self.client.try_publish(topic, retain, body)
     }
 
     /// Like [`Session::send`], waiting for room in the request queue.
@@ -292,10 +314,25 @@ impl<T: Tag> Session<T> {
         body: impl Into<Vec<u8>>,
         retain: bool,
     ) -> bool {
-        self.client
-            .publish(topic.into(), QoS::AtLeastOnce, retain, body.into())
-            .await
-            .is_ok()
+        let (topic, body) = (topic.into(), body.into());
+        if self.too_large(&topic, &body) {
+            return true;
+        }
+        self.client.publish(topic, retain, body).await
+    }
+
+    /// Whether a publish is larger than the connection takes (then logged).
+    fn too_large(&self, topic: &str, body: &[u8]) -> bool {
+        let limit = self.max_packet.load(Ordering::Relaxed);
+        if limit == usize::MAX {
+            return false;
+        }
+        let size = v5::publish_size(topic, body.len());
+        if size <= limit {
+            return false;
+        }
+        tracing::warn!(event = "link_publish_refused", topic = %crate::clip::Clip(topic), reason = "packet_too_large", size, limit, "a publish larger than the broker takes (its MQTT 5 maximum packet size) was dropped");
+        true
     }
 
     /// The message named by `token` may be acknowledged: in receive order,

@@ -1,5 +1,5 @@
-//! The poller: the one task that polls a session's rumqttc event loop
-//! (and the making of that client and loop).
+//! The poller: the one task that polls a session's rumqttc event loop, of
+//! either protocol version (and the making of that client and loop).
 //!
 //! `EventLoop::poll` is not safe to cancel: a publish being written when
 //! the future is dropped is lost, and its packet id stays taken until
@@ -16,27 +16,130 @@
 
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, LastWill, MqttOptions, QoS};
+use rumqttc::{AsyncClient, EventLoop, LastWill, MqttOptions, QoS};
 use tokio::sync::{mpsc, oneshot};
 
-use super::Endpoint;
+use super::wire::{self, Client, LinkError, Wire};
+use super::{Endpoint, MqttVersion};
 
 /// Requests (publishes, acks) queued towards the event loop.
 const REQUEST_CAPACITY: usize = 65_536;
 
-/// rumqttc's client and event loop for `opts`, on its first endpoint.
-pub(super) fn client(opts: &super::Options) -> (AsyncClient, EventLoop) {
-    let mqtt = mqtt_options(opts, &opts.endpoints[0]);
-    let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_CAPACITY);
-    // Small messages (uplinks, acks, receipts): don't let Nagle hold them.
-    let mut net = rumqttc::NetworkOptions::new();
-    net.set_tcp_nodelay(true);
-    eventloop.set_network_options(net);
-    (client, eventloop)
+/// rumqttc's event loop of either version.
+pub(super) enum Loop {
+    V4(Box<EventLoop>),
+    V5(Box<rumqttc::v5::EventLoop>),
 }
 
-/// rumqttc's options for `opts` on `endpoint`: acks manual unless the
-/// session auto-acks.
+/// rumqttc's client and event loop for `opts`, on its first endpoint, in
+/// its protocol version.
+pub(super) fn client(opts: &super::Options) -> (Client, Loop) {
+    let first = &opts.endpoints[0];
+    match opts.version {
+        MqttVersion::V311 => {
+            let (client, mut eventloop) =
+                AsyncClient::new(mqtt_options(opts, first), REQUEST_CAPACITY);
+            // Small messages (uplinks, acks, receipts): don't let Nagle hold them.
+            let mut net = rumqttc::NetworkOptions::new();
+            net.set_tcp_nodelay(true);
+            eventloop.set_network_options(net);
+            (Client::V4(client), Loop::V4(Box::new(eventloop)))
+        }
+        MqttVersion::V5 => {
+            let mqtt = super::v5::options(opts, first, REQUEST_CAPACITY);
+            let (client, eventloop) = rumqttc::v5::AsyncClient::new(mqtt, REQUEST_CAPACITY);
+            (Client::V5(client), Loop::V5(Box::new(eventloop)))
+        }
+    }
+}
+
+impl Loop {
+    async fn poll(&mut self) -> Result<Wire, LinkError> {
+        match self {
+            Loop::V4(l) => l
+                .poll()
+                .await
+                .map(wire::from_v4)
+                .map_err(|e| LinkError(e.to_string())),
+            Loop::V5(l) => l
+                .poll()
+                .await
+                .map(super::v5::from_v5)
+                .map_err(|e| super::v5::error(&e)),
+        }
+    }
+
+    /// The PUBACKs rumqttc read from a connection that then failed, not
+    /// yet reported (MQTT 5 only). A v5 broker may refuse a publish and
+    /// close the connection at once (Mosquitto 2.0.11 does after a PUBACK
+    /// `not_authorized`): the reason code would be lost with it. They are
+    /// acknowledgements of that connection, so the session may count them
+    /// before it hears of the drop. 3.1.1 keeps its old rule: nothing read
+    /// from a failed connection is reported.
+    fn salvage_acks(&mut self) -> Vec<Wire> {
+        match self {
+            Loop::V4(_) => Vec::new(),
+            Loop::V5(l) => l
+                .state
+                .events
+                .drain(..)
+                .filter(|e| {
+                    matches!(
+                        e,
+                        rumqttc::v5::Event::Incoming(rumqttc::v5::mqttbytes::v5::Packet::PubAck(_))
+                    )
+                })
+                .map(super::v5::from_v5)
+                .collect(),
+        }
+    }
+
+    /// Drops what rumqttc would replay, and the events it read but has
+    /// not reported yet.
+    fn forget(&mut self) {
+        match self {
+            Loop::V4(l) => {
+                l.pending.clear();
+                l.state.events.clear();
+            }
+            Loop::V5(l) => {
+                l.pending.clear();
+                l.state.events.clear();
+            }
+        }
+    }
+
+    /// Drops everything queued for the dead connection.
+    fn drop_queued(&mut self) {
+        match self {
+            Loop::V4(l) => {
+                l.clean();
+                l.pending.clear();
+            }
+            Loop::V5(l) => {
+                l.clean();
+                l.pending.clear();
+            }
+        }
+    }
+
+    /// Points the next connect at `to`.
+    fn retarget(&mut self, opts: &super::Options, to: &Endpoint) {
+        let at = (to.host.clone(), to.port);
+        match self {
+            Loop::V4(l) if l.mqtt_options.broker_address() != at => {
+                l.mqtt_options = mqtt_options(opts, to);
+            }
+            Loop::V5(l) if l.options.broker_address() != at => {
+                l.options = super::v5::options(opts, to, REQUEST_CAPACITY);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// rumqttc's 3.1.1 options for `opts` on `endpoint`: acks manual unless
+/// the session auto-acks.
 fn mqtt_options(opts: &super::Options, endpoint: &Endpoint) -> MqttOptions {
     let mut mqtt = MqttOptions::new(opts.client_id.clone(), endpoint.host.clone(), endpoint.port);
     mqtt.set_keep_alive(opts.keep_alive)
@@ -87,19 +190,15 @@ pub(super) struct Resume {
 
 /// What the poller hands the session.
 pub(super) enum Polled {
-    Event(Event),
+    Event(Wire),
     /// The connection failed; the poller reconnects after the session
     /// answers with how long to wait.
-    Error(ConnectionError, oneshot::Sender<Resume>),
+    Error(LinkError, oneshot::Sender<Resume>),
 }
 
 /// Polls the event loop, and nothing else, so a poll is never cancelled.
 /// With `replay`, rumqttc keeps what it would resend after a reconnect.
-pub(super) async fn run(
-    mut eventloop: EventLoop,
-    session: mpsc::Sender<Polled>,
-    opts: super::Options,
-) {
+pub(super) async fn run(mut eventloop: Loop, session: mpsc::Sender<Polled>, opts: super::Options) {
     let replay = opts.replay;
     loop {
         match eventloop.poll().await {
@@ -114,8 +213,12 @@ pub(super) async fn run(
                 // them may be what the upstream chokes on), nor report
                 // events read from it.
                 if !replay {
-                    eventloop.pending.clear();
-                    eventloop.state.events.clear();
+                    for ack in eventloop.salvage_acks() {
+                        if session.send(Polled::Event(ack)).await.is_err() {
+                            return;
+                        }
+                    }
+                    eventloop.forget();
                 }
                 let (resume, after) = oneshot::channel();
                 if session.send(Polled::Error(e, resume)).await.is_err() {
@@ -125,15 +228,12 @@ pub(super) async fn run(
                     return;
                 };
                 tokio::time::sleep(delay).await;
-                if eventloop.mqtt_options.broker_address() != (to.host.clone(), to.port) {
-                    eventloop.mqtt_options = mqtt_options(&opts, &to);
-                }
+                eventloop.retarget(&opts, &to);
                 if !replay {
                     // Anything queued for the dead connection (publishes
                     // made before the session heard of the drop, acks of
                     // its messages) must not go out on the next one.
-                    eventloop.clean();
-                    eventloop.pending.clear();
+                    eventloop.drop_queued();
                 }
             }
         }

@@ -5,10 +5,6 @@
 
 use std::sync::Arc;
 
-use rumqttc::{
-    AsyncClient, ConnectionError, Event as Polled, Outgoing as Sent, Packet, Publish, QoS,
-    SubscribeFilter, SubscribeReasonCode,
-};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -18,11 +14,13 @@ use super::endpoints::Endpoints;
 use super::flow::{Flow, Outgoing, Tag};
 use super::link::{Link, Stage};
 use super::poll::{self, Polled as FromPoller, PollerGuard, Resume};
+use super::wire::{Client, LinkError, Received, Wire};
 use super::{Event, Options, Session, Will, PUBLISH_QUEUE};
 use crate::deadlines::sleep_until;
 
 mod failover;
 mod incoming;
+mod outgoing;
 
 /// Events the poller may be ahead of the session.
 const POLLED_QUEUE: usize = 1024;
@@ -51,6 +49,7 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (publishes_tx, publishes_rx) = mpsc::channel(PUBLISH_QUEUE);
     let closed = Arc::new(Notify::new());
+    let max_packet = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
     let task = Task {
         flow: Flow::new(opts.inflight.max(1) as usize),
         endpoints: Endpoints::new(opts.endpoints.clone(), opts.prefer_first),
@@ -63,6 +62,8 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
         closed: closed.clone(),
         probed: None,
         last_polled: Instant::now(),
+        max_packet: max_packet.clone(),
+        refusals: 0,
     };
     tokio::spawn(task.run(polled_rx, commands_rx, publishes_rx, poller));
     (
@@ -71,6 +72,7 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
             publishes: publishes_tx,
             commands: commands_tx,
             closed,
+            max_packet,
         },
         events,
     )
@@ -78,19 +80,25 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
 
 struct Task<T> {
     opts: Options,
-    client: AsyncClient,
+    client: Client,
     events: mpsc::Sender<Event<T>>,
     flow: Flow<Tracked<T>>,
     endpoints: Endpoints,
     /// A check of the first endpoint under way (`prefer_first`).
     first_check: Option<oneshot::Receiver<bool>>,
-    acks: OrderedAcks<Publish>,
+    acks: OrderedAcks<Received>,
     epoch: u64,
     closed: Arc<Notify>,
     /// Pings to answer, once the owner asked.
     probed: Option<crate::health::Probed>,
     /// When the poller last handed over an event or an error.
     last_polled: Instant,
+    /// The largest publish the connection takes (MQTT 5: the broker's
+    /// CONNACK says; `usize::MAX`: not checked here), shared with the
+    /// [`Session`] handles for their untracked publishes.
+    max_packet: Arc<std::sync::atomic::AtomicUsize>,
+    /// Publishes the broker refused (MQTT 5 PUBACKs), for the log's bound.
+    refusals: u64,
 }
 
 /// The next ping of `probed`; pending while there is none to answer.
@@ -127,8 +135,8 @@ impl<T: Tag> Task<T> {
                 std::future::pending::<()>().await;
             }
             let connected = matches!(link, Link::Connected { .. });
-            if connected {
-                self.hand_over();
+            if connected && self.hand_over().await.is_none() {
+                return;
             }
             let probe_deadline = self.flow.probe_deadline();
             let check_at = self
@@ -211,92 +219,68 @@ impl<T: Tag> Task<T> {
     }
 
     /// Handles one event; `None` ends the session.
-    async fn on_event(&mut self, event: Polled, link: Link) -> Option<Link> {
+    async fn on_event(&mut self, event: Wire, link: Link) -> Option<Link> {
         match (event, link) {
-            (Polled::Incoming(Packet::ConnAck(ack)), Link::Down { failures }) => {
+            (
+                Wire::ConnAck {
+                    session_present,
+                    max_packet,
+                },
+                Link::Down { failures },
+            ) => {
                 self.epoch += 1;
                 self.flow.connected(self.epoch);
                 self.acks.connected(self.epoch);
-                self.connected_to_endpoint(ack.session_present);
+                self.set_max_packet(max_packet);
+                self.connected_to_endpoint(session_present);
                 if self.opts.subscriptions.is_empty() {
                     // No SubAck will come.
                     return self
-                        .subscribed(Instant::now(), failures, ack.session_present, Vec::new())
+                        .subscribed(Instant::now(), failures, session_present, Vec::new())
                         .await;
                 }
                 self.subscribe_all();
                 Some(Link::Connected {
                     at: Instant::now(),
                     failures,
-                    stage: Stage::Subscribing {
-                        session_present: ack.session_present,
-                    },
+                    stage: Stage::Subscribing { session_present },
                 })
             }
             (
-                Polled::Incoming(Packet::SubAck(suback)),
+                Wire::SubAck(codes),
                 Link::Connected {
                     at,
                     failures,
                     stage: Stage::Subscribing { session_present },
                 },
             ) => {
-                let refused: Vec<String> = suback
-                    .return_codes
+                let (refused, reasons): (Vec<String>, Vec<&str>) = codes
                     .iter()
                     .zip(&self.opts.subscriptions)
-                    .filter(|(code, _)| matches!(code, SubscribeReasonCode::Failure))
-                    .map(|(_, filter)| filter.clone())
-                    .collect();
+                    .filter_map(|(code, filter)| code.map(|reason| (filter.clone(), reason)))
+                    .unzip();
                 if !refused.is_empty() {
-                    warn!(event = "link_subscriptions_refused", link = %self.opts.name, filters = ?refused, "the broker refused subscriptions; check its ACL");
+                    warn!(event = "link_subscriptions_refused", link = %self.opts.name, filters = ?refused, reasons = ?reasons, "the broker refused subscriptions; check its ACL");
                 }
                 self.subscribed(at, failures, session_present, refused)
                     .await
             }
-            (Polled::Outgoing(Sent::Publish(pkid)), link) => {
+            (Wire::Written(pkid), link) => {
                 self.flow.written(pkid, Instant::now());
                 Some(link)
             }
-            (Polled::Outgoing(Sent::AwaitAck(pkid)), link) => {
+            (Wire::AwaitAck(pkid), link) => {
                 self.flow.collision(pkid);
                 Some(link)
             }
-            (Polled::Incoming(Packet::PubAck(ack)), link) => {
-                match (self.flow.acked(ack.pkid), link) {
-                    (
-                        Some(Tracked::Announce),
-                        Link::Connected {
-                            at,
-                            failures,
-                            stage:
-                                Stage::Announcing {
-                                    session_present,
-                                    refused,
-                                },
-                        },
-                    ) => {
-                        self.up(session_present, refused).await?;
-                        Some(Link::Connected {
-                            at,
-                            failures,
-                            stage: Stage::Up,
-                        })
-                    }
-                    (Some(Tracked::Owner(tag)), link) => {
-                        self.emit(Event::Published(tag)).await?;
-                        Some(link)
-                    }
-                    (_, link) => Some(link),
-                }
-            }
-            (Polled::Incoming(Packet::Publish(p)), link) => {
+            (Wire::PubAck { pkid, refused }, link) => self.on_puback(pkid, refused, link).await,
+            (Wire::Publish(p), link) => {
                 self.on_publish(p).await?;
                 Some(link)
             }
             // Leaving for the first endpoint: the drop follows.
-            (Polled::Outgoing(Sent::Disconnect), Link::Moving) => Some(Link::Moving),
-            (Polled::Outgoing(Sent::Disconnect), _) => {
+            (Wire::Disconnect, Link::Moving) => Some(Link::Moving),
+            (Wire::Disconnect, _) => {
                 info!(event = "link_session_closed", link = %self.opts.name, "session closed");
                 self.closed.notify_waiters();
                 None
@@ -308,7 +292,7 @@ impl<T: Tag> Task<T> {
     /// The connection failed; `None` ends the session.
     async fn on_error(
         &mut self,
-        e: ConnectionError,
+        e: LinkError,
         resume: oneshot::Sender<Resume>,
         link: Link,
     ) -> Option<Link> {
@@ -434,28 +418,8 @@ impl<T: Tag> Task<T> {
     fn subscribe_all(&self) {
         // Every time: rumqttc does not restore subscriptions, and a repeat
         // is harmless.
-        let filters = self
-            .opts
-            .subscriptions
-            .iter()
-            .map(|f| SubscribeFilter::new(f.clone(), QoS::AtLeastOnce));
-        if let Err(e) = self.client.try_subscribe_many(filters) {
+        if let Err(e) = self.client.try_subscribe_many(&self.opts.subscriptions) {
             warn!(event = "link_subscribe_not_queued", link = %self.opts.name, error = %e, "subscribe could not be queued");
-        }
-    }
-
-    /// Hands rumqttc every tracked publish that may go now.
-    fn hand_over(&mut self) {
-        while let Some(out) = self.flow.next_to_send() {
-            let payload = out.body.to_vec();
-            if self
-                .client
-                .try_publish(out.topic.clone(), QoS::AtLeastOnce, out.retain, payload)
-                .is_err()
-            {
-                self.flow.refused_by_client(out);
-                return;
-            }
         }
     }
 
@@ -469,11 +433,11 @@ impl<T: Tag> Task<T> {
                 tag: Tracked::Farewell,
                 epoch: self.epoch,
             });
-            let _ =
-                self.client
-                    .try_publish(out.topic, QoS::AtLeastOnce, out.retain, out.body.to_vec());
+            let _ = self
+                .client
+                .try_publish(out.topic, out.retain, out.body.to_vec());
         }
-        if self.client.try_disconnect().is_err() {
+        if !self.client.try_disconnect() {
             self.closed.notify_waiters();
         }
     }

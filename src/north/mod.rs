@@ -185,6 +185,7 @@ pub fn start(
         endpoints: cfg.endpoints.clone(),
         prefer_first: cfg.prefer_first,
         client_id: cfg.client_id.clone(),
+        version: cfg.mqtt_version,
         credentials: cfg.credentials.clone(),
         keep_alive: cfg.keep_alive,
         clean_session: false,

@@ -4,7 +4,9 @@
 //! plain shape, what a device or backend writes and what a client reads.
 //! [`parse_uplink`] and [`parse_downlink`] are the gateway's intake: the only
 //! place device and backend bytes are judged, accepting a message or saying
-//! exactly why not ([`Rejection`]), never panicking on any input. Unknown
+//! exactly why not ([`Rejection`]), never panicking on any input;
+//! [`with_publish`] adds what an MQTT 5 publish carried beside the
+//! envelope (user properties, message expiry). Unknown
 //! fields are kept and passed on untouched; fields the gateway sets are
 //! overwritten by [`super::north::north_body`].
 
@@ -15,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::depth::{nested_deeper_than, MAX_DEPTH};
+use super::user_props::{is_internal, UserProps, INTERNAL_PREFIX};
 use crate::ids::MsgId;
 
 pub use super::sniff::sniff_msg_id;
@@ -119,8 +122,12 @@ pub struct Envelope {
     pub ttl: Option<Duration>,
     /// `retry: false`: dead-letter on the first failure.
     pub retry: bool,
-    /// Every field of the envelope, as sent.
+    /// Every field of the envelope, as sent (with `ttl_s` from the
+    /// message expiry, [`with_publish`]).
     pub fields: Map<String, Value>,
+    /// The MQTT 5 publish's user properties ([`with_publish`]);
+    /// none from [`parse_uplink`].
+    pub props: UserProps,
 }
 
 /// Why a message was not accepted, with the receipt's reason code.
@@ -267,7 +274,49 @@ pub fn parse_uplink(bytes: &[u8], max_bytes: usize) -> Result<Envelope, Rejectio
         ttl,
         retry,
         fields,
+        props: UserProps::default(),
     })
+}
+
+/// `envelope` with what its MQTT 5 publish added: the device's user
+/// properties (`pairs`, in order) and,
+/// where the envelope has no `ttl_s`, its message expiry interval
+/// (`expiry_s`) as `ttl_s`. Refused `too_large` past a bound of the
+/// properties, `malformed` for an expiry that could not be a `ttl_s`.
+pub fn with_publish(
+    mut envelope: Envelope,
+    pairs: Vec<(String, String)>,
+    expiry_s: Option<u32>,
+) -> Result<Envelope, Rejection> {
+    let refuse = |code, detail| Rejection {
+        code,
+        detail,
+        msg_id: Some(envelope.msg_id.clone()),
+    };
+    // The broker strips these from what devices send; should one come
+    // through anyway, it is refused, neither passed on nor dropped unsaid.
+    if let Some((key, _)) = pairs.iter().find(|(k, _)| is_internal(k)) {
+        return Err(refuse(
+            RejectCode::Malformed,
+            format!(
+                "user property \"{}\": names starting {INTERNAL_PREFIX} are the gateway's own",
+                crate::clip::Clip(key)
+            ),
+        ));
+    }
+    let props = UserProps::new(pairs).map_err(|detail| refuse(RejectCode::TooLarge, detail))?;
+    if let (None, Some(s)) = (envelope.ttl, expiry_s) {
+        if !(1..=MAX_TTL_S).contains(&u64::from(s)) {
+            return Err(refuse(
+                RejectCode::Malformed,
+                format!("message expiry interval {s} s: as ttl_s it must be from 1 to {MAX_TTL_S} (ten years)"),
+            ));
+        }
+        envelope.ttl = Some(Duration::from_secs(s.into()));
+        envelope.fields.insert("ttl_s".into(), s.into());
+    }
+    envelope.props = props;
+    Ok(envelope)
 }
 
 /// A downlink envelope: the inbox entry to store, and who it is for.

@@ -12,6 +12,8 @@
 //!   and the status both devices and the gateway publish.
 //! - [`inbox`]: downlink batches to devices.
 //! - [`north`]: the uplink message the backend receives.
+//! - [`user_props`]: an MQTT 5 publish's user properties, bounded, as the
+//!   `props` the backend receives.
 //! - [`alert`]: the kinds of alert the gateway publishes.
 //! - [`depth`]: how deep a JSON text nests, checked before any of the
 //!   above parses what a peer sent.
@@ -32,6 +34,7 @@ mod props;
 pub mod receipt;
 mod sniff;
 pub mod topics;
+pub mod user_props;
 
 /// The largest MQTT packet there is: the remaining length is at most
 /// 268,435,455, plus 5 bytes of fixed header.

@@ -1,6 +1,7 @@
 //! What ferry publishes north for an uplink, on
 //! `{north}/up/{device}/{stream...}` (docs/PROTOCOL.md, North): the envelope's
-//! fields with the gateway's own set, `seq` first.
+//! fields with the gateway's own set, `seq` first, and `props` (the MQTT 5
+//! publish's user properties) when there are any.
 //!
 //! [`NorthMessage`] is its shape, for the backend's side. The gateway builds
 //! the bytes in two steps instead ([`north_body`] before the store,
@@ -9,11 +10,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::envelope::WireEnvelope;
+use super::envelope::{Envelope, WireEnvelope};
+use super::user_props::UserProps;
 use crate::ids::{DeviceId, GatewayId, Seq};
 
-/// Fields the gateway sets on the north body; a device's value is replaced.
-const GATEWAY_FIELDS: [&str; 5] = ["gateway", "device", "seq", "stream", "stored_ts"];
+/// Fields the gateway sets on the north body; a device's value is replaced
+/// (`props` is absent when the publish had no user properties).
+const GATEWAY_FIELDS: [&str; 6] = ["gateway", "device", "seq", "stream", "stored_ts", "props"];
 
 /// An uplink message as the backend receives it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -25,6 +28,9 @@ pub struct NorthMessage {
     pub stream: String,
     /// When the gateway committed it, ms since the epoch.
     pub stored_ts: i64,
+    /// The MQTT 5 publish's user properties; absent when it had none.
+    #[serde(default, skip_serializing_if = "UserProps::is_empty")]
+    pub props: UserProps,
     /// The device's envelope; its `ts` is the store time where it had none.
     #[serde(flatten)]
     pub envelope: WireEnvelope,
@@ -45,10 +51,11 @@ pub struct Stamp<'a> {
 }
 
 /// The body sent north without its `seq`: the envelope's fields with the
-/// gateway's own set. Built before the store, so the writer thread only
-/// splices the seq in ([`with_seq`]).
-pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
-    let mut body = fields.clone();
+/// gateway's own set, and its user properties as `props` if it has any.
+/// Built before the store, so the writer thread only splices the seq in
+/// ([`with_seq`]).
+pub fn north_body(envelope: &Envelope, stamp: &Stamp<'_>) -> Vec<u8> {
+    let mut body: Map<String, Value> = envelope.fields.clone();
     for f in GATEWAY_FIELDS {
         body.remove(f);
     }
@@ -56,6 +63,9 @@ pub fn north_body(fields: &Map<String, Value>, stamp: &Stamp<'_>) -> Vec<u8> {
     body.insert("device".into(), stamp.device.as_str().into());
     body.insert("stream".into(), stamp.stream.into());
     body.insert("stored_ts".into(), stamp.stored_ms.into());
+    if !envelope.props.is_empty() {
+        body.insert("props".into(), envelope.props.to_value());
+    }
     if !matches!(body.get("ts"), Some(Value::Number(_))) {
         body.insert("ts".into(), stamp.stored_ms.into());
     }
@@ -73,7 +83,7 @@ pub fn with_seq(body: &[u8], seq: Seq) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::envelope::parse_uplink;
+    use crate::protocol::envelope::{parse_uplink, with_publish};
 
     fn parse(s: &str) -> crate::protocol::envelope::Envelope {
         parse_uplink(s.as_bytes(), 1024).unwrap()
@@ -92,7 +102,7 @@ mod tests {
             stored_ms: 77,
         };
         let body: Value =
-            serde_json::from_slice(&with_seq(&north_body(&e.fields, &stamp), Seq(4))).unwrap();
+            serde_json::from_slice(&with_seq(&north_body(&e, &stamp), Seq(4))).unwrap();
         assert_eq!(body["seq"], 4);
         assert_eq!(body["device"], "press-7");
         assert_eq!(body["gateway"], "g1");
@@ -114,7 +124,7 @@ mod tests {
             stream: "line3/temp",
             stored_ms: 77,
         };
-        let bytes = with_seq(&north_body(&e.fields, &stamp), Seq(4));
+        let bytes = with_seq(&north_body(&e, &stamp), Seq(4));
         let m: NorthMessage = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(m.seq, Seq(4));
         assert_eq!(m.gateway.as_str(), "edge-01");
@@ -124,11 +134,61 @@ mod tests {
         assert_eq!((m.envelope.ts, m.envelope.ttl_s), (Some(5), Some(60)));
         assert_eq!(m.envelope.extra.len(), 1, "{:?}", m.envelope.extra);
         assert_eq!(m.envelope.extra["unit"], "C");
+        assert!(m.props.is_empty());
         let again: NorthMessage = serde_json::from_slice(&m.to_bytes()).unwrap();
         assert_eq!(again, m);
         assert_eq!(
             serde_json::from_slice::<Value>(&m.to_bytes()).unwrap(),
             serde_json::from_slice::<Value>(&bytes).unwrap()
         );
+    }
+
+    #[test]
+    fn props_go_north_only_when_the_publish_had_user_properties() {
+        let device = DeviceId::new("press-7").unwrap();
+        let stamp = Stamp {
+            gateway: "edge-01",
+            device: &device,
+            stream: "t",
+            stored_ms: 77,
+        };
+        let raw = r#"{"msg_id":"a-1","payload":1,"props":"the device's own"}"#;
+        let body = |pairs: Vec<(String, String)>| -> Value {
+            let e = with_publish(parse(raw), pairs, None).unwrap();
+            serde_json::from_slice(&with_seq(&north_body(&e, &stamp), Seq(1))).unwrap()
+        };
+        assert_eq!(
+            body(vec![]).get("props"),
+            None,
+            "the gateway's field: absent"
+        );
+        let pairs = vec![
+            ("b".into(), "2".into()),
+            ("a".into(), "1".into()),
+            ("b".into(), "3".into()),
+        ];
+        let bytes = serde_json::to_vec(&body(pairs)).unwrap();
+        let m: NorthMessage = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            m.props.to_value(),
+            serde_json::json!({"a": "1", "b": ["2", "3"]})
+        );
+        assert!(m.envelope.extra.is_empty(), "{:?}", m.envelope.extra);
+        assert_eq!(
+            serde_json::from_slice::<Value>(&m.to_bytes()).unwrap(),
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_protocol_example_with_props_parses() {
+        let text = r#"{"seq": 17, "gateway": "edge-01", "device": "press-7", "stream": "line3/temp",
+   "msg_id": "a-000017", "ts": 1764470000123, "stored_ts": 1764470000200,
+   "payload": {"temp": 81.5}, "ttl_s": 120, "props": {"site": "b2", "tag": ["x", "y"]}}"#;
+        let m: NorthMessage = serde_json::from_str(text).unwrap();
+        assert_eq!(m.props.get_all("tag").collect::<Vec<_>>(), ["x", "y"]);
+        assert_eq!(m.props.get_all("site").collect::<Vec<_>>(), ["b2"]);
+        assert_eq!((m.seq, m.envelope.ttl_s), (Seq(17), Some(120)));
+        assert!(m.envelope.extra.is_empty(), "{:?}", m.envelope.extra);
     }
 }

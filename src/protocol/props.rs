@@ -16,13 +16,14 @@ use super::ack::{encode_acks, parse_acks, BackendAck};
 use super::control::{parse_control, Confirm, ControlKind, Nack, Pull, Read, Status};
 use super::depth::{nested_deeper_than, MAX_DEPTH};
 use super::envelope::{
-    parse_downlink, parse_uplink, Payload, RejectCode, WireDownlink, WireEnvelope,
+    parse_downlink, parse_uplink, with_publish, Payload, RejectCode, WireDownlink, WireEnvelope,
 };
 use super::inbox::{InboxBatch, InboxEntry, InboxEnvelope, Tombstone, TombstoneStatus};
 use super::north::NorthMessage;
 use super::receipt::{NorthReceipt, NorthStatus, Receipt, ReceiptStatus};
 use super::sniff::sniff_msg_id;
 use super::topics::{check_stream, DeviceTopic, NorthTopics, Topics};
+use super::user_props::UserProps;
 use crate::ids::{DeviceId, GatewayId, MsgId, Seq};
 
 const MAX_BYTES: usize = 64 << 10;
@@ -148,7 +149,40 @@ fn envelope() -> impl Strategy<Value = WireEnvelope> {
         })
 }
 
+/// An MQTT 5 publish's user properties: a few keys, some repeated, any
+/// text.
+fn user_props() -> impl Strategy<Value = Vec<(String, String)>> {
+    prop::collection::vec(
+        (prop_oneof![Just("k".to_string()), ".{0,8}"], ".{0,16}"),
+        0..6,
+    )
+}
+
 proptest! {
+    #[test]
+    fn an_mqtt5_publish_is_taken_whole_or_refused(
+        // Short text, and lengths at the bounds (128-byte names,
+        // 1,024-byte values, 32 pairs, 8 KiB).
+        pairs in prop::collection::vec(
+            (prop_oneof![".{0,8}", "k{126,130}"], prop_oneof![".{0,16}", "v{1020,1030}"]),
+            0..36,
+        ),
+        expiry in prop::option::of(any::<u32>()),
+    ) {
+        let env = parse_uplink(br#"{"msg_id":"m","payload":1}"#, MAX_BYTES).unwrap();
+        match with_publish(env, pairs.clone(), expiry) {
+            Ok(e) => {
+                let mut sent = pairs;
+                sent.sort();
+                let mut kept = e.props.pairs().to_vec();
+                kept.sort();
+                prop_assert_eq!(kept, sent, "every pair, none dropped");
+                prop_assert_eq!(e.ttl.map(|t| t.as_secs()), expiry.map(u64::from));
+            }
+            Err(r) => prop_assert_eq!(r.msg_id, Some(MsgId::new("m").unwrap())),
+        }
+    }
+
     #[test]
     fn no_parser_panics_on_any_input(bytes in input()) {
         let _ = parse_uplink(&bytes, MAX_BYTES);
@@ -358,6 +392,7 @@ proptest! {
         stream in stream(),
         stored_ts in any::<i64>(),
         env in envelope(),
+        props in user_props(),
     ) {
         let messages = entries
             .into_iter()
@@ -374,7 +409,8 @@ proptest! {
         let back: InboxBatch = serde_json::from_slice(&serde_json::to_vec(&batch).unwrap()).expect("reads back");
         prop_assert_eq!(back, batch);
 
-        let north = NorthMessage { seq: Seq(1), gateway: gateway.clone(), device: device.clone(), stream: stream.clone(), stored_ts, envelope: env };
+        let props = UserProps::new(props).expect("within the bounds by construction");
+        let north = NorthMessage { seq: Seq(1), gateway: gateway.clone(), device: device.clone(), stream: stream.clone(), stored_ts, props, envelope: env };
         let back: NorthMessage = serde_json::from_slice(&north.to_bytes()).expect("reads back");
         prop_assert_eq!(back, north);
         let topics = NorthTopics::new("ferry", &gateway);
@@ -405,8 +441,7 @@ fn payload_numbers_go_through_the_gateway_unchanged() {
             stream: "t",
             stored_ms: 1,
         };
-        let north: Value =
-            serde_json::from_slice(&super::north::north_body(&up.fields, &stamp)).unwrap();
+        let north: Value = serde_json::from_slice(&super::north::north_body(&up, &stamp)).unwrap();
         assert_eq!(north["payload"]["v"].as_f64(), Some(x), "north body");
         let down = parse_downlink(&bytes, MAX_BYTES, 1).expect("valid downlink");
         let entry: Value = serde_json::from_slice(&down.entry).unwrap();

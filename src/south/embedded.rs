@@ -390,6 +390,7 @@ fn south_message(f: Forward) -> Option<SouthMessage> {
         oversize,
         received_ms: now_ms(),
         replayed: false,
+        v5: super::seam::PublishProps::of(f.properties),
         // The broker acknowledged it when the link took it.
         ack: Default::default(),
     })

@@ -46,6 +46,7 @@ pub(crate) fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) ->
         endpoints: vec![mqtt::Endpoint::new(site.host.clone(), site.port)],
         prefer_first: None,
         client_id: site.client_id.clone(),
+        version: site.mqtt_version,
         credentials: site.credentials.clone(),
         keep_alive: site.keep_alive,
         clean_session: false,
@@ -136,6 +137,7 @@ async fn receive(
             publisher: None,
             received_ms: now_ms(),
             replayed,
+            v5: Default::default(),
             ack: Ack(Some(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);

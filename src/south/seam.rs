@@ -14,6 +14,7 @@ use crate::ids::DeviceId;
 use crate::mqtt::{self, AckToken};
 use crate::protocol::control::ControlKind;
 use crate::protocol::topics::Topics;
+use crate::protocol::user_props::is_internal;
 
 /// Messages between the south side and the pipeline.
 pub(super) const INBOUND_CAPACITY: usize = 8192;
@@ -48,9 +49,44 @@ pub struct SouthMessage {
     /// device sending fast, so not held to the per-device limits. Always
     /// false in embedded mode.
     pub replayed: bool,
+    /// What its MQTT 5 publish carried beside the payload; empty for MQTT
+    /// 3.1.1 (and in external mode).
+    pub v5: PublishProps,
     /// Pass to [`SouthSender::ack`] once the message is committed (or
     /// handed on, for a control message).
     pub ack: Ack,
+}
+
+/// What an MQTT 5 device publish carries that ferry passes on
+/// (docs/PROTOCOL.md, "Payload envelope"), as the device sent it: intake
+/// judges it ([`crate::protocol::envelope::with_publish`]). Its size is
+/// bounded by the broker's packet limit only; the protocol's bounds on
+/// user properties are intake's to apply, with a rejection, not here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishProps {
+    /// The device's user properties, in order; never the gateway's own
+    /// (`ferry-...`, [`crate::protocol::user_props::INTERNAL_PREFIX`]).
+    pub user: Vec<(String, String)>,
+    /// The message expiry interval, seconds.
+    pub expiry_s: Option<u32>,
+}
+
+impl PublishProps {
+    /// What the embedded broker forwarded with a device's publish, without
+    /// the broker's own marks (`ferry-...`, read apart from these).
+    pub(super) fn of(properties: Option<rumqttd::protocol::PublishProperties>) -> PublishProps {
+        let Some(p) = properties else {
+            return PublishProps::default();
+        };
+        PublishProps {
+            user: p
+                .user_properties
+                .into_iter()
+                .filter(|(k, _)| !is_internal(k))
+                .collect(),
+            expiry_s: p.message_expiry_interval,
+        }
+    }
 }
 
 /// Acknowledges one device message to the south broker, where that is
@@ -175,4 +211,28 @@ pub struct DeviceControl {
     pub device: DeviceId,
     pub kind: ControlKind,
     pub payload: Bytes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PublishProps;
+
+    #[test]
+    fn a_v5_publish_brings_its_user_properties_and_expiry_without_ferrys_own() {
+        let props = rumqttd::protocol::PublishProperties {
+            message_expiry_interval: Some(30),
+            user_properties: [("b", "1"), (rumqttd::OVERSIZE_PROPERTY, "9"), ("a", "2")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+            ..Default::default()
+        };
+        let v5 = PublishProps::of(Some(props));
+        assert_eq!(v5.expiry_s, Some(30));
+        assert_eq!(
+            v5.user,
+            [("b".to_string(), "1".to_string()), ("a".into(), "2".into())],
+            "in order, the broker's own mark left out"
+        );
+        assert_eq!(PublishProps::of(None), PublishProps::default());
+    }
 }

@@ -181,6 +181,7 @@ mod down;
 mod errors;
 mod outbox;
 mod prune;
+mod user_props;
 
 #[tokio::test]
 async fn expired_uplinks_are_swept_by_index_wherever_they_are() {

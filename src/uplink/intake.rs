@@ -8,6 +8,10 @@
 //! a message marked `replayed` (external mode, [`crate::south::backlog`])
 //! is taken like any other but counts against neither.
 //!
+//! An uplink's MQTT 5 user properties and message expiry are judged with
+//! its envelope ([`with_publish`]): past a bound of the properties it is
+//! answered `rejected` and dead-lettered like any malformed message.
+//!
 //! Every other message is sent to the store at once (so the
 //! writer can group many into one commit) and answered in the order the
 //! commits complete, which is the order they arrived. Nothing is answered
@@ -38,7 +42,7 @@ use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Count};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
-use crate::protocol::envelope::{parse_uplink, sniff_msg_id, RejectCode, Rejection};
+use crate::protocol::envelope::{parse_uplink, sniff_msg_id, with_publish, RejectCode, Rejection};
 use crate::protocol::topics::Topics;
 use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
@@ -400,7 +404,11 @@ fn judge(
         };
         return reject(store, Some(device), rejection, msg);
     }
-    match parse_uplink(&msg.payload, cfg.max_payload_bytes) {
+    // What an MQTT 5 publish carried beside its envelope is judged with it.
+    let v5 = &msg.v5;
+    match parse_uplink(&msg.payload, cfg.max_payload_bytes)
+        .and_then(|e| with_publish(e, v5.user.clone(), v5.expiry_s))
+    {
         Ok(envelope) => {
             let now = store.now();
             let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now)

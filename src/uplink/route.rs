@@ -91,6 +91,7 @@ mod tests {
             publisher: publisher.map(str::to_string),
             received_ms: 0,
             replayed: false,
+            v5: Default::default(),
             ack: Default::default(),
         };
         let route = Route::of(&Topics::new("devices", "ferry/gw"), &msg);

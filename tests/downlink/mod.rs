@@ -29,6 +29,7 @@ mod cursors;
 mod expiry;
 mod fan_out;
 mod north;
+mod versions;
 
 const SECS_20: Duration = Duration::from_secs(20);
 const SECS_30: Duration = Duration::from_secs(30);

@@ -20,6 +20,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod any_version;
 pub mod backlog;
 pub mod certs;
 pub mod clients;
@@ -29,6 +30,7 @@ pub mod ferry;
 pub mod mosquitto;
 pub mod proc;
 pub mod raw_mqtt;
+pub mod raw_v5;
 pub mod session;
 
 use std::fs::{self, File};

@@ -138,6 +138,57 @@ impl RawMqtt {
         }
     }
 
+    /// An MQTT 3.1 CONNECT (`MQIsdp`, level 3; clean session, keep-alive
+    /// 60, this login) on TCP to 127.0.0.1:`port`, written by hand (rumqttc
+    /// speaks 3.1.1 only; what follows the CONNECT is the same in both);
+    /// the CONNACK, or why there is none.
+    pub async fn try_connect_v31(
+        port: u16,
+        client_id: &str,
+        login: Option<(&str, &str)>,
+    ) -> Result<(RawMqtt, rumqttc::ConnAck), String> {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("tcp connect: {e}"))?;
+        let mut raw = RawMqtt {
+            stream: Box::new(stream),
+            buf: bytes::BytesMut::new(),
+            next_pkid: 0,
+        };
+        let string = |out: &mut Vec<u8>, s: &[u8]| {
+            out.extend_from_slice(&(s.len() as u16).to_be_bytes());
+            out.extend_from_slice(s);
+        };
+        let mut body = Vec::new();
+        string(&mut body, b"MQIsdp");
+        let flags = 0x02 | login.map_or(0, |_| 0xc0);
+        body.extend_from_slice(&[3, flags, 0, 60]);
+        string(&mut body, client_id.as_bytes());
+        if let Some((user, password)) = login {
+            string(&mut body, user.as_bytes());
+            string(&mut body, password.as_bytes());
+        }
+        let mut packet = vec![0x10];
+        let mut len = body.len();
+        loop {
+            let byte = (len % 128) as u8;
+            len /= 128;
+            packet.push(if len > 0 { byte | 0x80 } else { byte });
+            if len == 0 {
+                break;
+            }
+        }
+        packet.extend_from_slice(&body);
+        raw.write_raw(&packet)
+            .await
+            .map_err(|e| format!("CONNECT not written: {e}"))?;
+        match raw.try_recv(CONNECT_TIMEOUT).await? {
+            Some(rumqttc::Packet::ConnAck(ack)) => Ok((raw, ack)),
+            Some(other) => Err(format!("expected CONNACK, got {other:?}")),
+            None => Err("no CONNACK: the socket closed or nothing came".into()),
+        }
+    }
+
     /// Connects and insists on an accepted session.
     pub async fn connect(port: u16, client_id: &str, keep_alive: u16) -> RawMqtt {
         let (raw, ack) = RawMqtt::try_connect(port, client_id, keep_alive)

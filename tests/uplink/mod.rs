@@ -21,6 +21,7 @@ mod backend;
 mod delivery;
 mod failover;
 mod fairness;
+mod props;
 mod restarts;
 mod retries;
 

@@ -25,7 +25,7 @@ impl<T: Tag> Task<T> {
     /// A ConnAck came: names the endpoint, and a move if it is one.
     pub(super) fn connected_to_endpoint(&mut self, session_present: bool) {
         let (index, endpoint) = self.endpoints.current();
-        info!(event = "link_connected", link = %self.opts.name, endpoint = %endpoint, endpoint_index = index, host = %endpoint.host, port = endpoint.port, session_present, epoch = self.epoch, "connected");
+        info!(event = "link_connected", link = %self.opts.name, endpoint = %endpoint, endpoint_index = index, host = %endpoint.host, port = endpoint.port, session_present, epoch = self.epoch, mqtt_version = self.opts.version.as_str(), "connected");
         if let Some(moved) = self.endpoints.connected(Instant::now()) {
             let (from, to) = (self.endpoints.get(moved.from), self.endpoints.get(moved.to));
             info!(event = "north_endpoint_switched", link = %self.opts.name, from = %from, to = %to, from_index = moved.from, to_index = moved.to, reason = moved.reason.as_str(), "moved to another endpoint");
@@ -57,7 +57,7 @@ impl<T: Tag> Task<T> {
         let now = Instant::now();
         let (from, _) = self.endpoints.current();
         let leave = accepts && up && from > 0 && self.endpoints.check_at().is_some();
-        if leave && self.client.try_disconnect().is_err() {
+        if leave && !self.client.try_disconnect() {
             warn!(event = "link_disconnect_not_queued", link = %self.opts.name, "disconnect could not be queued; staying on this endpoint");
             self.endpoints.checked(false, now);
             return link;

@@ -188,3 +188,80 @@ fn wire_downlinks_carry_to_only_when_set() {
         r#"{"msg_id":"n-9","payload":"shift B starts 14:00"}"#
     );
 }
+
+fn with(s: &str, pairs: &[(&str, &str)], expiry: Option<u32>) -> Result<Envelope, Rejection> {
+    let pairs = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    with_publish(parse(s).unwrap(), pairs, expiry)
+}
+
+#[test]
+fn the_message_expiry_is_the_ttl_when_the_envelope_has_none() {
+    let e = with(r#"{"msg_id":"a-1","payload":1}"#, &[], Some(90)).unwrap();
+    assert_eq!(e.ttl, Some(Duration::from_secs(90)));
+    assert_eq!(e.fields["ttl_s"], 90, "the backend sees the ttl_s it got");
+    let e = with(
+        r#"{"msg_id":"a-1","payload":1,"ttl_s":null}"#,
+        &[],
+        Some(90),
+    )
+    .unwrap();
+    assert_eq!(e.ttl, Some(Duration::from_secs(90)), "null is none");
+}
+
+#[test]
+fn the_envelopes_own_ttl_wins_over_the_message_expiry() {
+    let e = with(r#"{"msg_id":"a-1","payload":1,"ttl_s":60}"#, &[], Some(90)).unwrap();
+    assert_eq!(e.ttl, Some(Duration::from_secs(60)));
+    assert_eq!(e.fields["ttl_s"], 60);
+    // Even one that could not be a ttl_s is never looked at then.
+    assert!(with(r#"{"msg_id":"a-1","payload":1,"ttl_s":60}"#, &[], Some(0)).is_ok());
+    let e = with(r#"{"msg_id":"a-1","payload":1}"#, &[], None).unwrap();
+    assert_eq!((e.ttl, e.fields.get("ttl_s")), (None, None));
+}
+
+#[test]
+fn a_message_expiry_outside_the_ttl_bounds_is_malformed_with_the_id() {
+    for s in [0, u32::MAX] {
+        let r = with(r#"{"msg_id":"a-7","payload":1}"#, &[], Some(s)).unwrap_err();
+        assert_eq!(r.code, RejectCode::Malformed);
+        assert_eq!(r.msg_id.unwrap().as_str(), "a-7");
+        assert!(r.detail.contains("message expiry interval"), "{}", r.detail);
+    }
+    let most = u32::try_from(MAX_TTL_S).unwrap();
+    assert!(with(r#"{"msg_id":"a-7","payload":1}"#, &[], Some(most)).is_ok());
+}
+
+#[test]
+fn user_properties_past_a_bound_are_too_large_with_the_id() {
+    let many: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
+    let r = with_publish(
+        parse(r#"{"msg_id":"a-8","payload":1}"#).unwrap(),
+        many,
+        Some(5),
+    )
+    .unwrap_err();
+    assert_eq!(r.reason(), "too_large: 33 user properties > 32");
+    assert_eq!(r.msg_id.unwrap().as_str(), "a-8");
+    let e = with(
+        r#"{"msg_id":"a-8","payload":1}"#,
+        &[("k", "v"), ("k", "w")],
+        None,
+    )
+    .unwrap();
+    assert_eq!(e.props.get_all("k").collect::<Vec<_>>(), ["v", "w"]);
+}
+
+#[test]
+fn a_user_property_named_like_the_gateways_own_is_refused_not_passed_on() {
+    let r = with(
+        r#"{"msg_id":"a-9","payload":1}"#,
+        &[("ferry-publisher", "b")],
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(r.code, RejectCode::Malformed);
+    assert!(r.detail.contains("ferry-publisher"), "{}", r.detail);
+}

@@ -50,7 +50,7 @@ impl Intake {
             stream: &stream,
             stored_ms,
         };
-        let body = Bytes::from(north_body(&envelope.fields, &stamp));
+        let body = Bytes::from(north_body(&envelope, &stamp));
         Intake {
             expires_ms: envelope
                 .ttl

@@ -71,14 +71,17 @@ impl Aliases {
     }
 }
 
-/// Removes the `ferry-...` user properties of a publish as the client sent
-/// it (the network reader calls it on every packet it decodes, before it
-/// marks an oversized publish itself).
+/// Removes the `ferry-...` user properties of a publish, or of a will, as
+/// the client sent it (the network reader calls it on every packet it
+/// decodes, before it marks an oversized publish itself): a will is
+/// published with its properties, so its marks could be forged as well.
 pub(crate) fn strip_reserved(packet: &mut crate::protocol::Packet) {
-    if let crate::protocol::Packet::Publish(_, Some(p)) = packet {
-        p.user_properties
-            .retain(|(name, _)| !name.starts_with(RESERVED_PREFIX));
-    }
+    let properties = match packet {
+        crate::protocol::Packet::Publish(_, Some(p)) => &mut p.user_properties,
+        crate::protocol::Packet::Connect(_, _, _, Some(will), _) => &mut will.user_properties,
+        _ => return,
+    };
+    properties.retain(|(name, _)| !name.starts_with(RESERVED_PREFIX));
 }
 
 /// A publish a client may not send (one with subscription identifiers) is
@@ -217,6 +220,32 @@ mod tests {
         assert_eq!(
             props.user_properties,
             vec![("line".to_string(), "3".to_string())]
+        );
+        let will = crate::protocol::LastWillProperties {
+            delay_interval: None,
+            payload_format_indicator: None,
+            message_expiry_interval: None,
+            content_type: None,
+            response_topic: None,
+            correlation_data: None,
+            user_properties: vec![
+                ("ferry-topic".into(), "devices/b/up/t".into()),
+                ("k".into(), "v".into()),
+            ],
+        };
+        let connect = crate::protocol::Connect {
+            keep_alive: 60,
+            client_id: "a".into(),
+            clean_session: true,
+        };
+        let mut packet = crate::protocol::Packet::Connect(connect, None, None, Some(will), None);
+        strip_reserved(&mut packet);
+        let crate::protocol::Packet::Connect(_, _, _, Some(will), _) = packet else {
+            unreachable!()
+        };
+        assert_eq!(
+            will.user_properties,
+            vec![("k".to_string(), "v".to_string())]
         );
         let props = Some(PublishProperties {
             subscription_identifiers: vec![1],

@@ -446,6 +446,30 @@ where
         return Err(Error::Refused);
     }
 
+    // ferry: MQTT 5's enhanced authentication (AUTH exchanges) is not
+    // offered: a CONNECT naming a method is told so (0x8C), not let in
+    // as if it had none.
+    if let Some(method) = _props
+        .as_ref()
+        .and_then(|p| p.authentication_method.as_ref())
+    {
+        if crate::refusals::admit(peer.ip()) {
+            warn!(
+                event = "connect_auth_method_refused",
+                %peer,
+                client_id = %crate::refusals::Clip(&connect.client_id),
+                method = %crate::refusals::Clip(method),
+                "CONNECT refused: enhanced authentication is not offered"
+            );
+        }
+        let ack = ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::BadAuthenticationMethod,
+        };
+        network.write(Packet::ConnAck(ack, None)).await?;
+        return Err(Error::Refused);
+    }
+
     handle_auth(config.clone(), login.as_ref(), &connect.client_id).await?;
 
     // ferry: the connect hook decides, and a refusal gets its CONNACK.

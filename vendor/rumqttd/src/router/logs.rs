@@ -204,8 +204,17 @@ impl DataLog {
         // has more information on how this method behaves.
         let next = data.log.readv(offset, len, &mut o)?;
 
+        // ferry: an ephemeral broker's logs are read by the gateway's link
+        // alone, which owns what a message expiry means (its time in the
+        // gateway's store): nothing is dropped or shortened here, where a
+        // publish already acknowledged to its client would vanish without
+        // a trace (every publish with expiry 0 did).
+        let ephemeral = self.config.ephemeral;
         let now = Instant::now();
         o.retain_mut(|(pubdata, _)| {
+            if ephemeral {
+                return true;
+            }
             // Keep data if no properties exists, which implies no message expiry!
             let Some(properties) = pubdata.properties.as_mut() else {
                 return true;
