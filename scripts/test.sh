@@ -2,7 +2,8 @@
 # Runs ferry's whole test suite on a fresh Debian machine: installs what the
 # integration tests need (Mosquitto, the real upstream broker; Chromium, the
 # status page test's headless browser; faketime, the clock tests' false
-# wall clock), then
+# wall clock; python3-paho-mqtt and mosquitto-clients, the conformance
+# suite's clients), then
 # `cargo test` over the workspace: ferry and its fork of rumqttd
 # (vendor/rumqttd). Extra arguments go to cargo test.
 set -euo pipefail
@@ -34,6 +35,11 @@ fi
 [ -x /usr/bin/chromium ] || install chromium "the status page test's headless browser"
 # The clock tests run ferry under a false wall clock: Debian's libfaketime.
 [ -x /usr/bin/faketime ] || install faketime "the clock tests' false wall clock"
+# The conformance suite runs the Paho interoperability cases in Debian's
+# python3 with its paho-mqtt (tests/conformance/).
+[ -f /usr/lib/python3/dist-packages/paho/mqtt/client.py ] || install python3-paho-mqtt "the conformance suite's MQTT 3.1/3.1.1/5 client"
+# ... and the stock clients plants use (mosquitto_pub, _sub, _rr).
+[ -x /usr/bin/mosquitto_rr ] || install mosquitto-clients "the conformance suite's stock MQTT clients"
 # systemd-analyze checks the shipped unit (below).
 command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
 # The tests start their own Mosquitto on free ports; the packaged service

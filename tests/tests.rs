@@ -33,6 +33,7 @@ mod architecture;
 mod auth;
 mod clock;
 mod config;
+mod conformance;
 mod downlink;
 mod edges;
 mod external;
