@@ -68,9 +68,8 @@
 //! SUBACK 0x97 (past `south.max_subscriptions`) is not tested: the limit
 //! is at least 2, a device has two filters it may hold (`ack`, `inbox`),
 //! refused filters and subscribing again count nothing, so no device can
-//! pass it. The limit binds the gateway's own link instead (see
-//! `publish::a_low_subscription_limit_leaves_the_gateways_own_link_whole`,
-//! ignored until that is fixed).
+//! pass it. It does not bind the gateway's own link (it did, below 7:
+//! `publish::a_low_subscription_limit_leaves_the_gateways_own_link_whole`).
 //!
 //! Where ferry departs from the letter of MQTT 5 on purpose, the tests
 //! assert ferry's rule: a retained publish is taken as a plain one (the

@@ -223,8 +223,6 @@ async fn an_uplink_over_the_payload_limit_is_answered_rejected(level: &str) {
 /// gateway's own link must still read every device topic kind and the
 /// quarantine, so a publish on another device's topic is still answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main: south.max_subscriptions below 7 also bounds ferry's own link, \
-            whose pull, read, nack, status and quarantine filters are then refused"]
 async fn a_low_subscription_limit_leaves_the_gateways_own_link_whole() {
     let gw = Gw::start("gw-conf-sublimit", |o| {
         o.with(|c| c.south.max_subscriptions = 2)

@@ -987,8 +987,12 @@ impl Router {
                         let connection = self.connections.get_mut(id).unwrap();
                         // ferry: a connection holds a bounded number of
                         // subscriptions; past it, a failure for the filter.
+                        // (remote clients only: a local link, the
+                        // gateway's own, holds what it needs.)
                         let max = self.config.max_subscriptions;
+                        let remote = self.ibufs.get(id).is_some_and(|i| !i.client_id.is_empty());
                         if max > 0
+                            && remote
                             && connection.subscriptions.len() >= max
                             && !connection.subscriptions.contains(&f.path)
                         {
