@@ -30,6 +30,7 @@
 //! cargo bench --bench storm -- [--devices 2000] [--per-device 100] [--batch 200]
 //!     [--payload-bytes 100] [--confirm-timeout-ms 10000] [--sync full|normal]
 //!     [--timeout-s 120] [--setup-timeout-s 300] [--log-level FILTER] [--save-log FILE]
+//!     [--passwords] [--v5-share 0.5]
 //! ```
 
 mod support;
@@ -39,21 +40,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::client::device::{DeviceClient, DeviceOptions};
-use ferry::ids::MsgId;
-use ferry::protocol::envelope::WireEnvelope;
-use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use support::backend::{count_receipts, ReceiptStats};
-use support::drain::{device_task, DeviceReport, Live};
-use support::procfs::{tcp_ext, TCP_EXT_KEYS};
-use support::report::{dist, log_summary, mib, pass, secs, CONFIRM_TIMEOUT_LINE};
-use support::timeline::sampler;
+use support::backend::{queue_downlinks, DownlinkLoad, Queued};
+use support::drain::{by_version, device_task, DeviceReport, Live};
+use support::procfs::tcp_ext;
+use support::report::{
+    busiest_threads, dist, log_summary, mib, pass, secs, tcp_ext_delta, CONFIRM_TIMEOUT_LINE,
+};
+use support::timeline::{self, connected_by, sampler};
 use support::{
-    clock_ticks_per_s, cpu_ticks, device_id, reset_peak_rss, thread_ticks, vm_kib, CargoBench, Env,
+    clock_ticks_per_s, cpu_ticks, device_id, reset_peak_rss, speaks_v5, thread_ticks, vm_kib,
+    CargoBench, Env,
 };
 
 /// conf/ferry.toml's log filter (the harness default is plain "info").
@@ -108,6 +108,10 @@ struct Args {
     /// then includes one argon2 verification per device.
     #[arg(long)]
     passwords: bool,
+    /// Share of the devices that connect with MQTT 5, 0..=1, spread evenly
+    /// (0.5 = every other device); the others connect with MQTT 3.1.1.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.0)]
+    v5_share: f64,
     #[command(flatten)]
     _cargo: CargoBench,
 }
@@ -124,6 +128,9 @@ impl Args {
         }
         if args.confirm_timeout_ms < 100 {
             support::invalid::<Args>("--confirm-timeout-ms must be at least 100".into());
+        }
+        if !(0.0..=1.0).contains(&args.v5_share) {
+            support::invalid::<Args>("--v5-share must be in 0..=1".into());
         }
         args
     }
@@ -192,9 +199,11 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
     let hz = clock_ticks_per_s();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("ferry reconnect-storm benchmark");
+    // What `speaks_v5` gives the first N devices.
+    let v5 = (args.devices as f64 * args.v5_share).floor() as usize;
     println!(
-        "  devices {}, messages per device {}, deliveries {total}, batch_size {}, confirm_timeout_ms {}, payload ~{} B",
-        args.devices, args.per_device, args.batch, args.confirm_timeout_ms, args.payload_bytes
+        "  devices {} (MQTT 3.1.1 {}, MQTT 5 {v5}), messages per device {}, deliveries {total}, batch_size {}, confirm_timeout_ms {}, payload ~{} B",
+        args.devices, args.devices - v5, args.per_device, args.batch, args.confirm_timeout_ms, args.payload_bytes
     );
     println!(
         "  store sync {}, log level {:?}, south max_connections {}, fd limit {nofile}, cores {cores}, passwords {}",
@@ -207,75 +216,36 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
     // ------------------------------------------------ setup: queue everything
     let run = support::harness::boot_id();
     let msg_prefix = format!("storm-{run}-");
-    let stats = Arc::new(ReceiptStats::default());
-    let mut backend = BackendClient::connect(BackendOptions {
-        // Only a safety net: a resend is answered again and deduplicated.
-        resend_after: Duration::from_secs(30),
-        ..BackendOptions::new("127.0.0.1", env.mosquitto.port, env.ferry.gateway.clone())
-    });
     let setup_start = Instant::now();
     let setup_deadline = setup_start + args.setup_timeout;
-    // Wait for the backend's subscriptions and the gateway's `online`.
-    let mut connected = false;
-    let mut online = false;
-    while !(connected && online) {
-        let left = setup_deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, backend.events.recv()).await {
-            Ok(Some(BackendEvent::Connected)) => connected = true,
-            Ok(Some(BackendEvent::Status(s))) => online = s.online,
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => {
-                return Err(format!(
-                    "backend connected {connected}, gateway online {online} after {:?}\n{}",
-                    args.setup_timeout,
-                    env.ferry.log_tail()
-                ))
-            }
-        }
-    }
-    stats.connects.fetch_add(1, Ordering::Relaxed);
-    let text = "x".repeat(args.payload_bytes);
-    let mut envelopes = 0;
-    for k in 1..=args.per_device {
-        for chunk in names.chunks(MAX_TO) {
-            let to: Vec<&str> = chunk.iter().map(String::as_str).collect();
-            let msg_id = MsgId::new(format!("{msg_prefix}{k}")).expect("a valid msg_id");
-            backend.send_downlink(
-                &to,
-                WireEnvelope::json(msg_id, json!({"k": k, "text": text})),
-            );
-            envelopes += 1;
-        }
-    }
     let (stop_tx, stop_rx) = watch::channel(false);
-    let backend_task = tokio::spawn(count_receipts(
-        backend,
-        stats.clone(),
-        msg_prefix.clone(),
-        stop_rx.clone(),
-    ));
-    while stats.stored.load(Ordering::Relaxed) < total && Instant::now() < setup_deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let load = DownlinkLoad {
+        port: env.mosquitto.port,
+        gateway: &env.ferry.gateway,
+        devices: &names,
+        per_device: args.per_device,
+        payload_bytes: args.payload_bytes,
+        msg_prefix: &msg_prefix,
+        max_to: MAX_TO,
+    };
+    let Queued {
+        stats,
+        task: backend_task,
+        envelopes,
+    } = queue_downlinks(load, setup_deadline, stop_rx.clone())
+        .await
+        .map_err(|e| {
+            let (limit, tail) = (args.setup_timeout, env.ferry.log_tail());
+            format!("setup: INCOMPLETE after {limit:?}: {e}; ferry log tail:\n{tail}")
+        })?;
     let setup_s = setup_start.elapsed().as_secs_f64();
-    let stored = stats.stored.load(Ordering::Relaxed);
     let rows = env
         .ferry
         .query_i64("SELECT count(*) FROM down_delivery", []);
     println!(
-        "setup: {envelopes} envelopes on ferry/{{gw}}/down → {stored}/{total} `stored` receipts in {setup_s:.1} s ({:.0} deliveries/s); down_delivery rows {rows}",
-        stored as f64 / setup_s.max(1e-3)
+        "setup: {envelopes} envelopes on ferry/{{gw}}/down → {total}/{total} `stored` receipts in {setup_s:.1} s ({:.0} deliveries/s); down_delivery rows {rows}",
+        total as f64 / setup_s.max(1e-3)
     );
-    if stored < total {
-        println!(
-            "setup: INCOMPLETE after {:?}; ferry log tail:",
-            args.setup_timeout
-        );
-        for l in env.ferry.log_tail().lines() {
-            println!("  | {l}");
-        }
-        return Err("setup did not queue every delivery".into());
-    }
     // Let the store settle (WAL checkpoint, receipts) before the storm.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let setup_hwm = vm_kib(env.ferry_pid, "VmHWM");
@@ -307,8 +277,11 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
     let deadline = origin + args.timeout;
     let prefix: Arc<str> = Arc::from(msg_prefix.as_str());
     let mut devices: Vec<JoinHandle<DeviceReport>> = Vec::with_capacity(args.devices);
-    for name in &names {
+    for (i, name) in names.iter().enumerate() {
         let mut opts = DeviceOptions::new("127.0.0.1", env.ferry.south_port, name.clone());
+        if speaks_v5(i, args.v5_share) {
+            opts = opts.v5();
+        }
         opts.password = args.passwords.then(|| password_of(name));
         let client = DeviceClient::connect(opts);
         devices.push(tokio::spawn(device_task(
@@ -394,19 +367,17 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         },
         connected_ms.len()
     );
-    let marks: Vec<String> = MARKS_S
-        .iter()
-        .filter(|s| **s * 1000.0 <= drain_seen_ms.max(1000.0))
-        .map(|s| {
-            let c = connected_ms.iter().filter(|t| **t <= s * 1000.0).count();
-            format!("{s} s: {c}")
-        })
-        .collect();
-    println!("  connected by {}", marks.join(", "));
+    println!(
+        "  connected by {}",
+        connected_by(&MARKS_S, &connected_ms, drain_seen_ms.max(1000.0))
+    );
     dist("connect time", connected_ms.clone(), n);
     dist("first batch after connect", connect_to_first, n);
     dist("first message", first_ms, n);
     dist("device drained", done_ms.clone(), n);
+    if v5 > 0 {
+        by_version(&reports, |i| speaks_v5(i, args.v5_share));
+    }
     println!(
         "  drained: {} ({received}/{total} messages, {}/{n} devices complete)",
         if all_drained {
@@ -473,33 +444,19 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         pct(1),
         pct(2)
     );
-    let mut threads: Vec<(String, u64)> = ferry_threads_after
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                v.saturating_sub(ferry_threads_before.get(k).copied().unwrap_or(0)),
-            )
-        })
-        .filter(|(_, v)| *v > 0)
-        .collect();
-    threads.sort_by_key(|t| std::cmp::Reverse(t.1));
-    let threads: Vec<String> = threads
-        .iter()
-        .take(8)
-        .map(|(k, v)| format!("{k} {:.0}%", *v as f64 / hz / storm_wall * 100.0))
-        .collect();
-    println!("  ferry threads: {}", threads.join(", "));
-    let net: Vec<String> = TCP_EXT_KEYS
-        .iter()
-        .map(|k| {
-            let d = net_after.get(*k).unwrap_or(&0) - net_before.get(*k).unwrap_or(&0);
-            format!("{k} +{d}")
-        })
-        .collect();
+    println!(
+        "  ferry threads: {}",
+        busiest_threads(
+            &ferry_threads_before,
+            &ferry_threads_after,
+            hz,
+            storm_wall,
+            8
+        )
+    );
     println!(
         "  kernel TcpExt (system-wide, during the storm): {}",
-        net.join(", ")
+        tcp_ext_delta(&net_before, &net_after)
     );
     println!(
         "  south listener accept queue: max sampled {} (every 100 ms), backlog {}",
@@ -507,38 +464,7 @@ async fn bench(args: Args, nofile: u64) -> Result<(), String> {
         sampled.backlog.map_or("n/a".into(), |b| b.to_string())
     );
     log_summary(storm_log);
-    println!("  timeline (per second; received = messages at devices, north = `delivered` receipts at the backend, accept q = max sampled, ov = ListenOverflows):");
-    println!(
-        "    {:>6} {:>9} {:>8} {:>7} {:>8} {:>9} {:>21} {:>9} {:>9} {:>8} {:>6}",
-        "t",
-        "connected",
-        "received",
-        "drained",
-        "north",
-        "ferry cpu",
-        "busiest ferry thread",
-        "bench cpu",
-        "ferry RSS",
-        "accept q",
-        "ov"
-    );
-    for r in &sampled.rows {
-        println!(
-            "    {:>5.1}s {:>9} {:>8} {:>7} {:>8} {:>8.0}% {:>16} {:>3.0}% {:>8.0}% {:>5.0} MiB {:>8} {:>6}",
-            r.t_s,
-            r.connected,
-            r.received,
-            r.done,
-            r.delivered_north,
-            r.ferry_cpu_pct,
-            r.top_thread.0,
-            r.top_thread.1,
-            r.bench_cpu_pct,
-            r.ferry_rss_kib as f64 / 1024.0,
-            r.accept_q_max.map_or("-".into(), |q| q.to_string()),
-            r.overflows
-        );
-    }
+    timeline::print(&sampled.rows);
     let peak_mb = |k: Option<u64>| k.map_or(f64::NAN, |k| k as f64 * 1.024 / 1000.0);
     let peak = peak_mb(if hwm_reset {
         storm_hwm.max(setup_hwm)

@@ -25,7 +25,8 @@
 //! ```text
 //! cargo bench --bench uplink -- [--devices 100] [--messages-per-device 2000]
 //!     [--payload-bytes 200] [--rate R] [--window 64] [--mode both|saturation|paced]
-//!     [--south embedded|external] [--site-conf LINE]... [--sync full|normal] [--max-inflight N]
+//!     [--south embedded|external] [--site-conf LINE]... [--mqtt 3.1.1|5]
+//!     [--sync full|normal] [--max-inflight N]
 //!     [--timeout-s 120] [--quiet-wait-s 120]
 //! ```
 
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use ferry::config::RawConfig;
+use ferry::mqtt::MqttVersion;
 
 use support::backend::AckingBackend;
 use support::cpu::{wait_for_quiet_machine, CpuSnapshot, CpuUse, Watched};
@@ -95,6 +97,9 @@ struct Args {
     /// mosquitto.conf (repeatable), e.g. "set_tcp_nodelay true".
     #[arg(long, value_name = "LINE")]
     site_conf: Vec<String>,
+    /// The MQTT version the devices (publishers) connect with.
+    #[arg(long, value_name = "3.1.1|5", default_value = "3.1.1", value_parser = support::parse_mqtt_version)]
+    mqtt: MqttVersion,
     /// store.sync.
     #[arg(long, default_value = "full", value_parser = ["full", "normal"])]
     sync: String,
@@ -233,6 +238,7 @@ async fn run_phase(
     let ctx = Arc::new(PhaseCtx {
         run_id: format!("b{unix_ms:x}{}", &name[..1]),
         port,
+        mqtt: args.mqtt,
         devices: args.devices,
         messages: args.messages_per_device,
         window: args.window,
@@ -351,6 +357,7 @@ async fn bench(args: Args) -> Result<(), String> {
 
     println!("ferry uplink benchmark");
     println!("  devices: {}", args.devices);
+    println!("  device MQTT version: {}", args.mqtt.as_str());
     println!("  payload bytes: {}", args.payload_bytes);
     println!("  messages per device: {}", args.messages_per_device);
     println!("  window (unstored per device): {}", args.window);

@@ -3,22 +3,25 @@
 //! - [`AckingBackend`] (uplink): one [`ferry::mqtt::Session`] subscribed to
 //!   every uplink of the gateway, acking each `ok`, in arrays of up to
 //!   [`ACK_BATCH`], as fast as they come.
-//! - [`count_receipts`] (storm): reads the delivery receipts a
-//!   [`BackendClient`] hears and counts distinct `stored` and `delivered`
-//!   ones per (message, device).
+//! - [`queue_downlinks`] (the storm's setup): a [`BackendClient`] that
+//!   publishes the storm's downlinks once the gateway is online, then
+//!   [`count_receipts`]: reads the delivery receipts it hears and counts
+//!   distinct `stored` and `delivered` ones per (message, device).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use ferry::client::backend::{BackendClient, BackendEvent};
-use ferry::ids::GatewayId;
+use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
+use ferry::ids::{GatewayId, MsgId};
 use ferry::mqtt::{Event, Options, Session};
 use ferry::protocol::ack::{encode_acks, BackendAck};
+use ferry::protocol::envelope::WireEnvelope;
 use ferry::protocol::north::NorthMessage;
 use ferry::protocol::receipt::NorthStatus;
 use ferry::protocol::topics::NorthTopics;
+use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, timeout_at};
@@ -196,6 +199,97 @@ pub struct ReceiptStats {
     /// Receipts the bench could not attribute to one of its pairs.
     pub foreign: AtomicU64,
     pub connects: AtomicU64,
+}
+
+/// The storm's downlinks: `per_device` envelopes `{msg_prefix}{k}`
+/// (k = 1..=per_device), each addressed to every one of `devices`.
+pub struct DownlinkLoad<'a> {
+    /// The upstream broker.
+    pub port: u16,
+    pub gateway: &'a str,
+    pub devices: &'a [String],
+    pub per_device: usize,
+    /// Approximate payload of each envelope, bytes.
+    pub payload_bytes: usize,
+    pub msg_prefix: &'a str,
+    /// Most device ids in one `to` list.
+    pub max_to: usize,
+}
+
+/// What [`queue_downlinks`] left running: [`count_receipts`] on its
+/// backend, until the `stop` it was given.
+pub struct Queued {
+    pub stats: Arc<ReceiptStats>,
+    pub task: JoinHandle<()>,
+    /// Envelopes published on `ferry/{gw}/down`.
+    pub envelopes: usize,
+}
+
+/// Connects a backend to the upstream, waits until it is subscribed and
+/// the gateway `online`, publishes `load`, and returns once every delivery
+/// has its `stored` receipt (Err if any of this is not done by `deadline`),
+/// leaving the receipts counted until `stop`.
+pub async fn queue_downlinks(
+    load: DownlinkLoad<'_>,
+    deadline: Instant,
+    stop: watch::Receiver<bool>,
+) -> Result<Queued, String> {
+    let stats = Arc::new(ReceiptStats::default());
+    let mut backend = BackendClient::connect(BackendOptions {
+        // Only a safety net: a resend is answered again and deduplicated.
+        resend_after: Duration::from_secs(30),
+        ..BackendOptions::new("127.0.0.1", load.port, load.gateway)
+    });
+    let mut connected = false;
+    let mut online = false;
+    while !(connected && online) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left, backend.events.recv()).await {
+            Ok(Some(BackendEvent::Connected)) => connected = true,
+            Ok(Some(BackendEvent::Status(s))) => online = s.online,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                return Err(format!(
+                    "backend connected {connected}, gateway online {online}"
+                ))
+            }
+        }
+    }
+    stats.connects.fetch_add(1, Ordering::Relaxed);
+    let text = "x".repeat(load.payload_bytes);
+    let mut envelopes = 0;
+    for k in 1..=load.per_device {
+        for chunk in load.devices.chunks(load.max_to) {
+            let to: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let msg_id = MsgId::new(format!("{}{k}", load.msg_prefix)).expect("a valid msg_id");
+            backend.send_downlink(
+                &to,
+                WireEnvelope::json(msg_id, json!({"k": k, "text": text})),
+            );
+            envelopes += 1;
+        }
+    }
+    let task = tokio::spawn(count_receipts(
+        backend,
+        stats.clone(),
+        load.msg_prefix.to_string(),
+        stop,
+    ));
+    let total = (load.devices.len() * load.per_device) as u64;
+    while stats.stored.load(Ordering::Relaxed) < total && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stored = stats.stored.load(Ordering::Relaxed);
+    if stored < total {
+        return Err(format!(
+            "{envelopes} envelopes published, {stored}/{total} `stored` receipts"
+        ));
+    }
+    Ok(Queued {
+        stats,
+        task,
+        envelopes,
+    })
 }
 
 /// Consumes `backend`'s events until `stop`, counting receipts for

@@ -9,6 +9,8 @@ use std::time::Instant;
 use ferry::client::device::{DeviceClient, DeviceEvent};
 use tokio::sync::watch;
 
+use super::report::dist;
+
 /// `{msg_prefix}{k}` → k (1-based).
 pub fn msg_index(prefix: &str, msg_id: &str) -> Option<u64> {
     msg_id.strip_prefix(prefix)?.parse().ok()
@@ -117,4 +119,27 @@ pub async fn device_task(
         }
     }
     r
+}
+
+/// Prints when the MQTT 3.1.1 devices and the MQTT 5 devices connected and
+/// drained, apart (`speaks_v5(i)`: device i connected with MQTT 5).
+pub fn by_version(reports: &[DeviceReport], speaks_v5: impl Fn(usize) -> bool) {
+    for (label, v5) in [("MQTT 3.1.1", false), ("MQTT 5", true)] {
+        let group: Vec<&DeviceReport> = (reports.iter().enumerate())
+            .filter(|(i, _)| speaks_v5(*i) == v5)
+            .map(|(_, r)| r)
+            .collect();
+        let times =
+            |f: fn(&DeviceReport) -> Option<f64>| group.iter().filter_map(|r| f(r)).collect();
+        dist(
+            &format!("{label} connect time"),
+            times(|r| r.connected_ms),
+            group.len(),
+        );
+        dist(
+            &format!("{label} drained"),
+            times(|r| r.done_ms),
+            group.len(),
+        );
+    }
 }

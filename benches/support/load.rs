@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::ids::MsgId;
-use ferry::mqtt::{Event, Options, Session};
+use ferry::mqtt::{Event, MqttVersion, Options, Session};
 use ferry::protocol::envelope::WireEnvelope;
 use ferry::protocol::receipt::{Receipt, ReceiptStatus};
 use ferry::protocol::topics::DeviceTopics;
@@ -45,6 +45,8 @@ pub struct PhaseCtx {
     pub run_id: String,
     /// The broker the devices connect to.
     pub port: u16,
+    /// The MQTT version every device connects with.
+    pub mqtt: MqttVersion,
     pub devices: usize,
     pub messages: usize,
     pub window: usize,
@@ -258,6 +260,7 @@ impl Device {
         let topics = DeviceTopics::new(SOUTH_PREFIX, &id);
         let mut opts = Options::new(id.as_str(), "127.0.0.1", ctx.port, id.as_str());
         opts.subscriptions = vec![topics.ack()];
+        opts.version = ctx.mqtt;
         opts.inflight = (ctx.window + 64).clamp(128, u16::MAX as usize) as u16;
         opts.max_incoming_packet = 1 << 20;
         opts.max_outgoing_packet = 1 << 20;

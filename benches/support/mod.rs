@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use ferry::config::RawConfig;
 use ferry::ids::DeviceId;
+use ferry::mqtt::MqttVersion;
 
 /// The integration tests' harness, compiled into each bench as well.
 #[path = "../../tests/support/mod.rs"]
@@ -67,6 +68,19 @@ pub fn invalid<A: clap::CommandFactory>(message: String) -> ! {
     A::command()
         .error(clap::error::ErrorKind::ValueValidation, message)
         .exit()
+}
+
+/// A clap value parser: an MQTT version as the config writes it, "3.1.1"
+/// or "5".
+pub fn parse_mqtt_version(s: &str) -> Result<MqttVersion, String> {
+    MqttVersion::parse("--mqtt", s).map_err(|e| e.reason)
+}
+
+/// Whether device `i` connects with MQTT 5 when `share` (0..=1) of a fleet
+/// does: spread evenly over the indices (0.5 = every other device, from the
+/// second), so `floor(n · share)` of the first n devices speak MQTT 5.
+pub fn speaks_v5(i: usize, share: f64) -> bool {
+    ((i + 1) as f64 * share).floor() > (i as f64 * share).floor()
 }
 
 /// The benches' device `i`: `dev-{i}`.

@@ -1,7 +1,9 @@
-//! How the benches print figures: durations, memory, quantiles, and a
-//! summary of ferry's log.
+//! How the benches print figures: durations, memory, quantiles, CPU per
+//! thread and counter deltas, and a summary of ferry's log.
 
 use std::collections::BTreeMap;
+
+use super::procfs::TCP_EXT_KEYS;
 
 /// The WARN line ferry writes for every downlink confirm timeout.
 pub const CONFIRM_TIMEOUT_LINE: &str = "downlink batch not confirmed in time; resending";
@@ -43,6 +45,43 @@ pub fn dist(label: &str, mut v: Vec<f64>, of: usize) {
         secs(quantile(&v, 0.99)),
         secs(*v.last().unwrap_or(&0.0)),
     );
+}
+
+/// The `n` threads that used the most CPU between two
+/// [`super::procfs::thread_ticks`] readings `wall_s` apart, as
+/// "name 42%, …" (100% = one core).
+pub fn busiest_threads(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    hz: f64,
+    wall_s: f64,
+    n: usize,
+) -> String {
+    let mut threads: Vec<(&String, u64)> = after
+        .iter()
+        .map(|(k, v)| (k, v.saturating_sub(before.get(k).copied().unwrap_or(0))))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    threads.sort_by_key(|t| std::cmp::Reverse(t.1));
+    threads
+        .iter()
+        .take(n)
+        .map(|(k, v)| format!("{k} {:.0}%", *v as f64 / hz / wall_s * 100.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How much each of [`TCP_EXT_KEYS`] grew between two
+/// [`super::procfs::tcp_ext`] readings, as "Key +d, …".
+pub fn tcp_ext_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> String {
+    TCP_EXT_KEYS
+        .iter()
+        .map(|k| {
+            let d = after.get(*k).unwrap_or(&0) - before.get(*k).unwrap_or(&0);
+            format!("{k} +{d}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub fn pass(ok: bool) -> &'static str {

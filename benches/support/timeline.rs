@@ -103,3 +103,53 @@ pub fn sampler(
         backlog,
     }
 }
+
+/// "0.5 s: 812, 1 s: 2000, …": how many of `connected_ms` (each device's
+/// first `Connected`, ms) were in by each of `marks_s` up to `until_ms`.
+pub fn connected_by(marks_s: &[f64], connected_ms: &[f64], until_ms: f64) -> String {
+    marks_s
+        .iter()
+        .filter(|s| **s * 1000.0 <= until_ms)
+        .map(|s| {
+            let c = connected_ms.iter().filter(|t| **t <= s * 1000.0).count();
+            format!("{s} s: {c}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The timeline as the storm's report prints it, header first.
+pub fn print(rows: &[Row]) {
+    println!("  timeline (per second; received = messages at devices, north = `delivered` receipts at the backend, accept q = max sampled, ov = ListenOverflows):");
+    println!(
+        "    {:>6} {:>9} {:>8} {:>7} {:>8} {:>9} {:>21} {:>9} {:>9} {:>8} {:>6}",
+        "t",
+        "connected",
+        "received",
+        "drained",
+        "north",
+        "ferry cpu",
+        "busiest ferry thread",
+        "bench cpu",
+        "ferry RSS",
+        "accept q",
+        "ov"
+    );
+    for r in rows {
+        println!(
+            "    {:>5.1}s {:>9} {:>8} {:>7} {:>8} {:>8.0}% {:>16} {:>3.0}% {:>8.0}% {:>5.0} MiB {:>8} {:>6}",
+            r.t_s,
+            r.connected,
+            r.received,
+            r.done,
+            r.delivered_north,
+            r.ferry_cpu_pct,
+            r.top_thread.0,
+            r.top_thread.1,
+            r.bench_cpu_pct,
+            r.ferry_rss_kib as f64 / 1024.0,
+            r.accept_q_max.map_or("-".into(), |q| q.to_string()),
+            r.overflows
+        );
+    }
+}
