@@ -5,7 +5,8 @@
 //! a plant would: `mosquitto_rr` **by IP address** (libmosquitto then sends
 //! "127.0.0.1" as SNI, which the embedded broker must not refuse) with the
 //! device certificate, whose CN is the device id. The revoked device's
-//! certificate is refused.
+//! certificate is refused. Without a client CA, `--cafile` alone by IP
+//! is `stored` too.
 
 use std::path::Path;
 use std::process::Command;
@@ -36,42 +37,45 @@ fn client(name: &str, dir: &Path, args: &[&str]) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
-/// `mosquitto_rr -V 5` by IP as device `id` with its certificate: the
+/// `mosquitto_rr -V 5` by IP as device `id`, trusting `ca.pem`, with the
+/// device's certificate (`id.pem`, `id.key`) when `with_cert`: the
 /// uplink's receipt, or what went wrong.
-fn uplink_by_ip(dir: &Path, port: u16, id: &str, msg_id: &str) -> (Option<i32>, String) {
+fn uplink_by_ip(
+    dir: &Path,
+    port: u16,
+    id: &str,
+    msg_id: &str,
+    with_cert: bool,
+) -> (Option<i32>, String) {
     let envelope = serde_json::json!({"msg_id": msg_id, "payload": {"t": 1}}).to_string();
     let (up, ack) = (format!("devices/{id}/up/t"), format!("devices/{id}/ack"));
     let (cert, key, port) = (format!("{id}.pem"), format!("{id}.key"), port.to_string());
-    client(
-        "mosquitto_rr",
-        dir,
-        &[
-            "-V",
-            "5",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "--cafile",
-            "ca.pem",
-            "--cert",
-            &cert,
-            "--key",
-            &key,
-            "-i",
-            id,
-            "-q",
-            "1",
-            "-t",
-            &up,
-            "-e",
-            &ack,
-            "-m",
-            &envelope,
-            "-W",
-            "5",
-        ],
-    )
+    let mut args = vec![
+        "-V",
+        "5",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "--cafile",
+        "ca.pem",
+        "-i",
+        id,
+        "-q",
+        "1",
+        "-t",
+        &up,
+        "-e",
+        &ack,
+        "-m",
+        &envelope,
+        "-W",
+        "5",
+    ];
+    if with_cert {
+        args.extend(["--cert", cert.as_str(), "--key", key.as_str()]);
+    }
+    client("mosquitto_rr", dir, &args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +103,7 @@ async fn the_documented_certificate_recipe_works_with_mosquitto_clients_by_ip_ad
         c.south.tls.crl = file("crl.pem");
     }));
 
-    let (code, out) = uplink_by_ip(dir.path(), ferry.south_port, "press-7", "recipe-1");
+    let (code, out) = uplink_by_ip(dir.path(), ferry.south_port, "press-7", "recipe-1", true);
     assert_eq!(code, Some(0), "press-7 by IP: {out}");
     assert!(out.contains("\"stored\""), "no stored receipt: {out}");
     let stored: i64 = ferry
@@ -112,7 +116,16 @@ async fn the_documented_certificate_recipe_works_with_mosquitto_clients_by_ip_ad
         .expect("count the uplink");
     assert_eq!(stored, 1);
 
-    let (code, out) = uplink_by_ip(dir.path(), ferry.south_port, "press-8", "recipe-2");
+    // Without a client CA, a device with only --cafile, by IP.
+    let open = Ferry::start(FerryOpts::new("gw-recipe-open", mq.port).with(|c| {
+        c.south.tls.cert = file("server.pem");
+        c.south.tls.key = file("server.key");
+    }));
+    let (code, out) = uplink_by_ip(dir.path(), open.south_port, "press-9", "recipe-3", false);
+    assert_eq!(code, Some(0), "press-9 by IP, --cafile only: {out}");
+    assert!(out.contains("\"stored\""), "no stored receipt: {out}");
+
+    let (code, out) = uplink_by_ip(dir.path(), ferry.south_port, "press-8", "recipe-2", true);
     assert_ne!(code, Some(0), "the revoked press-8 connected: {out}");
     assert!(!out.contains("stored"), "{out}");
     // The refusal is logged by the connection's task, maybe after the
