@@ -48,6 +48,7 @@ mod ops_edges;
 mod robust;
 mod sessions;
 mod tls;
+mod tls_recipe;
 mod uplink;
 mod v5_broker;
 mod versions;

@@ -271,7 +271,11 @@ impl TLSAcceptor {
             (certs, key)
         };
 
-        let builder = ServerConfig::builder();
+        // ferry: ring, the provider ferry's own TLS configs use (rustls
+        // 0.23 would otherwise pick a process default).
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
 
         // client authentication with a CA. CA isn't required otherwise
         #[cfg(feature = "verify-client-cert")]
@@ -304,10 +308,11 @@ impl TLSAcceptor {
                 };
                 // ferry: an empty CA file or a bad CRL is an error, not a
                 // panic.
-                let verifier = WebPkiClientVerifier::builder(Arc::new(store))
-                    .with_crls(crls)
-                    .build()
-                    .map_err(|_| Error::InvalidCACert(ca_path.to_string()))?;
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider)
+                        .with_crls(crls)
+                        .build()
+                        .map_err(|_| Error::InvalidCACert(ca_path.to_string()))?;
                 (builder.with_client_cert_verifier(verifier), true)
             }
             None => (builder.with_no_client_auth(), false),
