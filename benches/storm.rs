@@ -57,7 +57,7 @@ use support::{
 };
 
 /// conf/ferry.toml's log filter (the harness default is plain "info").
-const PRODUCTION_LOG_LEVEL: &str = "info,rumqttd=warn";
+const PRODUCTION_LOG_LEVEL: &str = "info,rumqttd=warn,rustls::msgs::handshake=error";
 /// Most device ids in one `to` list (keeps an envelope well under
 /// south.max_payload_bytes = 64 KiB, which also bounds downlinks).
 const MAX_TO: usize = 4000;

@@ -354,7 +354,7 @@ pub struct RawLog {
 impl Default for RawLog {
     fn default() -> Self {
         RawLog {
-            level: "info,rumqttd=warn".into(),
+            level: "info,rumqttd=warn,rustls::msgs::handshake=error".into(),
             format: "text".into(),
         }
     }

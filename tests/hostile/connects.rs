@@ -19,7 +19,7 @@ use crate::support::receipts::eventually;
 use crate::support::{boot_id, device_topics, Ferry, FerryOpts, Mosquitto, RawMqtt};
 
 /// The log level ferry ships with.
-const SHIPPED_LOG_LEVEL: &str = "info,rumqttd=warn";
+const SHIPPED_LOG_LEVEL: &str = "info,rumqttd=warn,rustls::msgs::handshake=error";
 
 /// The size of ferry's log file now.
 fn log_size(ferry: &Ferry) -> u64 {
