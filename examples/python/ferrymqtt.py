@@ -11,6 +11,7 @@ ReasonCode(s) object alike.
 
 import json
 import sys
+import threading
 import time
 
 try:
@@ -77,9 +78,16 @@ def shown(value):
     return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
 
 
+_stdout = threading.Lock()
+
+
 def emit(event, **fields):
-    """One line of JSON on stdout per event (what the tests read)."""
-    print(json.dumps({"event": event, **fields}), flush=True)
+    """One line of JSON on stdout per event (what the tests read), whole
+    even when paho's thread and the main one print at once."""
+    line = json.dumps({"event": event, **fields}) + "\n"
+    with _stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def parse_json(payload):

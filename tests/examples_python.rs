@@ -1,0 +1,607 @@
+//! The Python examples (`examples/python/device.py` and `backend.py`) run
+//! as written, with Debian's `/usr/bin/python3` and python3-paho-mqtt,
+//! against the real gateway and a real Mosquitto upstream: readings stored
+//! once and delivered, a device killed before its `stored` receipt
+//! resending the same msg_id, a downlink confirmed and `delivered`, two
+//! backends on a shared subscription splitting the work, and the device's
+//! last will telling the gateway it went. The scripts print one JSON line
+//! per event; the tests read those, the backend's SQLite file and ferry's
+//! store.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::ops::cli_json;
+use crate::support::proc::{kill_and_reap, signal, wait_exit};
+use crate::support::{free_port, Ferry, FerryOpts, Mode, Mosquitto};
+
+const PYTHON: &str = "/usr/bin/python3";
+const PAHO: &str = "/usr/lib/python3/dist-packages/paho/mqtt/client.py";
+const SECS_10: Duration = Duration::from_secs(10);
+
+/// One of the example scripts, running; SIGKILLed on drop.
+struct Script {
+    name: String,
+    child: Child,
+    lines: mpsc::UnboundedReceiver<Value>,
+    /// Every event printed so far, in order.
+    seen: Vec<Value>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Script {
+    /// Starts `examples/python/{script}.py` with `args`.
+    fn start(script: &str, args: &[&str]) -> Script {
+        assert!(
+            Path::new(PYTHON).is_file() && Path::new(PAHO).is_file(),
+            "the Python examples need Debian's python3 with paho-mqtt ({PAHO} is missing): \
+             install it with `apt-get install -y python3-paho-mqtt` (or run ./scripts/test.sh, \
+             which does)"
+        );
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/python")
+            .join(format!("{script}.py"));
+        let name = format!("{script}.py {}", args.join(" "));
+        let mut child = Command::new(PYTHON)
+            .arg(&path)
+            .args(args)
+            .env_remove("PYTHONPATH")
+            .env_remove("PYTHONHOME")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let event = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        Script {
+            name,
+            child,
+            lines,
+            seen: Vec::new(),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// Reads events until one satisfies `done`, and returns it; panics
+    /// after `timeout` with what it printed.
+    async fn until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some(event)) => {
+                    assert!(
+                        event.is_object(),
+                        "{} printed a line that is no event: {event}",
+                        self.name
+                    );
+                    self.seen.push(event.clone());
+                    if done(&event) {
+                        return event;
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    let err = self.stop_and_stderr();
+                    panic!(
+                        "{}: no {what} within {timeout:?}; it printed:\n{}\n--- stderr ---\n{err}",
+                        self.name,
+                        self.seen
+                            .iter()
+                            .map(Value::to_string)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    );
+                }
+            }
+        }
+    }
+
+    /// The first `name` event: one already read, or the next to come.
+    async fn first(&mut self, name: &str) -> Value {
+        if let Some(e) = self.seen.iter().find(|e| e["event"] == name) {
+            return e.clone();
+        }
+        self.until(name, SECS_10, |e| e["event"] == name).await
+    }
+
+    /// Reads events until `event` named `name` has come `n` times.
+    async fn until_count(
+        &mut self,
+        name: &str,
+        n: usize,
+        timeout: Duration,
+        pick: impl Fn(&Value) -> bool,
+    ) {
+        let already = self
+            .seen
+            .iter()
+            .filter(|e| e["event"] == name && pick(e))
+            .count();
+        let mut count = already;
+        if count >= n {
+            return;
+        }
+        let what = format!("{n} {name} events");
+        let deadline = Instant::now() + timeout;
+        while count < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.until(&what, left, |e| e["event"] == name && pick(e))
+                .await;
+            count += 1;
+        }
+    }
+
+    /// The msg_ids of the `name` events seen so far (one per event).
+    fn msg_ids(&self, name: &str, pick: impl Fn(&Value) -> bool) -> Vec<String> {
+        self.seen
+            .iter()
+            .filter(|e| e["event"] == name && pick(e))
+            .filter_map(|e| e["msg_id"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// SIGKILL: nothing of its shutdown runs (no `online: false` but the will).
+    fn kill(&mut self) {
+        kill_and_reap(&mut self.child);
+    }
+
+    /// SIGTERM, and its exit within 10 s; panics if it did not exit cleanly.
+    async fn stop(mut self) -> Vec<Value> {
+        signal(&self.child, libc::SIGTERM);
+        self.until("stopped", SECS_10, |e| e["event"] == "stopped")
+            .await;
+        let status = tokio::task::block_in_place(|| {
+            wait_exit(&mut self.child, SECS_10);
+            self.child.try_wait()
+        });
+        assert!(
+            matches!(status, Ok(Some(s)) if s.success()),
+            "{} exited with {status:?}",
+            self.name
+        );
+        std::mem::take(&mut self.seen)
+    }
+
+    /// Waits for it to exit by itself (`--exit-when-done`), within `timeout`.
+    async fn exits(&mut self, timeout: Duration) {
+        self.until("stopped", timeout, |e| e["event"] == "stopped")
+            .await;
+        let exited = tokio::task::block_in_place(|| wait_exit(&mut self.child, SECS_10));
+        assert!(exited, "{} did not exit after it stopped", self.name);
+    }
+
+    fn stop_and_stderr(&mut self) -> String {
+        kill_and_reap(&mut self.child);
+        self.stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        kill_and_reap(&mut self.child);
+    }
+}
+
+/// An upstream Mosquitto, the gateway (embedded mode) and a temp dir for
+/// the scripts' data.
+struct Setup {
+    upstream: Mosquitto,
+    ferry: Ferry,
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn start(gateway: &str, mode: Mode) -> Setup {
+        let upstream = Mosquitto::start();
+        let ferry = Ferry::start_in(mode, FerryOpts::new(gateway, upstream.port));
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-py-")
+            .tempdir()
+            .expect("temp dir");
+        Setup {
+            upstream,
+            ferry,
+            dir,
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// backend.py on the upstream broker, `extra` args added; returns once
+    /// it is subscribed.
+    async fn backend(&self, extra: &[&str]) -> Script {
+        let port = self.upstream.port.to_string();
+        let db = self.path("backend.db");
+        let mut args = vec![
+            "--port",
+            &port,
+            "--gateway",
+            &self.ferry.gateway,
+            "--db",
+            &db,
+            "--receipt-timeout",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let mut backend = Script::start("backend", &args);
+        backend
+            .until("online", SECS_10, |e| e["event"] == "online")
+            .await;
+        backend
+    }
+
+    /// device.py as `id` on `port`, `extra` args added.
+    fn device_on(&self, port: u16, id: &str, extra: &[&str]) -> Script {
+        let port = port.to_string();
+        let data = self.path("devices");
+        let mut args = vec![
+            "--port",
+            &port,
+            "--id",
+            id,
+            "--data-dir",
+            &data,
+            "--interval",
+            "0",
+            "--receipt-timeout",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        Script::start("device", &args)
+    }
+
+    fn device(&self, id: &str, extra: &[&str]) -> Script {
+        self.device_on(self.ferry.south_port, id, extra)
+    }
+
+    /// The backend's SQLite file.
+    fn backend_db(&self) -> rusqlite::Connection {
+        let conn = rusqlite::Connection::open(self.path("backend.db")).expect("open backend.db");
+        conn.busy_timeout(SECS_10).expect("busy timeout");
+        conn
+    }
+
+    /// (msg_id, consumer) of each uplink the backend committed for `device`.
+    fn committed(&self, device: &str) -> Vec<(String, String)> {
+        let db = self.backend_db();
+        let mut q = db
+            .prepare("SELECT msg_id, consumer FROM uplink WHERE device = ?1 ORDER BY seq")
+            .expect("prepare");
+        q.query_map([device], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("query")
+            .map(|r| r.expect("row"))
+            .collect()
+    }
+
+    /// How many uplinks of `device` ferry's store holds.
+    fn stored(&self, device: &str) -> i64 {
+        self.ferry
+            .query_i64("SELECT count(*) FROM uplink WHERE device = ?1", [device])
+    }
+}
+
+fn is(event: &Value, name: &str, status: &str) -> bool {
+    event["event"] == name && event["status"] == status
+}
+
+fn set(ids: &[String]) -> HashSet<String> {
+    ids.iter().cloned().collect()
+}
+
+/// Stops a process (SIGSTOP) or lets it go on (SIGCONT).
+fn pause(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on the pid of ferry, a child of this test not yet reaped.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readings_are_stored_once_acked_after_commit_and_delivered() {
+    let s = Setup::start("gw-py-up", Mode::Embedded);
+    let backend = s.backend(&[]).await;
+    let mut device = s.device("py-press-1", &["--send", "5"]);
+    device
+        .until_count("receipt", 5, SECS_10, |e| e["status"] == "delivered")
+        .await;
+    let journaled = device.msg_ids("journaled", |_| true);
+    assert_eq!(journaled.len(), 5, "{:?}", device.seen);
+    // stored before delivered, for each reading.
+    for id in &journaled {
+        let receipts: Vec<&Value> = device
+            .seen
+            .iter()
+            .filter(|e| e["event"] == "receipt" && e["msg_id"] == id.as_str())
+            .collect();
+        assert_eq!(receipts[0]["status"], "stored", "{id}: {receipts:?}");
+    }
+    let device_seen = device.stop().await;
+    let backend_seen = backend.stop().await;
+
+    let committed = s.committed("py-press-1");
+    let ids: Vec<String> = committed.iter().map(|(m, _)| m.clone()).collect();
+    assert_eq!(ids, journaled, "committed in seq order, each once");
+    let fresh = backend_seen
+        .iter()
+        .filter(|e| e["event"] == "uplink" && e["duplicate"] == false)
+        .count();
+    assert_eq!(fresh, 5, "{backend_seen:?}");
+    assert_eq!(s.stored("py-press-1"), 5);
+    assert!(
+        device_seen.iter().any(|e| e["event"] == "online"),
+        "{device_seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_killed_before_it_could_send_resends_its_journal_after_a_restart() {
+    let s = Setup::start("gw-py-journal", Mode::Embedded);
+    let backend = s.backend(&[]).await;
+    // No gateway where it looks: the readings go to the journal and wait.
+    let mut first = s.device_on(free_port(), "py-press-2", &["--send", "3"]);
+    first.until_count("journaled", 3, SECS_10, |_| true).await;
+    let journaled = first.msg_ids("journaled", |_| true);
+    first.kill();
+
+    let mut again = s.device("py-press-2", &["--exit-when-done"]);
+    let started = again
+        .until("started", SECS_10, |e| e["event"] == "started")
+        .await;
+    let pending: Vec<String> = serde_json::from_value(started["pending"].clone()).expect("pending");
+    assert_eq!(set(&pending), set(&journaled), "{started}");
+    again.exits(SECS_10).await;
+    assert_eq!(set(&again.msg_ids("sent", |_| true)), set(&journaled));
+    assert!(
+        again.msg_ids("journaled", |_| true).is_empty(),
+        "no new msg_id"
+    );
+    let stored = again.msg_ids("receipt", |e| e["status"] == "stored");
+    assert_eq!(set(&stored), set(&journaled), "{:?}", again.seen);
+
+    wait_committed(&s, "py-press-2", 3).await;
+    backend.stop().await;
+    let committed: Vec<String> = s
+        .committed("py-press-2")
+        .into_iter()
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(set(&committed), set(&journaled));
+    assert_eq!(s.stored("py-press-2"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_killed_with_its_publish_in_flight_resends_the_same_msg_id_and_it_is_stored_once()
+{
+    let s = Setup::start("gw-py-inflight", Mode::Embedded);
+    let backend = s.backend(&[]).await;
+    let mut first = s.device("py-press-3", &["--send", "2", "--interval", "1"]);
+    let one = first
+        .until("the first stored", SECS_10, |e| is(e, "receipt", "stored"))
+        .await;
+    // The gateway stops reading; the second reading is journaled and
+    // published into its socket, and the device dies without a receipt.
+    let pid = s.ferry.pid().expect("ferry runs");
+    pause(pid, libc::SIGSTOP);
+    let sent = first
+        .until("the second send", SECS_10, |e| {
+            e["event"] == "sent" && e["msg_id"] != one["msg_id"]
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.kill();
+    pause(pid, libc::SIGCONT);
+    let second = sent["msg_id"].as_str().expect("msg_id").to_string();
+
+    // Whether or not the gateway took that publish, the restarted device
+    // resends it with its msg_id, and it is stored and delivered once.
+    let mut again = s.device("py-press-3", &["--exit-when-done"]);
+    let started = again
+        .until("started", SECS_10, |e| e["event"] == "started")
+        .await;
+    assert_eq!(started["pending"], serde_json::json!([second]), "{started}");
+    again.exits(SECS_10).await;
+    let answered = again.msg_ids("receipt", |_| true);
+    assert!(answered.contains(&second), "{:?}", again.seen);
+
+    wait_committed(&s, "py-press-3", 2).await;
+    let backend_seen = backend.stop().await;
+    let committed: Vec<String> = s
+        .committed("py-press-3")
+        .into_iter()
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(committed.len(), 2, "{committed:?}");
+    assert_eq!(committed[1], second);
+    assert_eq!(s.stored("py-press-3"), 2);
+    let fresh: Vec<&Value> = backend_seen
+        .iter()
+        .filter(|e| e["event"] == "uplink" && e["msg_id"] == second.as_str())
+        .filter(|e| e["duplicate"] == false)
+        .collect();
+    assert_eq!(fresh.len(), 1, "{backend_seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downlink_from_the_backend_is_committed_confirmed_and_reported_delivered_and_read() {
+    let s = Setup::start("gw-py-down", Mode::Embedded);
+    let mut device = s.device("py-panel-1", &["--read"]);
+    device
+        .until("online", SECS_10, |e| e["event"] == "online")
+        .await;
+    let mut backend = s
+        .backend(&["--send", "py-panel-1", r#"{"cmd": "shift B starts 14:00"}"#])
+        .await;
+    let journaled = backend.first("downlink_journaled").await;
+    let msg_id = journaled["msg_id"].clone();
+
+    let got = device
+        .until("the downlink", SECS_10, |e| e["event"] == "downlink")
+        .await;
+    assert_eq!(got["msg_id"], msg_id, "{got}");
+    assert_eq!(
+        got["payload"], r#"{"cmd": "shift B starts 14:00"}"#,
+        "{got}"
+    );
+    let seq = got["seq"].clone();
+    let confirmed = device
+        .until("confirm", SECS_10, |e| e["event"] == "confirmed")
+        .await;
+    assert_eq!(confirmed["upto"], seq);
+
+    for status in ["stored", "delivered", "read"] {
+        let r = backend
+            .until(status, SECS_10, |e| {
+                is(e, "receipt", status) && e["msg_id"] == msg_id
+            })
+            .await;
+        assert_eq!(r["device"], "py-panel-1", "{r}");
+        assert_eq!(r["seq"], seq, "{r}");
+    }
+    let backend_seen = backend.stop().await;
+    device.stop().await;
+    // Sent until stored, then no more.
+    let sends = backend_seen
+        .iter()
+        .filter(|e| e["event"] == "downlink_sent")
+        .count();
+    assert!(sends >= 1, "{backend_seen:?}");
+    let inbox: i64 = rusqlite::Connection::open(s.dir.path().join("devices/py-panel-1.db"))
+        .expect("the device's db")
+        .query_row("SELECT count(*) FROM inbox", [], |r| r.get(0))
+        .expect("inbox");
+    assert_eq!(inbox, 1, "committed once on the device");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_backends_on_a_shared_subscription_split_the_uplinks_and_commit_each_once() {
+    const N: usize = 40;
+    let s = Setup::start("gw-py-share", Mode::Embedded);
+    let share = ["--share", "workers"];
+    let b1 = s
+        .backend(&[&share[..], &["--client-id", "worker-1"]].concat())
+        .await;
+    let b2 = s
+        .backend(&[&share[..], &["--client-id", "worker-2"]].concat())
+        .await;
+    let mut device = s.device("py-press-4", &["--send", &N.to_string()]);
+    device
+        .until_count("receipt", N, Duration::from_secs(20), |e| {
+            e["status"] == "delivered"
+        })
+        .await;
+    let journaled = device.msg_ids("journaled", |_| true);
+    device.stop().await;
+    let seen1 = b1.stop().await;
+    let seen2 = b2.stop().await;
+
+    let committed = s.committed("py-press-4");
+    let ids: Vec<String> = committed.iter().map(|(m, _)| m.clone()).collect();
+    assert_eq!(ids, journaled, "every reading once, in seq order");
+    let mut by_consumer: HashMap<&str, usize> = HashMap::new();
+    for (_, consumer) in &committed {
+        *by_consumer.entry(consumer.as_str()).or_default() += 1;
+    }
+    assert!(
+        by_consumer.get("worker-1") > Some(&0) && by_consumer.get("worker-2") > Some(&0),
+        "both workers took some: {by_consumer:?}"
+    );
+    // Each message reached one worker (a duplicate, from a resend, is
+    // acked again by whichever worker gets it and committed by none).
+    let fresh = |seen: &[Value]| -> Vec<String> {
+        seen.iter()
+            .filter(|e| e["event"] == "uplink" && e["duplicate"] == false)
+            .filter_map(|e| e["msg_id"].as_str().map(str::to_string))
+            .collect()
+    };
+    let (f1, f2) = (fresh(&seen1), fresh(&seen2));
+    assert!(set(&f1).is_disjoint(&set(&f2)), "{f1:?} / {f2:?}");
+    assert_eq!(f1.len() + f2.len(), N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_devices_last_will_tells_the_gateway_it_is_offline() {
+    // External mode: presence comes only from the devices' own status
+    // messages, so offline after a SIGKILL is the will's doing.
+    let s = Setup::start("gw-py-will", Mode::External);
+    let mut device = s.device("py-press-5", &[]);
+    device
+        .until("online", SECS_10, |e| e["event"] == "online")
+        .await;
+    wait_online(&s.ferry, 1).await;
+    device.kill();
+    wait_online(&s.ferry, 0).await;
+
+    // Started again, it says it is back.
+    let mut again = s.device("py-press-5", &[]);
+    again
+        .until("online", SECS_10, |e| e["event"] == "online")
+        .await;
+    wait_online(&s.ferry, 1).await;
+    // A clean stop says offline itself (no will: the disconnect is clean).
+    again.stop().await;
+    wait_online(&s.ferry, 0).await;
+}
+
+/// Waits until `ferry status` counts `n` devices online.
+async fn wait_online(ferry: &Ferry, n: u64) {
+    let deadline = Instant::now() + SECS_10;
+    loop {
+        let status = cli_json(ferry, &["status"]);
+        if status["devices_online"] == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not {n} devices online within {SECS_10:?}: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the backend committed `n` uplinks of `device`.
+async fn wait_committed(s: &Setup, device: &str, n: usize) {
+    let deadline = Instant::now() + SECS_10;
+    while s.committed(device).len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the backend committed {:?} of {device}, not {n}",
+            s.committed(device)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
