@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::ops::cli_json;
 use crate::support::proc::{kill_and_reap, signal, wait_exit};
-use crate::support::{free_port, Ferry, FerryOpts, Mode, Mosquitto};
+use crate::support::{free_port, Ferry, FerryOpts, Mode, Mosquitto, Pki};
 
 const PYTHON: &str = "/usr/bin/python3";
 const PAHO: &str = "/usr/lib/python3/dist-packages/paho/mqtt/client.py";
@@ -225,8 +225,13 @@ struct Setup {
 
 impl Setup {
     fn start(gateway: &str, mode: Mode) -> Setup {
+        Setup::start_with(gateway, |o| o.in_mode(mode))
+    }
+
+    /// [`Setup::start`] on options `change` made.
+    fn start_with(gateway: &str, change: impl FnOnce(FerryOpts) -> FerryOpts) -> Setup {
         let upstream = Mosquitto::start();
-        let ferry = Ferry::start_in(mode, FerryOpts::new(gateway, upstream.port));
+        let ferry = Ferry::start(change(FerryOpts::new(gateway, upstream.port)));
         let dir = tempfile::Builder::new()
             .prefix("ferry-py-")
             .tempdir()
@@ -575,6 +580,88 @@ async fn a_killed_devices_last_will_tells_the_gateway_it_is_offline() {
     // A clean stop says offline itself (no will: the disconnect is clean).
     again.stop().await;
     wait_online(&s.ferry, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_logs_in_over_tls_with_its_password_file_and_a_wrong_one_is_refused() {
+    let pki = Pki::new("py-tls");
+    let server = pki.server("ferry-south");
+    let s = Setup::start_with("gw-py-tls", |o| {
+        o.with_passwords(&[("py-press-6", "s3cret-6")]).with(|c| {
+            c.south.tls.cert = server.cert.clone();
+            c.south.tls.key = server.key.clone();
+        })
+    });
+    let ca = pki.ca.display().to_string();
+    let good = s.path("good.pass");
+    let bad = s.path("bad.pass");
+    std::fs::write(&good, "s3cret-6\n").expect("write good.pass");
+    std::fs::write(&bad, "guess\n").expect("write bad.pass");
+
+    let mut wrong = s.device("py-press-6", &["--cafile", &ca, "--password-file", &bad]);
+    let refused = wrong.first("refused").await;
+    wrong.kill();
+    assert!(
+        !wrong.seen.iter().any(|e| e["event"] == "online"),
+        "{:?}",
+        wrong.seen
+    );
+
+    let backend = s.backend(&[]).await;
+    let mut device = s.device(
+        "py-press-6",
+        &[
+            "--cafile",
+            &ca,
+            "--password-file",
+            &good,
+            "--send",
+            "1",
+            "--exit-when-done",
+        ],
+    );
+    device.exits(SECS_10).await;
+    let stored = device.msg_ids("receipt", |e| e["status"] == "stored");
+    assert_eq!(stored, device.msg_ids("journaled", |_| true), "{refused}");
+    wait_committed(&s, "py-press-6", 1).await;
+    backend.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_with_a_client_certificate_is_its_certificates_device() {
+    let pki = Pki::new("py-cc");
+    let server = pki.server("ferry-south");
+    let s = Setup::start_with("gw-py-cc", |o| {
+        o.with(|c| {
+            c.south.tls.cert = server.cert.clone();
+            c.south.tls.key = server.key.clone();
+            c.south.tls.client_ca = pki.ca.clone();
+        })
+    });
+    let client = pki.client("py-press-7");
+    let (ca, cert, key) = (
+        pki.ca.display().to_string(),
+        client.cert.display().to_string(),
+        client.key.display().to_string(),
+    );
+    let tls = ["--cafile", &ca, "--certfile", &cert, "--keyfile", &key];
+    let backend = s.backend(&[]).await;
+    let mut device = s.device(
+        "py-press-7",
+        &[&tls[..], &["--send", "1", "--exit-when-done"]].concat(),
+    );
+    device.exits(SECS_10).await;
+    assert_eq!(
+        device.msg_ids("receipt", |e| e["status"] == "stored").len(),
+        1
+    );
+    wait_committed(&s, "py-press-7", 1).await;
+    backend.stop().await;
+
+    // Another device's certificate does not make it py-press-7.
+    let mut other = s.device("py-press-8", &tls);
+    other.first("refused").await;
+    assert_eq!(s.stored("py-press-8"), 0);
 }
 
 /// Waits until `ferry status` counts `n` devices online.
