@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -24,6 +24,8 @@ use crate::support::{free_port, Ferry, FerryOpts, Mode, Mosquitto, Pki};
 
 const PYTHON: &str = "/usr/bin/python3";
 const PAHO: &str = "/usr/lib/python3/dist-packages/paho/mqtt/client.py";
+/// paho-mqtt 2.x, as the wheel PyPI has (Python imports from it as it is).
+const PAHO_2_WHEEL: &str = "paho_mqtt-2.2.0-py3-none-any.whl";
 const SECS_10: Duration = Duration::from_secs(10);
 
 /// One of the example scripts, running; SIGKILLed on drop.
@@ -37,8 +39,10 @@ struct Script {
 }
 
 impl Script {
-    /// Starts `examples/python/{script}.py` with `args`.
-    fn start(script: &str, args: &[&str]) -> Script {
+    /// Starts `examples/python/{script}.py` with `args`, on Debian's paho
+    /// or on the one `paho` (a directory or a wheel) holds. A deprecation
+    /// warning is an error.
+    fn start(script: &str, args: &[&str], paho: Option<&Path>) -> Script {
         assert!(
             Path::new(PYTHON).is_file() && Path::new(PAHO).is_file(),
             "the Python examples need Debian's python3 with paho-mqtt ({PAHO} is missing): \
@@ -49,12 +53,17 @@ impl Script {
             .join("examples/python")
             .join(format!("{script}.py"));
         let name = format!("{script}.py {}", args.join(" "));
-        let mut child = Command::new(PYTHON)
+        let mut cmd = Command::new(PYTHON);
+        cmd.args(["-W", "error::DeprecationWarning"])
             .arg(&path)
             .args(args)
             .env_remove("PYTHONPATH")
             .env_remove("PYTHONHOME")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        if let Some(paho) = paho {
+            cmd.env("PYTHONPATH", paho);
+        }
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -221,6 +230,8 @@ struct Setup {
     upstream: Mosquitto,
     ferry: Ferry,
     dir: tempfile::TempDir,
+    /// Where the scripts take paho-mqtt from, if not Debian's.
+    paho: Option<PathBuf>,
 }
 
 impl Setup {
@@ -240,6 +251,7 @@ impl Setup {
             upstream,
             ferry,
             dir,
+            paho: None,
         }
     }
 
@@ -263,7 +275,7 @@ impl Setup {
             "1",
         ];
         args.extend_from_slice(extra);
-        let mut backend = Script::start("backend", &args);
+        let mut backend = Script::start("backend", &args, self.paho.as_deref());
         backend
             .until("online", SECS_10, |e| e["event"] == "online")
             .await;
@@ -287,7 +299,7 @@ impl Setup {
             "1",
         ];
         args.extend_from_slice(extra);
-        Script::start("device", &args)
+        Script::start("device", &args, self.paho.as_deref())
     }
 
     fn device(&self, id: &str, extra: &[&str]) -> Script {
@@ -662,6 +674,48 @@ async fn a_device_with_a_client_certificate_is_its_certificates_device() {
     let mut other = s.device("py-press-8", &tls);
     other.first("refused").await;
     assert_eq!(s.stored("py-press-8"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_run_on_paho_2_over_mqtt_5() {
+    let wheel = Path::new(env!("CARGO_MANIFEST_DIR")).join(PAHO_2_WHEEL);
+    assert!(
+        wheel.is_file(),
+        "{} is missing: it is paho-mqtt 2.x for this test (`pip download paho-mqtt==2.2.0 --no-deps`)",
+        wheel.display()
+    );
+    let mut s = Setup::start("gw-py-paho2", Mode::Embedded);
+    s.paho = Some(wheel);
+    let v5 = ["--mqtt", "5"];
+    let mut device = s.device(
+        "py-panel-2",
+        &[&v5[..], &["--send", "2", "--read"]].concat(),
+    );
+    let started = device.first("started").await;
+    assert!(
+        started["paho"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("2.")),
+        "{started}"
+    );
+    device.first("online").await;
+    let mut backend = s
+        .backend(&[&v5[..], &["--send", "py-panel-2", "\"open\""]].concat())
+        .await;
+    let msg_id = backend.first("downlink_journaled").await["msg_id"].clone();
+    device
+        .until_count("receipt", 2, SECS_10, |e| e["status"] == "delivered")
+        .await;
+    let got = device.first("downlink").await;
+    assert_eq!(got["msg_id"], msg_id, "{got}");
+    backend
+        .until("read", SECS_10, |e| {
+            is(e, "receipt", "read") && e["msg_id"] == msg_id
+        })
+        .await;
+    device.stop().await;
+    backend.stop().await;
+    assert_eq!(s.committed("py-panel-2").len(), 2);
 }
 
 /// Waits until `ferry status` counts `n` devices online.

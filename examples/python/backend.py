@@ -41,8 +41,8 @@ import sqlite3
 import threading
 import time
 
-from ferrymqtt import (add_connection_args, as_list, code, configure, emit,
-                      make_client, now_ms, parse_json, shown)
+from ferrymqtt import (PAHO_VERSION, add_connection_args, as_list, code,
+                       configure, emit, make_client, now_ms, parse_json, shown)
 
 ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -102,7 +102,7 @@ class Backend:
             self.online = True
             for timer in self.timers.values():
                 timer[0] = 0.0
-        emit("online", client_id=self.id)
+        emit("online", client_id=self.id, paho=PAHO_VERSION)
 
     def on_disconnect(self, client, userdata, *rest):
         with self.lock:
@@ -110,6 +110,14 @@ class Backend:
         emit("disconnected")
 
     def on_message(self, client, userdata, msg):
+        try:
+            self.handle(msg)
+        except Exception as e:  # noqa: BLE001 - the loop must go on
+            # Nothing was confirmed or acked for it: the gateway sends it
+            # again, as it does anything lost.
+            emit("error", topic=shown(msg.topic), error=shown(repr(e)))
+
+    def handle(self, msg):
         body = parse_json(msg.payload)
         if msg.topic.startswith(f"{self.base}/up/"):
             self.on_uplink(body)

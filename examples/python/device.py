@@ -46,8 +46,8 @@ import sqlite3
 import threading
 import time
 
-from ferrymqtt import (add_connection_args, as_list, code, configure, emit,
-                      make_client, now_ms, parse_json, shown)
+from ferrymqtt import (PAHO_VERSION, add_connection_args, as_list, code,
+                       configure, emit, make_client, now_ms, parse_json, shown)
 
 RETRYABLE = ("rate", "disk_budget")
 FINAL = ("stored", "delivered", "failed")
@@ -78,7 +78,7 @@ class Device:
         # msg_id -> [when to resend (monotonic), current receipt timeout]
         self.timers = {m: [0.0, args.receipt_timeout] for (m,) in
                        self.db.execute("SELECT msg_id FROM outbox")}
-        emit("started", boot=self.boot, pending=sorted(self.timers))
+        emit("started", boot=self.boot, pending=sorted(self.timers), paho=PAHO_VERSION)
 
         self.client = make_client(args.id, args.mqtt)
         configure(self.client, args, default_username=args.id)
@@ -117,6 +117,14 @@ class Device:
         emit("disconnected")
 
     def on_message(self, client, userdata, msg):
+        try:
+            self.handle(msg)
+        except Exception as e:  # noqa: BLE001 - the loop must go on
+            # Nothing was confirmed or acked for it: the gateway sends it
+            # again, as it does anything lost.
+            emit("error", topic=shown(msg.topic), error=shown(repr(e)))
+
+    def handle(self, msg):
         body = parse_json(msg.payload)
         if msg.topic.endswith("/ack"):
             for receipt in as_list(body):

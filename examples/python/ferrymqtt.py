@@ -10,11 +10,13 @@ ReasonCode(s) object alike.
 """
 
 import json
+import ssl
 import sys
 import threading
 import time
 
 try:
+    import paho.mqtt
     import paho.mqtt.client as mqtt
 except ImportError as e:
     sys.exit(
@@ -22,6 +24,7 @@ except ImportError as e:
         "`apt-get install -y python3-paho-mqtt` (or `pip install paho-mqtt`)"
     )
 
+PAHO_VERSION = paho.mqtt.__version__
 VERSIONS = {"311": mqtt.MQTTv311, "5": mqtt.MQTTv5}
 # Longest text a peer chose that is printed as it came (payloads, reasons).
 MAX_SHOWN = 200
@@ -63,8 +66,12 @@ def configure(client, args, default_username):
     elif args.username:
         client.username_pw_set(args.username)
     if args.cafile or args.certfile:
-        client.tls_set(ca_certs=args.cafile, certfile=args.certfile,
-                       keyfile=args.keyfile)
+        # Verifies the broker's certificate and name, as paho's tls_set
+        # would (which on paho 1.6 asks Python 3.10+ for a deprecated mode).
+        context = ssl.create_default_context(cafile=args.cafile)
+        if args.certfile:
+            context.load_cert_chain(args.certfile, args.keyfile)
+        client.tls_set_context(context)
     client.reconnect_delay_set(min_delay=1, max_delay=30)
 
 
