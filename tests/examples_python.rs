@@ -26,15 +26,15 @@ const PYTHON: &str = "/usr/bin/python3";
 const PAHO: &str = "/usr/lib/python3/dist-packages/paho/mqtt/client.py";
 /// paho-mqtt 2.x, as the wheel PyPI has (Python imports from it as it is).
 const PAHO_2_WHEEL: &str = "paho_mqtt-2.2.0-py3-none-any.whl";
-const SECS_10: Duration = Duration::from_secs(10);
+pub(crate) const SECS_10: Duration = Duration::from_secs(10);
 
 /// One of the example scripts, running; SIGKILLed on drop.
-struct Script {
+pub(crate) struct Script {
     name: String,
     child: Child,
     lines: mpsc::UnboundedReceiver<Value>,
     /// Every event printed so far, in order.
-    seen: Vec<Value>,
+    pub(crate) seen: Vec<Value>,
     stderr: Option<std::thread::JoinHandle<String>>,
 }
 
@@ -42,7 +42,7 @@ impl Script {
     /// Starts `examples/python/{script}.py` with `args`, on Debian's paho
     /// or on the one `paho` (a directory or a wheel) holds. A deprecation
     /// warning is an error.
-    fn start(script: &str, args: &[&str], paho: Option<&Path>) -> Script {
+    pub(crate) fn start(script: &str, args: &[&str], paho: Option<&Path>) -> Script {
         assert!(
             Path::new(PYTHON).is_file() && Path::new(PAHO).is_file(),
             "the Python examples need Debian's python3 with paho-mqtt ({PAHO} is missing): \
@@ -52,7 +52,6 @@ impl Script {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("examples/python")
             .join(format!("{script}.py"));
-        let name = format!("{script}.py {}", args.join(" "));
         let mut cmd = Command::new(PYTHON);
         cmd.args(["-W", "error::DeprecationWarning"])
             .arg(&path)
@@ -63,6 +62,11 @@ impl Script {
         if let Some(paho) = paho {
             cmd.env("PYTHONPATH", paho);
         }
+        Script::spawn(format!("{script}.py {}", args.join(" ")), cmd)
+    }
+
+    /// Starts `cmd`, a program printing one JSON event per line.
+    pub(crate) fn spawn(name: String, mut cmd: Command) -> Script {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -99,7 +103,7 @@ impl Script {
 
     /// Reads events until one satisfies `done`, and returns it; panics
     /// after `timeout` with what it printed.
-    async fn until(
+    pub(crate) async fn until(
         &mut self,
         what: &str,
         timeout: Duration,
@@ -136,7 +140,7 @@ impl Script {
     }
 
     /// The first `name` event: one already read, or the next to come.
-    async fn first(&mut self, name: &str) -> Value {
+    pub(crate) async fn first(&mut self, name: &str) -> Value {
         if let Some(e) = self.seen.iter().find(|e| e["event"] == name) {
             return e.clone();
         }
@@ -144,7 +148,7 @@ impl Script {
     }
 
     /// Reads events until `event` named `name` has come `n` times.
-    async fn until_count(
+    pub(crate) async fn until_count(
         &mut self,
         name: &str,
         n: usize,
@@ -171,7 +175,7 @@ impl Script {
     }
 
     /// The msg_ids of the `name` events seen so far (one per event).
-    fn msg_ids(&self, name: &str, pick: impl Fn(&Value) -> bool) -> Vec<String> {
+    pub(crate) fn msg_ids(&self, name: &str, pick: impl Fn(&Value) -> bool) -> Vec<String> {
         self.seen
             .iter()
             .filter(|e| e["event"] == name && pick(e))
@@ -180,12 +184,12 @@ impl Script {
     }
 
     /// SIGKILL: nothing of its shutdown runs (no `online: false` but the will).
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         kill_and_reap(&mut self.child);
     }
 
     /// SIGTERM, and its exit within 10 s; panics if it did not exit cleanly.
-    async fn stop(mut self) -> Vec<Value> {
+    pub(crate) async fn stop(mut self) -> Vec<Value> {
         signal(&self.child, libc::SIGTERM);
         self.until("stopped", SECS_10, |e| e["event"] == "stopped")
             .await;
@@ -202,7 +206,7 @@ impl Script {
     }
 
     /// Waits for it to exit by itself (`--exit-when-done`), within `timeout`.
-    async fn exits(&mut self, timeout: Duration) {
+    pub(crate) async fn exits(&mut self, timeout: Duration) {
         self.until("stopped", timeout, |e| e["event"] == "stopped")
             .await;
         let exited = tokio::task::block_in_place(|| wait_exit(&mut self.child, SECS_10));
@@ -226,16 +230,16 @@ impl Drop for Script {
 
 /// An upstream Mosquitto, the gateway (embedded mode) and a temp dir for
 /// the scripts' data.
-struct Setup {
+pub(crate) struct Setup {
     upstream: Mosquitto,
-    ferry: Ferry,
+    pub(crate) ferry: Ferry,
     dir: tempfile::TempDir,
     /// Where the scripts take paho-mqtt from, if not Debian's.
     paho: Option<PathBuf>,
 }
 
 impl Setup {
-    fn start(gateway: &str, mode: Mode) -> Setup {
+    pub(crate) fn start(gateway: &str, mode: Mode) -> Setup {
         Setup::start_with(gateway, |o| o.in_mode(mode))
     }
 
@@ -255,13 +259,13 @@ impl Setup {
         }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
     }
 
     /// backend.py on the upstream broker, `extra` args added; returns once
     /// it is subscribed.
-    async fn backend(&self, extra: &[&str]) -> Script {
+    pub(crate) async fn backend(&self, extra: &[&str]) -> Script {
         let port = self.upstream.port.to_string();
         let db = self.path("backend.db");
         let mut args = vec![
@@ -314,7 +318,7 @@ impl Setup {
     }
 
     /// (msg_id, consumer) of each uplink the backend committed for `device`.
-    fn committed(&self, device: &str) -> Vec<(String, String)> {
+    pub(crate) fn committed(&self, device: &str) -> Vec<(String, String)> {
         let db = self.backend_db();
         let mut q = db
             .prepare("SELECT msg_id, consumer FROM uplink WHERE device = ?1 ORDER BY seq")
@@ -332,11 +336,11 @@ impl Setup {
     }
 }
 
-fn is(event: &Value, name: &str, status: &str) -> bool {
+pub(crate) fn is(event: &Value, name: &str, status: &str) -> bool {
     event["event"] == name && event["status"] == status
 }
 
-fn set(ids: &[String]) -> HashSet<String> {
+pub(crate) fn set(ids: &[String]) -> HashSet<String> {
     ids.iter().cloned().collect()
 }
 
@@ -735,7 +739,7 @@ async fn wait_online(ferry: &Ferry, n: u64) {
 }
 
 /// Waits until the backend committed `n` uplinks of `device`.
-async fn wait_committed(s: &Setup, device: &str, n: usize) {
+pub(crate) async fn wait_committed(s: &Setup, device: &str, n: usize) {
     let deadline = Instant::now() + SECS_10;
     while s.committed(device).len() < n {
         assert!(
