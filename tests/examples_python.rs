@@ -430,7 +430,8 @@ async fn a_device_killed_with_its_publish_in_flight_resends_the_same_msg_id_and_
 {
     let s = Setup::start("gw-py-inflight", Mode::Embedded);
     let backend = s.backend(&[]).await;
-    let mut first = s.device("py-press-3", &["--send", "2", "--interval", "1"]);
+    // Two readings 2 s apart: the first one's receipt comes long before.
+    let mut first = s.device("py-press-3", &["--send", "2", "--interval", "2"]);
     let one = first
         .until("the first stored", SECS_10, |e| is(e, "receipt", "stored"))
         .await;
@@ -447,6 +448,11 @@ async fn a_device_killed_with_its_publish_in_flight_resends_the_same_msg_id_and_
     first.kill();
     pause(pid, libc::SIGCONT);
     let second = sent["msg_id"].as_str().expect("msg_id").to_string();
+    assert!(
+        !first.msg_ids("receipt", |_| true).contains(&second),
+        "the second reading had its receipt before the kill: {:?}",
+        first.seen
+    );
 
     // Whether or not the gateway took that publish, the restarted device
     // resends it with its msg_id, and it is stored and delivered once.
