@@ -5,9 +5,10 @@
 //! the same msg_ids after the device was killed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use crate::examples_python::{is, set, wait_committed, Script, Setup, SECS_10};
+use crate::support::proc::wait_exit;
 use crate::support::{free_port, Mode};
 
 const HEADERS: [&str; 2] = ["/usr/include/mosquitto.h", "/usr/include/cjson/cJSON.h"];
@@ -117,4 +118,23 @@ async fn the_c_device_killed_before_it_could_send_resends_its_journal() {
         .collect();
     assert_eq!(set(&committed), set(&journaled));
     assert_eq!(committed.len(), 3);
+}
+
+#[test]
+fn the_c_device_refuses_a_bad_id_with_its_usage() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = build(dir.path());
+    for args in [&["--id", "a/b"][..], &["--id", "x", "--port", "0"], &[]] {
+        let mut child = Command::new(&binary)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the C device");
+        assert!(wait_exit(&mut child, SECS_10), "{args:?}: still running");
+        let out = child.wait_with_output().expect("output");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.starts_with("usage: "), "{args:?}: {err}");
+    }
 }

@@ -728,6 +728,55 @@ async fn the_examples_run_on_paho_2_over_mqtt_5() {
     assert_eq!(s.committed("py-panel-2").len(), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_get_one_line_and_a_failing_exit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().display().to_string();
+    let cases: [(&str, &[&str], &str); 4] = [
+        ("device", &["--id", "a/b"], "is not a device id"),
+        (
+            "device",
+            &[
+                "--id",
+                "d",
+                "--data-dir",
+                &data,
+                "--password-file",
+                "/nonexistent",
+            ],
+            "--password-file /nonexistent",
+        ),
+        (
+            "device",
+            &["--id", "d", "--data-dir", &data, "--cafile", "/nonexistent"],
+            "TLS (--cafile /nonexistent",
+        ),
+        ("backend", &["--send", "d+", "x"], "is not an id"),
+    ];
+    for (script, args, says) in cases {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/python/{script}.py"));
+        let mut child = Command::new(PYTHON)
+            .arg(path)
+            .args(args)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start python");
+        let exited = tokio::task::block_in_place(|| wait_exit(&mut child, SECS_10));
+        assert!(exited, "{script}.py {args:?} did not exit");
+        let out = child.wait_with_output().expect("output");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("");
+        assert!(!out.status.success(), "{script}.py {args:?}: {err}");
+        assert!(
+            last.contains(says) && !err.contains("Traceback"),
+            "{script}.py {args:?}: {err}"
+        );
+    }
+}
+
 /// Waits until `ferry status` counts `n` devices online.
 async fn wait_online(ferry: &Ferry, n: u64) {
     let deadline = Instant::now() + SECS_10;

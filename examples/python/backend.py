@@ -38,6 +38,7 @@ import re
 import secrets
 import signal
 import sqlite3
+import sys
 import threading
 import time
 
@@ -236,7 +237,10 @@ def main():
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    Backend(args).run(stop)
+    try:
+        Backend(args).run(stop)
+    except (OSError, sqlite3.Error) as e:  # a file, the journal, TLS (SSLError)
+        sys.exit(f"backend.py: {e}")
 
 
 if __name__ == "__main__":

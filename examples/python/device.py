@@ -43,6 +43,7 @@ import re
 import secrets
 import signal
 import sqlite3
+import sys
 import threading
 import time
 
@@ -256,7 +257,10 @@ def main():
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    Device(args).run(stop)
+    try:
+        Device(args).run(stop)
+    except (OSError, sqlite3.Error) as e:  # a file, the journal, TLS (SSLError)
+        sys.exit(f"device.py: {e}")
 
 
 if __name__ == "__main__":

@@ -60,17 +60,24 @@ def add_connection_args(parser, port, username_help):
 def configure(client, args, default_username):
     """Login and TLS from the connection options."""
     if args.password_file:
-        with open(args.password_file, encoding="utf-8") as f:
-            password = f.readline().rstrip("\r\n")
+        try:
+            with open(args.password_file, encoding="utf-8") as f:
+                password = f.readline().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as e:
+            sys.exit(f"--password-file {args.password_file}: {e}")
         client.username_pw_set(args.username or default_username, password)
     elif args.username:
         client.username_pw_set(args.username)
     if args.cafile or args.certfile:
         # Verifies the broker's certificate and name, as paho's tls_set
         # would (which on paho 1.6 asks Python 3.10+ for a deprecated mode).
-        context = ssl.create_default_context(cafile=args.cafile)
-        if args.certfile:
-            context.load_cert_chain(args.certfile, args.keyfile)
+        try:
+            context = ssl.create_default_context(cafile=args.cafile)
+            if args.certfile:
+                context.load_cert_chain(args.certfile, args.keyfile)
+        except (OSError, ssl.SSLError) as e:
+            sys.exit(f"TLS (--cafile {args.cafile}, --certfile {args.certfile}, "
+                     f"--keyfile {args.keyfile}): {e}")
         client.tls_set_context(context)
     client.reconnect_delay_set(min_delay=1, max_delay=30)
 
