@@ -334,7 +334,8 @@ static void on_message(struct mosquitto *m, void *obj, const struct mosquitto_me
 
 static int valid_id(const char *id)
 {
-    static const char allowed[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
+    static const char allowed[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                  "abcdefghijklmnopqrstuvwxyz0123456789._-";
     size_t n = id ? strlen(id) : 0;
     return n >= 1 && n <= 64 && strspn(id, allowed) == n;
 }
