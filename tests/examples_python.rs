@@ -3,10 +3,12 @@
 //! against the real gateway and a real Mosquitto upstream: readings stored
 //! once and delivered, a device killed before its `stored` receipt
 //! resending the same msg_id, a downlink confirmed and `delivered`, two
-//! backends on a shared subscription splitting the work, and the device's
-//! last will telling the gateway it went. The scripts print one JSON line
-//! per event; the tests read those, the backend's SQLite file and ferry's
-//! store.
+//! backends on a shared subscription splitting the work, the device's last
+//! will telling the gateway it went, a password over TLS and a client
+//! certificate, paho-mqtt 2.x over MQTT 5 (from the wheel at the top of the
+//! repository), and bad arguments. The scripts print one JSON line per
+//! event; the tests read those, the backend's SQLite file and ferry's
+//! store. [`Script`] and [`Setup`] serve `examples_c` too.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
