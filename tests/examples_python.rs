@@ -354,9 +354,11 @@ fn pause(pid: u32, sig: libc::c_int) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readings_are_stored_once_acked_after_commit_and_delivered() {
-    let s = Setup::start("gw-py-up", Mode::Embedded);
+both_modes!(readings_are_stored_once_acked_after_commit_and_delivered);
+
+/// Against the embedded broker, and behind a site Mosquitto (external mode).
+async fn readings_are_stored_once_acked_after_commit_and_delivered(mode: Mode) {
+    let s = Setup::start("gw-py-up", mode);
     let backend = s.backend(&[]).await;
     let mut device = s.device("py-press-1", &["--send", "5"]);
     device
@@ -485,9 +487,12 @@ async fn a_device_killed_with_its_publish_in_flight_resends_the_same_msg_id_and_
     assert_eq!(fresh.len(), 1, "{backend_seen:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_downlink_from_the_backend_is_committed_confirmed_and_reported_delivered_and_read() {
-    let s = Setup::start("gw-py-down", Mode::Embedded);
+both_modes!(a_downlink_from_the_backend_is_committed_confirmed_and_reported_delivered_and_read);
+
+async fn a_downlink_from_the_backend_is_committed_confirmed_and_reported_delivered_and_read(
+    mode: Mode,
+) {
+    let s = Setup::start("gw-py-down", mode);
     let mut device = s.device("py-panel-1", &["--read"]);
     device
         .until("online", SECS_10, |e| e["event"] == "online")
