@@ -3,7 +3,7 @@
 # integration tests need (Mosquitto, the real upstream broker; Chromium, the
 # status page test's headless browser; faketime, the clock tests' false
 # wall clock; python3-paho-mqtt and mosquitto-clients, the conformance
-# suite's clients), then
+# suite's clients; libmosquitto-dev and libcjson-dev, the C example's), then
 # `cargo test` over the workspace: ferry and its fork of rumqttd
 # (vendor/rumqttd). Extra arguments go to cargo test.
 set -euo pipefail
@@ -40,6 +40,10 @@ fi
 [ -f /usr/lib/python3/dist-packages/paho/mqtt/client.py ] || install python3-paho-mqtt "the conformance suite's MQTT 3.1/3.1.1/5 client"
 # ... and the stock clients plants use (mosquitto_pub, _sub, _rr).
 [ -x /usr/bin/mosquitto_rr ] || install mosquitto-clients "the conformance suite's stock MQTT clients"
+# The C example (examples/c/device.c) is compiled against libmosquitto and
+# cJSON (tests/examples_c.rs).
+[ -f /usr/include/mosquitto.h ] || install libmosquitto-dev "the C example's MQTT client library"
+[ -f /usr/include/cjson/cJSON.h ] || install libcjson-dev "the C example's JSON parser"
 # systemd-analyze checks the shipped unit (below).
 command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
 # The tests start their own Mosquitto on free ports; the packaged service

@@ -36,6 +36,8 @@ mod config;
 mod conformance;
 mod downlink;
 mod edges;
+mod examples_c;
+mod examples_python;
 mod external;
 mod external_v5;
 mod hostile;
