@@ -27,7 +27,7 @@ use crate::support::{free_port, Ferry, FerryOpts, Mode, Mosquitto, Pki};
 const PYTHON: &str = "/usr/bin/python3";
 const PAHO: &str = "/usr/lib/python3/dist-packages/paho/mqtt/client.py";
 /// paho-mqtt 2.x, as the wheel PyPI has (Python imports from it as it is).
-const PAHO_2_WHEEL: &str = "paho_mqtt-2.2.0-py3-none-any.whl";
+const PAHO_2_WHEEL: &str = "tests/fixtures/paho_mqtt-2.2.0-py3-none-any.whl";
 pub(crate) const SECS_10: Duration = Duration::from_secs(10);
 
 /// One of the example scripts, running; SIGKILLed on drop.
