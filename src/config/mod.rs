@@ -20,6 +20,7 @@ pub use crate::backoff::RetryConfig;
 use crate::ids::{DeviceId, GatewayId};
 
 mod check;
+mod load;
 mod north;
 pub mod passwords;
 mod raw;
@@ -136,7 +137,7 @@ impl Config {
         let from_env = raw.from_env.clone();
         let checked = Config::from_raw(raw);
         if let Err(more) = &checked {
-            problems.extend(more.iter().map(|e| raw::blame_env(e.clone(), &from_env)));
+            problems.extend(more.iter().map(|e| load::blame_env(e.clone(), &from_env)));
         }
         match checked {
             Ok(config) if problems.is_empty() => Ok(config),

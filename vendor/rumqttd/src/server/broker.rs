@@ -517,6 +517,12 @@ async fn handshake(
             }
             None
         }
+        // A connection closed before any TLS (a port probe, a health
+        // check) is no device that failed to connect.
+        Err(e) if e.is_closed_early() => {
+            info!(event = "tls_closed_before_handshake", %peer, error = %Clip(&e.to_string()), "connection closed before the TLS handshake");
+            None
+        }
         Err(e) => {
             crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
             if refusals::admit(peer.ip()) {

@@ -77,6 +77,19 @@ impl Error {
         }
         matches!(self, Error::NoPeerCertificate)
     }
+
+    /// ferry: whether the client closed the connection before the
+    /// handshake got anywhere (a port probe, a health check): no TLS
+    /// error, the stream just ended.
+    pub fn is_closed_early(&self) -> bool {
+        match self {
+            Error::Io(e) => {
+                e.kind() == std::io::ErrorKind::UnexpectedEof
+                    || e.kind() == std::io::ErrorKind::ConnectionReset
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(feature = "verify-client-cert")]
