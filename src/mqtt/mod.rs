@@ -227,6 +227,11 @@ pub enum Event<T> {
     /// The connection that was `Up` broke; nothing tracked and not
     /// reported `Published` is known to have arrived.
     Down,
+    /// A connection attempt failed, or a connection broke (after `Down`
+    /// if it was up): why, in one line (a refused CONNACK names its
+    /// code). The session tries again after its backoff; an owner that
+    /// gives up on a first failure (a command line tool) can say why.
+    Failed(String),
     Message(Message),
     /// The broker acknowledged this tracked publish.
     Published(T),

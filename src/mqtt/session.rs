@@ -351,6 +351,7 @@ impl<T: Tag> Task<T> {
                 self.opts.reconnect.delay(failures - 1)
             }
         };
+        self.emit(Event::Failed(e.to_string())).await?;
         let (next_index, next) = self.endpoints.current();
         // The first failures of an outage are worth a warning; the rest
         // only say the same thing again.
