@@ -34,6 +34,7 @@ mod auth;
 mod clock;
 mod config;
 mod conformance;
+mod device_cli;
 mod downlink;
 mod edges;
 mod external;
