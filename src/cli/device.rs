@@ -24,6 +24,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use ferry::client::device::{DeviceClient, DeviceEvent};
 use ferry::ids::MsgId;
+use ferry::mqtt::FailureKind;
 use ferry::protocol::envelope::WireEnvelope;
 use ferry::protocol::receipt::{Receipt, ReceiptStatus};
 use tokio::time::Instant;
@@ -219,8 +220,11 @@ struct Session {
     at: String,
     json: bool,
     /// Whether it has been connected yet: a failure before that ends the
-    /// command, one after it is a drop the client repairs.
+    /// command (unless nothing listens yet), one after it is a drop the
+    /// client repairs.
     connected: bool,
+    /// Why the last connection attempt failed.
+    last_failure: Option<String>,
 }
 
 /// What one event means to the loop.
@@ -256,19 +260,39 @@ impl Session {
                 })?;
                 Ok(Heard::Up)
             }
-            Some(DeviceEvent::ConnectionFailed(error)) if !self.connected => Err(runtime(format!(
-                "cannot connect to {} as {}: {}",
-                self.at,
-                self.id,
-                report::hint(&error)
-            ))),
-            Some(DeviceEvent::ConnectionFailed(error)) => {
-                self.say(Line::Disconnected { error: &error })?;
+            Some(DeviceEvent::ConnectionFailed(failure)) => {
+                // Before the first connection only a port that does not
+                // listen yet (the gateway starting) is worth waiting for.
+                if !self.connected && failure.kind != FailureKind::NotListening {
+                    return Err(runtime(format!(
+                        "cannot connect to {} as {}: {}",
+                        self.at,
+                        self.id,
+                        report::hint(&failure.error)
+                    )));
+                }
+                self.say(Line::NoConnection {
+                    error: &failure.error,
+                })?;
+                self.last_failure = Some(failure.error);
                 Ok(Heard::Other)
             }
             Some(DeviceEvent::Receipt(r)) => Ok(Heard::Receipt(r)),
             Some(DeviceEvent::Inbox { messages, .. }) => Ok(Heard::Inbox(messages)),
             Some(DeviceEvent::Disconnected) => Ok(Heard::Other),
+        }
+    }
+
+    /// Why a wait of `timeout` for `what` ended with nothing.
+    fn timed_out(&self, what: &str, timeout: Duration) -> Failure {
+        match (&self.last_failure, self.connected) {
+            (Some(error), false) => runtime(format!(
+                "cannot connect to {} as {} within {timeout:?}: {}",
+                self.at,
+                self.id,
+                ferry::clip::Clip(error)
+            )),
+            _ => runtime(format!("{what} within {timeout:?}")),
         }
     }
 
@@ -287,6 +311,7 @@ async fn run(plan: Plan) -> Result<(), Failure> {
         at: plan.target.at.clone(),
         json: plan.json,
         connected: false,
+        last_failure: None,
     };
     let result = match plan.job {
         Job::Pub {
@@ -329,10 +354,8 @@ async fn publish(session: &mut Session, stop: &mut Stop, up: Uplink) -> Result<(
             event = session.device.events.recv() => event,
             _ = tokio::time::sleep_until(deadline) => {
                 let last = last.map(|s| format!(" (last: {})", status_name(s))).unwrap_or_default();
-                return Err(runtime(format!(
-                    "no {} receipt for {} within {:?}{last}",
-                    up.wait.as_str(), up.msg_id, up.timeout
-                )));
+                let what = format!("no {} receipt for {}{last}", up.wait.as_str(), up.msg_id);
+                return Err(session.timed_out(&what, up.timeout));
             }
             _ = stop.recv() => {
                 return Err(runtime(format!("interrupted before the {} receipt for {}", up.wait.as_str(), up.msg_id)));
@@ -395,11 +418,12 @@ async fn listen(
         let event = tokio::select! {
             event = session.device.events.recv() => event,
             _ = ferry::deadlines::sleep_until(deadline) => {
+                let timeout = timeout.unwrap_or_default();
                 return match count {
-                    Some(n) if got < n => Err(runtime(format!(
-                        "{got} of {n} inbox messages within {:?}",
-                        timeout.unwrap_or_default()
-                    ))),
+                    Some(n) if got < n => {
+                        Err(session.timed_out(&format!("{got} of {n} inbox messages"), timeout))
+                    }
+                    _ if !session.connected => Err(session.timed_out("no connection", timeout)),
                     _ => Ok(()),
                 };
             }

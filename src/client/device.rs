@@ -95,10 +95,10 @@ pub enum DeviceEvent {
     /// Connected and subscribed (again); the backlog has been pulled.
     Connected,
     Disconnected,
-    /// A connection attempt failed, or the connection broke: why, in one
-    /// line (`connection refused (CONNACK bad_user_name_or_password)`).
-    /// The client tries again after its backoff.
-    ConnectionFailed(String),
+    /// A connection attempt failed, or the connection broke: why, and of
+    /// which kind (a refused CONNECT will not pass by trying again). The
+    /// client tries again after its backoff.
+    ConnectionFailed(mqtt::Failure),
     /// A receipt on `{prefix}/{device}/ack`.
     Receipt(Receipt),
     /// New inbox messages, in seq order, none at or below the cursor.

@@ -83,8 +83,9 @@ pub enum Line<'a> {
         device: &'a str,
         at: &'a str,
     },
-    /// The connection broke or an attempt failed; the client tries again.
-    Disconnected {
+    /// No connection (it broke, or an attempt failed); the client tries
+    /// again.
+    NoConnection {
         error: &'a str,
     },
     /// The uplink went out on `topic`.
@@ -115,7 +116,7 @@ impl Line<'_> {
             Line::Connected { device, at } => {
                 json!({"event": "connected", "device": device, "at": at})
             }
-            Line::Disconnected { error } => json!({"event": "disconnected", "error": error}),
+            Line::NoConnection { error } => json!({"event": "no_connection", "error": error}),
             Line::Sent { msg_id, topic } => {
                 json!({"event": "sent", "msg_id": msg_id, "topic": topic})
             }
@@ -141,8 +142,8 @@ impl Line<'_> {
     fn human(&self) -> String {
         match self {
             Line::Connected { device, at } => format!("connected as {device} to {at}"),
-            Line::Disconnected { error } => {
-                format!("disconnected: {}; trying again", Clip(error))
+            Line::NoConnection { error } => {
+                format!("no connection: {}; trying again", Clip(error))
             }
             Line::Sent { msg_id, topic } => format!("sent msg_id={msg_id} on {topic}"),
             Line::Receipt(r) => {
