@@ -46,6 +46,7 @@ mod limits;
 mod operate;
 mod ops;
 mod ops_edges;
+mod quickstart;
 mod robust;
 mod sessions;
 mod tls;

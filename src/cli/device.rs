@@ -272,6 +272,7 @@ impl Session {
                     )));
                 }
                 self.say(Line::NoConnection {
+                    at: &self.at,
                     error: &failure.error,
                 })?;
                 self.last_failure = Some(failure.error);

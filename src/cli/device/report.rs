@@ -86,6 +86,7 @@ pub enum Line<'a> {
     /// No connection (it broke, or an attempt failed); the client tries
     /// again.
     NoConnection {
+        at: &'a str,
         error: &'a str,
     },
     /// The uplink went out on `topic`.
@@ -116,7 +117,9 @@ impl Line<'_> {
             Line::Connected { device, at } => {
                 json!({"event": "connected", "device": device, "at": at})
             }
-            Line::NoConnection { error } => json!({"event": "no_connection", "error": error}),
+            Line::NoConnection { at, error } => {
+                json!({"event": "no_connection", "at": at, "error": error})
+            }
             Line::Sent { msg_id, topic } => {
                 json!({"event": "sent", "msg_id": msg_id, "topic": topic})
             }
@@ -142,8 +145,8 @@ impl Line<'_> {
     fn human(&self) -> String {
         match self {
             Line::Connected { device, at } => format!("connected as {device} to {at}"),
-            Line::NoConnection { error } => {
-                format!("no connection: {}; trying again", Clip(error))
+            Line::NoConnection { at, error } => {
+                format!("no connection to {at}: {}; trying again", Clip(error))
             }
             Line::Sent { msg_id, topic } => format!("sent msg_id={msg_id} on {topic}"),
             Line::Receipt(r) => {
