@@ -14,6 +14,8 @@
 //! It proves the path end to end: the gateway runs on the shipped config
 //! with an upstream Mosquitto, `ferry device` gets `stored` and exits 0,
 //! and the backend's `mosquitto_sub` on the upstream prints the message.
+//! Then the `talking-rr` block (Talking to it: `mosquitto_rr` as the
+//! device) gets its `stored` receipt from the same gateway.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -100,19 +102,56 @@ fn terminal(dir: &Path, name: &str, script: &str, path: &str) -> Terminal {
         .unwrap_or_else(|e| panic!("start the {name} terminal: {e}"))
 }
 
-/// Ends a terminal and everything it started: SIGTERM to its group, then
-/// SIGKILL to what is left of it.
+/// Ends a terminal and everything it started: SIGTERM to its process
+/// group, SIGKILL to what is left of it after a moment. A shell that has
+/// ended and been reaped is left alone: its group id may be reused.
 fn close(child: &mut Child) {
+    if !matches!(child.try_wait(), Ok(None)) {
+        return;
+    }
     let group = -(child.id() as i32);
-    // SAFETY: kill(2) on the process group of a child this test started.
+    // SAFETY: kill(2) on the process group of a child this test started
+    // and has not reaped, so the group is still its own.
     unsafe {
         libc::kill(group, libc::SIGTERM);
     }
-    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..30 {
+        // SAFETY: as above; signal 0 only asks whether the group exists.
+        if unsafe { libc::kill(group, 0) } != 0 {
+            break;
+        }
+        // Unreaped, the shell keeps the group's id its own.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: as above.
     unsafe {
         libc::kill(group, libc::SIGKILL);
     }
     kill_and_reap(child);
+}
+
+/// Runs a terminal's block to its end (at most 20 s), which must succeed:
+/// what it printed.
+async fn to_the_end(dir: &Path, name: &str, script: &str, path: &str) -> String {
+    let mut shell = terminal(dir, name, script, path);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = shell.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < SECS_20,
+            "the {name} block still ran after {SECS_20:?}: {}",
+            output(dir, name)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let said = output(dir, name);
+    assert!(
+        status.success(),
+        "the {name} block failed ({status}): {said}"
+    );
+    said
 }
 
 fn output(dir: &Path, name: &str) -> String {
@@ -210,30 +249,13 @@ async fn the_readme_quick_start_runs_as_written_and_a_device_message_reaches_the
     })
     .await;
 
-    let mut device = terminal(
+    let said = to_the_end(
         dir,
         "device",
         &ports.swap(&block(&doc, "quickstart-device")),
         path,
-    );
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = device.0.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > SECS_20 {
-            panic!(
-                "the device block still ran after {SECS_20:?}: {}",
-                output(dir, "device")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let said = output(dir, "device");
-    assert!(
-        status.success(),
-        "the device block failed ({status}): {said}"
-    );
+    )
+    .await;
     let stored = said
         .lines()
         .find(|l| l.starts_with("stored msg_id="))
@@ -260,5 +282,10 @@ async fn the_readme_quick_start_runs_as_written_and_a_device_message_reaches_the
     let body: serde_json::Value = serde_json::from_str(&line[topic.len()..]).expect("JSON north");
     assert_eq!(body["payload"], serde_json::json!({"temp": 81.5}), "{line}");
     assert_eq!(body["device"], "press-7");
-    tokio::task::block_in_place(|| drop((device, backend, gateway)));
+
+    let said = to_the_end(dir, "rr", &ports.swap(&block(&doc, "talking-rr")), path).await;
+    let receipt: serde_json::Value = serde_json::from_str(said.trim()).expect("one receipt");
+    assert_eq!(receipt["msg_id"], "boot42-000017", "{said}");
+    assert_eq!(receipt["status"], "stored", "{said}");
+    tokio::task::block_in_place(|| drop((backend, gateway)));
 }
