@@ -55,24 +55,54 @@ impl Wait {
     }
 }
 
-/// A refused connection's error, with what to check.
+/// The longest error text printed, in bytes: more than a log line's
+/// [`ferry::clip::MAX`], so a TLS error can name the certificate's names.
+const MAX_ERROR: usize = 512;
+
+/// A failed connection's error, bounded and escaped, with what to check.
 pub fn hint(error: &str) -> String {
-    let error = Clip(error).to_string();
+    let error = bounded(error, MAX_ERROR);
     let lower = error.to_ascii_lowercase();
-    if lower.contains("badusernamepassword") || lower.contains("bad_user_name_or_password") {
-        format!("{error}: a wrong password, or a device not in the gateway's password file")
-    } else if lower.contains("notauthorized") || lower.contains("not_authorized") {
-        format!(
-            "{error}: not authorized (a password needed, or a certificate naming another device)"
-        )
-    } else if lower.contains("badclientid")
-        || lower.contains("identifierrejected")
-        || lower.contains("client_identifier_not_valid")
-    {
-        format!("{error}: the gateway does not take this id")
-    } else {
-        error
+    let check =
+        if lower.contains("badusernamepassword") || lower.contains("bad_user_name_or_password") {
+            "a wrong password, or a device not in the gateway's password file"
+        } else if lower.contains("notauthorized") || lower.contains("not_authorized") {
+            "not authorized (a password needed, or a certificate naming another device)"
+        } else if lower.contains("badclientid")
+            || lower.contains("identifierrejected")
+            || lower.contains("client_identifier_not_valid")
+        {
+            "the gateway does not take this id"
+        } else if lower.contains("not valid for name") {
+            "give --server-name with a name the gateway's certificate carries"
+        } else {
+            return error;
+        };
+    format!("{error}: {check}")
+}
+
+/// At most `max` bytes of `s` (then `…(N bytes)`), control characters
+/// escaped.
+fn bounded(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
     }
+    let mut out: String = s[..end]
+        .chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect();
+    if end < s.len() {
+        out += &format!("…({} bytes)", s.len());
+    }
+    out
 }
 
 /// One event worth a line.
@@ -215,6 +245,23 @@ mod tests {
             Wait::Delivered.judge(&failed),
             Verdict::Never("failed: nacked: unknown sensor".into())
         );
+    }
+
+    #[test]
+    fn a_connection_error_is_bounded_escaped_and_says_what_to_check() {
+        let refused = hint("Connection refused, return code: `BadUserNamePassword`");
+        assert!(
+            refused.ends_with(": a wrong password, or a device not in the gateway's password file")
+        );
+        let long = format!(
+            "TLS: certificate not valid for name \"127.0.0.1\"\n{}",
+            "x".repeat(600)
+        );
+        let said = hint(&long);
+        assert!(said.contains("\\n") && !said.contains('\n'), "{said}");
+        assert!(said.contains(&format!("…({} bytes)", long.len())), "{said}");
+        assert!(said.ends_with("give --server-name with a name the gateway's certificate carries"));
+        assert_eq!(hint("I/O: timed out"), "I/O: timed out");
     }
 
     #[test]

@@ -3,7 +3,11 @@
 //! `delivered` once the backend acks and exits 0; a wrong password, a
 //! rejected stream and a backend's nack each end it non-zero with one line
 //! saying why; `listen` prints a downlink, confirms it (the backend gets
-//! `delivered`) and leaves cleanly on SIGTERM; misuse exits 64.
+//! `delivered`) and leaves cleanly on SIGTERM; misuse exits 64. Over TLS
+//! (`tls.rs`): with the device's certificate, `--server-name` and the port
+//! and TLS taken from the gateway's config.
+
+mod tls;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Stdio};
@@ -249,6 +253,28 @@ async fn a_wrong_password_is_one_line_and_a_non_zero_exit_the_right_one_from_std
         err.starts_with("ferry device: cannot connect to 127.0.0.1:"),
         "{err}"
     );
+    assert!(err.contains("wrong password"), "{err}");
+
+    // The same in MQTT 5, whose CONNACK names the reason.
+    let (code, out, err) = device(
+        &[
+            "--id",
+            "press-7",
+            "--port",
+            &port,
+            "--mqtt",
+            "5",
+            "--password-file",
+            wrong,
+            "pub",
+            "up/a",
+            "1",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(code, Some(1), "stdout {out:#?}, stderr {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("wrong password"), "{err}");
 
     // No password where one is needed.
