@@ -285,7 +285,8 @@ async fn the_readme_quick_start_runs_as_written_and_a_device_message_reaches_the
 
     let said = to_the_end(dir, "rr", &ports.swap(&block(&doc, "talking-rr")), path).await;
     let receipt: serde_json::Value = serde_json::from_str(said.trim()).expect("one receipt");
-    assert_eq!(receipt["msg_id"], "boot42-000017", "{said}");
+    assert_eq!(receipt["msg_id"], "boot42-000018", "{said}");
     assert_eq!(receipt["status"], "stored", "{said}");
+    assert_eq!(receipt["seq"], 2, "after the Quick start's alarm: {said}");
     tokio::task::block_in_place(|| drop((backend, gateway)));
 }
