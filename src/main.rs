@@ -89,7 +89,7 @@ fn run(config: &Path) -> Exit {
     let cfg = match Config::load(config) {
         Ok(cfg) => cfg,
         Err(e) => {
-            eprintln!("ferry: {}: {e}", config.display());
+            cli::say_config_errors(config, &e);
             return Exit::Usage;
         }
     };

@@ -43,6 +43,7 @@ mod hostile;
 mod isolation;
 mod lifecycle;
 mod limits;
+mod logs;
 mod operate;
 mod ops;
 mod ops_edges;

@@ -64,10 +64,11 @@ pub enum Command {
     Ops(ops::OpsCommand),
 }
 
-/// `ferry check-config`: `FILE: ok` on stdout, or the first bad key.
+/// `ferry check-config`: `FILE: ok` on stdout, or every bad key, one line
+/// each, on stderr.
 pub fn check_config(config: &Path) -> Exit {
     if let Err(e) = Config::load(config) {
-        eprintln!("ferry: {}: {e}", config.display());
+        say_config_errors(config, &e);
         return Exit::Usage;
     }
     let mut text = output::Text::new();
@@ -81,5 +82,13 @@ pub fn check_config(config: &Path) -> Exit {
             }
             exit
         }
+    }
+}
+
+/// Each of a refused config's problems as its own line on stderr,
+/// `ferry: FILE: config key `KEY`: REASON`.
+pub fn say_config_errors(config: &Path, errors: &ferry::config::ConfigErrors) {
+    for e in errors.iter() {
+        eprintln!("ferry: {}: {e}", config.display());
     }
 }
