@@ -136,6 +136,38 @@ fn json_lines(lines: &[String]) -> Vec<Value> {
         .collect()
 }
 
+/// Waits for a `status` receipt for downlink `msg_id` on the backend's
+/// `receipts` subscription; with `resend`, publishes it again on `topic`
+/// every half second meanwhile (the gateway may not be subscribed north
+/// yet: a backend resends until `stored`, as the protocol has it).
+async fn receipt_for(
+    backend: &mut BareClient,
+    msg_id: &str,
+    status: &str,
+    resend: Option<(&str, &Value)>,
+) {
+    let deadline = Instant::now() + SECS_20;
+    while Instant::now() < deadline {
+        if let Some((topic, down)) = resend {
+            backend.publish(topic, down.to_string()).await;
+        }
+        let until = Instant::now() + Duration::from_millis(500);
+        while let Some(r) = backend.next_json(until - Instant::now()).await {
+            let all = match r {
+                Value::Array(all) => all,
+                one => vec![one],
+            };
+            if all
+                .iter()
+                .any(|r| r["msg_id"] == msg_id && r["status"] == status)
+            {
+                return;
+            }
+        }
+    }
+    panic!("no {status} receipt for downlink {msg_id} within {SECS_20:?}");
+}
+
 /// The receipts' statuses among `--json` lines.
 fn statuses(lines: &[Value]) -> Vec<String> {
     lines
@@ -401,9 +433,8 @@ async fn listen_prints_a_downlink_confirms_it_and_leaves_cleanly_on_sigterm() {
     let port = ferry.south_port.to_string();
     let msg_id = format!("{}-down", boot_id());
     let down = json!({"msg_id": msg_id, "payload": "shift B starts 14:00"});
-    receipts
-        .publish(&format!("ferry/{gw}/down/panel-1"), down.to_string())
-        .await;
+    let topic = format!("ferry/{gw}/down/panel-1");
+    receipt_for(&mut receipts, &msg_id, "stored", Some((&topic, &down))).await;
 
     let mut cli = DeviceCli::start(
         &["--id", "panel-1", "--port", &port, "--json", "listen"],
@@ -418,22 +449,7 @@ async fn listen_prints_a_downlink_confirms_it_and_leaves_cleanly_on_sigterm() {
     let confirmed = lines.iter().find(|l| l["event"] == "confirmed").unwrap();
     assert_eq!(confirmed["upto"], 1);
 
-    let deadline = Instant::now() + SECS_20;
-    let mut delivered = false;
-    while !delivered && Instant::now() < deadline {
-        let Some(r) = receipts.next_json(Duration::from_millis(500)).await else {
-            continue;
-        };
-        let all = if r.is_array() {
-            r.as_array().unwrap().clone()
-        } else {
-            vec![r]
-        };
-        delivered = all
-            .iter()
-            .any(|r| r["msg_id"] == msg_id.as_str() && r["status"] == "delivered");
-    }
-    assert!(delivered, "the backend got no delivered receipt");
+    receipt_for(&mut receipts, &msg_id, "delivered", None).await;
 
     signal(&cli.child, libc::SIGTERM);
     let (code, out, err) = cli.finish(Duration::from_secs(5)).await;
@@ -446,12 +462,15 @@ async fn listen_with_a_count_stops_there_and_misuse_exits_64_in_one_short_messag
     let gw = "gw-devcli-count";
     let ferry = Ferry::start(FerryOpts::new(gw, mq.port));
     let port = ferry.south_port.to_string();
-    let backend = BareClient::connect(mq.port, "devcli-down", vec![]).await;
+    let receipts = vec![north_topics(gw).receipts()];
+    let mut backend = BareClient::connect(mq.port, "devcli-down", receipts).await;
+    let topic = format!("ferry/{gw}/down/panel-2");
     for i in 0..3 {
-        let down = json!({"msg_id": format!("n-{i}"), "payload": i});
-        backend
-            .publish(&format!("ferry/{gw}/down/panel-2"), down.to_string())
-            .await;
+        let (msg_id, down) = (
+            format!("n-{i}"),
+            json!({"msg_id": format!("n-{i}"), "payload": i}),
+        );
+        receipt_for(&mut backend, &msg_id, "stored", Some((&topic, &down))).await;
     }
     let (code, out, err) = device(
         &["--id", "panel-2", "--port", &port, "listen", "--count", "2"],
