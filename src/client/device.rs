@@ -125,7 +125,9 @@ enum Command {
     Close(Duration, oneshot::Sender<()>),
 }
 
-/// A connected device. Dropping it stops its event loop.
+/// A connected device. Dropping it stops its event loop (the broker then
+/// sees the connection drop and fires the last will); [`DeviceClient::close`]
+/// leaves cleanly instead.
 pub struct DeviceClient {
     commands: mpsc::UnboundedSender<Command>,
     pub events: mpsc::UnboundedReceiver<DeviceEvent>,
