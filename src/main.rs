@@ -76,6 +76,7 @@ fn main() -> ExitCode {
     };
     let exit = match cli.command {
         Command::Ops(command) => cli::ops::command(command),
+        Command::Device(args) => cli::device::command(*args),
         Command::Passwd { file, device } => cli::passwd::command(&file, &device),
         Command::CheckConfig { config } => cli::check_config(&config),
         Command::Run { config } => run(&config),

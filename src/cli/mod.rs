@@ -5,6 +5,7 @@
 //!
 //! - [`ops`]: `dlq`, `trace` and `status`, over the library's `ops` views;
 //! - [`passwd`]: `passwd`, a password file's line rewritten;
+//! - [`device`]: `device`, a device on the command line (`pub`, `listen`);
 //! - `check-config` ([`check_config`]);
 //! - [`output`]: how every command writes stdout (never `println!`);
 //! - [`exit`]: the one place exit codes are written.
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 use ferry::config::Config;
 
+pub mod device;
 pub mod exit;
 pub mod ops;
 pub mod output;
@@ -54,6 +56,9 @@ pub enum Command {
         #[arg(value_name = "DEVICE")]
         device: String,
     },
+    /// Be a device: `pub` an uplink and see its receipts, or `listen` to
+    /// its inbox (one connection, the device's own id).
+    Device(Box<device::DeviceArgs>),
     /// Operator tools: dead letters, trace, status.
     #[command(flatten)]
     Ops(ops::OpsCommand),
