@@ -28,7 +28,10 @@
 //!   tracked publish, or a publish larger than the broker's CONNACK
 //!   allows, is [`Event::Refused`]; a SUBACK failure is a refused filter
 //!   in [`Event::Up`]; a refused CONNACK is a failed connection whose log
-//!   line names the reason code.
+//!   line names the reason code;
+//! - every failed connection told as [`Event::Failed`], with what it says
+//!   about the peer ([`failure::Problem`]: no MQTT broker, a refusal, a
+//!   session another client with the same id took).
 //!
 //! Two ways to publish:
 //! - [`Session::publish`]: tracked, made for one connection (`epoch`).
@@ -44,6 +47,7 @@
 
 pub mod acks;
 pub mod endpoints;
+pub mod failure;
 pub mod flow;
 mod link;
 mod poll;
@@ -59,6 +63,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 
 pub use acks::AckToken;
+pub use failure::{Failure, Problem};
 pub use flow::{Outgoing, Tag};
 
 pub use crate::config::{Endpoint, MqttVersion};
@@ -227,6 +232,9 @@ pub enum Event<T> {
     /// The connection that was `Up` broke; nothing tracked and not
     /// reported `Published` is known to have arrived.
     Down,
+    /// A connection attempt failed, or a connection broke (after `Down`
+    /// if it was up): which node, and what it says about it.
+    Failed(Failure),
     Message(Message),
     /// The broker acknowledged this tracked publish.
     Published(T),

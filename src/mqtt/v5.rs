@@ -27,6 +27,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{ConnectionError, Event, MqttOptions, StateError};
 use rumqttc::Outgoing;
 
+use super::failure::{self, Cause};
 use super::wire::{Incoming, LinkError, Received, Wire};
 use super::{Endpoint, Options, Transport};
 
@@ -98,27 +99,70 @@ pub(super) fn from_v5(event: Event) -> Wire {
     }
 }
 
-/// A v5 connection error as one log-safe line that names any reason code.
+/// A v5 connection error as one log-safe line that names any reason code,
+/// sorted as [`failure::v4`] sorts a 3.1.1 one.
 pub(super) fn error(e: &ConnectionError) -> LinkError {
-    LinkError(match e {
+    use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode;
+    use rumqttc::v5::mqttbytes::Error as Bytes;
+    let closed = |io: &std::io::Error| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+        )
+    };
+    let (text, cause) = match e {
         ConnectionError::ConnectionRefused(code)
-        | ConnectionError::MqttState(StateError::ConnFail { reason: code }) => {
-            format!("connection refused (CONNACK {})", reason_connack(code))
-        }
+        | ConnectionError::MqttState(StateError::ConnFail { reason: code }) => (
+            format!("connection refused (CONNACK {})", reason_connack(code)),
+            Cause::Refused(failure::refusal_v5(reason_connack(code))),
+        ),
         ConnectionError::MqttState(StateError::ServerDisconnect {
             reason_code,
             reason_string,
-        }) => format!(
-            "the broker disconnected (DISCONNECT {reason_code:?}{})",
-            reason_string
-                .as_deref()
-                .map(|r| format!(": {}", crate::clip::Clip(r)))
-                .unwrap_or_default()
+        }) => (
+            format!(
+                "the broker disconnected (DISCONNECT {reason_code:?}{})",
+                reason_string
+                    .as_deref()
+                    .map(|r| format!(": {}", crate::clip::Clip(r)))
+                    .unwrap_or_default()
+            ),
+            if *reason_code == DisconnectReasonCode::SessionTakenOver {
+                Cause::TakenOver
+            } else {
+                Cause::Closed
+            },
         ),
         // rumqttc's text would print the whole packet.
-        ConnectionError::NotConnAck(_) => "the broker answered CONNECT with another packet".into(),
-        other => crate::clip::display(other),
-    })
+        ConnectionError::NotConnAck(packet) => {
+            let name = failure::packet_name(&format!("{packet:?}"));
+            (
+                format!("expected a CONNACK, received {name}"),
+                Cause::Garbage(format!("it answered CONNECT with {name}")),
+            )
+        }
+        ConnectionError::MqttState(StateError::ConnectionAborted) => {
+            (crate::clip::display(e), Cause::Closed)
+        }
+        ConnectionError::MqttState(StateError::Io(io)) | ConnectionError::Io(io) if closed(io) => {
+            (crate::clip::display(e), Cause::Closed)
+        }
+        ConnectionError::MqttState(StateError::Deserialization(Bytes::Io(io))) if closed(io) => {
+            (crate::clip::display(e), Cause::Closed)
+        }
+        ConnectionError::MqttState(StateError::Deserialization(what)) => (
+            crate::clip::display(e),
+            Cause::Garbage(format!(
+                "it sent bytes that are not MQTT ({})",
+                crate::clip::display(what)
+            )),
+        ),
+        other => (crate::clip::display(other), Cause::Other),
+    };
+    LinkError { text, cause }
 }
 
 /// The name of a CONNACK reason code (MQTT 5, 3.2.2.2).
