@@ -350,7 +350,11 @@ mod tests {
         let status: LiveStatus = serde_json::from_str(old).expect("an old file");
         assert_eq!(status.north.since_ms, 5);
         assert_eq!(
-            (status.north.endpoint, status.north.last_error, status.version),
+            (
+                status.north.endpoint,
+                status.north.last_error,
+                status.version
+            ),
             (None, None, None)
         );
     }

@@ -42,6 +42,7 @@ mod hostile;
 mod isolation;
 mod lifecycle;
 mod limits;
+mod north_errors;
 mod operate;
 mod ops;
 mod ops_edges;

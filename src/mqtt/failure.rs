@@ -47,8 +47,8 @@ pub enum Problem {
     NotMqtt { answered: String },
     /// Its CONNACK refused the connection, for this reason (in words).
     Refused(&'static str),
-    /// It closed the connection `after` accepting it, `times` in a row
-    /// soon after.
+    /// It closed the connection soon (`after`) after accepting it, the
+    /// `times`th in a row.
     Closed { after: Duration, times: u32 },
     /// Another client with the same client id took the session over:
     /// the broker said so (MQTT 5), or closed [`TAKEN_AFTER`] connections
@@ -88,9 +88,9 @@ pub(super) enum Cause {
 
 /// What `failed` says, given how long the connection had been accepted
 /// (`None`: no CONNACK came) and whether one message explains the drop.
-/// `streak` counts the closes soon after a CONNACK in a row: a close
-/// within `soon` adds one, an older connection's close starts it again,
-/// anything else ends it.
+/// `streak` counts the closes after a CONNACK in a row: a close within
+/// `soon` adds one, an older connection's close starts it again (and is
+/// `Other`), anything else ends it.
 pub(super) fn diagnose(
     cause: &Cause,
     accepted_for: Option<Duration>,
@@ -108,8 +108,14 @@ pub(super) fn diagnose(
         (Cause::Closed, None) => Problem::NotMqtt {
             answered: "it closed the connection without a CONNACK".into(),
         },
+        // A long-lived connection's close is news of its own (a broker
+        // restart, a session taken), and may start a streak.
+        (Cause::Closed, Some(after)) if after >= soon => {
+            *streak = 1;
+            return Problem::Other;
+        }
         (Cause::Closed, Some(after)) => {
-            *streak = if after < soon { *streak + 1 } else { 1 };
+            *streak += 1;
             return if *streak >= TAKEN_AFTER {
                 Problem::SessionTaken
             } else {
@@ -292,10 +298,7 @@ mod tests {
             )
         };
         // A long-lived connection's close starts the count.
-        assert!(matches!(
-            close(600, &mut streak),
-            Problem::Closed { times: 1, .. }
-        ));
+        assert_eq!(close(600, &mut streak), Problem::Other);
         assert!(matches!(
             close(1, &mut streak),
             Problem::Closed { times: 2, .. }

@@ -48,7 +48,7 @@ pub fn explain(f: &Failure, client_id: &str, gateway: &str) -> String {
         Problem::SessionTaken => format!(
             "another client with this id ({client_id}) took the session on {at}; is a second gateway running with gateway.id = {gateway}?"
         ),
-        Problem::Other => format!("cannot connect to {at}: {}", f.error),
+        Problem::Other => format!("the connection to {at} failed: {}", f.error),
     };
     bounded(text)
 }

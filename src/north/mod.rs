@@ -41,7 +41,7 @@ use crate::config::NorthConfig;
 use crate::ids::{DeviceId, Seq};
 use crate::metrics::{self, Count};
 pub use crate::mqtt::AckToken;
-use crate::mqtt::{self, Announce, Event, Message, Reconnect, Session, Will};
+use crate::mqtt::{self, Announce, Event, Message, Problem, Reconnect, Session, Will};
 use crate::protocol::control::{self, Status};
 use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
@@ -265,9 +265,10 @@ struct Router {
     endpoints: Vec<mqtt::Endpoint>,
     client_id: String,
     gateway: String,
-    /// The last failure's event logged, and the text (a new one is logged
-    /// at once, a repeat as the session's `link_down` is).
-    logged: Option<(&'static str, String)>,
+    /// The last failure's event logged (another is logged at once, a
+    /// repeat as the session's `link_down` is: the first three, then at
+    /// powers of two).
+    logged: Option<&'static str>,
 }
 
 impl Router {
@@ -314,7 +315,8 @@ impl Router {
 
     /// A connection failed: the status file gets what it means, and the
     /// log too when it is new or the session's own line would be written
-    /// (the first failures of an outage, then at powers of two).
+    /// (the first failures of an outage, then at powers of two); a failure
+    /// with nothing to add (`Problem::Other`) is the session's line alone.
     fn failed(&mut self, f: &mqtt::Failure) {
         let text = failure::explain(f, &self.client_id, &self.gateway);
         let _ = self.status_file.send(LiveEvent::NorthFailed {
@@ -324,13 +326,30 @@ impl Router {
         let Some(event) = failure::event(&f.problem) else {
             return;
         };
-        let new = self
-            .logged
-            .as_ref()
-            .is_none_or(|(e, t)| *e != event || *t != text);
-        if new || f.failures <= 3 || f.failures.is_power_of_two() {
-            warn!(event, endpoint = %f.endpoint, client_id = %Clip(&self.client_id), problem = f.problem.as_str(), error = %Clip(&f.error), failures = f.failures, "{text}");
-            self.logged = Some((event, text));
+        if self.logged == Some(event) && f.failures > 3 && !f.failures.is_power_of_two() {
+            return;
+        }
+        self.logged = Some(event);
+        let (endpoint, client_id, error, failures) = (
+            &f.endpoint,
+            Clip(&self.client_id),
+            Clip(&f.error),
+            f.failures,
+        );
+        match f.problem {
+            Problem::NotMqtt { .. } => {
+                warn!(event = "north_not_mqtt_broker", %endpoint, %client_id, %error, failures, "{text}")
+            }
+            Problem::Refused(reason) => {
+                warn!(event = "north_connect_refused", %endpoint, %client_id, reason, %error, failures, "{text}")
+            }
+            Problem::Closed { after, times } => {
+                warn!(event = "north_closed_by_broker", %endpoint, %client_id, after_ms = after.as_millis() as u64, times, %error, failures, "{text}")
+            }
+            Problem::SessionTaken => {
+                warn!(event = "north_session_taken", %endpoint, %client_id, gateway = %self.gateway, %error, failures, "{text}")
+            }
+            Problem::Other => {}
         }
     }
 
