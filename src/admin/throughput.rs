@@ -25,9 +25,10 @@ pub struct Ring {
     samples: VecDeque<(i64, Flow)>,
 }
 
-/// Messages per second over one interval, ending at `at_ms`.
+/// Messages per second over one interval, from `from_ms` to `at_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Point {
+    pub from_ms: i64,
     pub at_ms: i64,
     pub uplink_in: f64,
     pub uplink_out: f64,
@@ -81,6 +82,7 @@ fn rate((from_ms, a): (i64, Flow), (to_ms, b): (i64, Flow)) -> Option<Point> {
     }
     let per_s = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
     Some(Point {
+        from_ms,
         at_ms: to_ms,
         uplink_in: per_s(a.uplink_in, b.uplink_in),
         uplink_out: per_s(a.uplink_out, b.uplink_out),
