@@ -299,7 +299,7 @@ impl AlertQueue {
 }
 
 /// Where the alerts task goes: the session north and its topic, and the
-/// open alerts (the conditions raised and not over, for the status page).
+/// open alerts (the conditions raised and not over yet).
 pub struct Outlets {
     pub north: NorthSender,
     pub topic: String,

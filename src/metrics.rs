@@ -394,7 +394,7 @@ pub fn set_devices_online(n: usize) {
     get().devices_online.set(n as i64);
 }
 
-/// The message counters the status page charts, as totals since start.
+/// The messages in and out of each direction, as totals since start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Flow {
     /// Device publishes on uplink topics (`messages_received{up}`).

@@ -19,8 +19,7 @@ use std::time::Duration;
 
 use rumqttc::{ConnectReturnCode, ConnectionError, StateError};
 
-use super::wire::LinkError;
-use super::Endpoint;
+use crate::config::Endpoint;
 
 /// Closes soon after a CONNACK, in a row, that are taken for a second
 /// client with the same client id (each takes the session from the other).
@@ -69,6 +68,19 @@ impl Problem {
             Problem::SessionTaken => "session_taken",
             Problem::Other => "other",
         }
+    }
+}
+
+/// Why a connection failed: one log-safe line, and what it says.
+#[derive(Debug)]
+pub(super) struct LinkError {
+    pub text: String,
+    pub cause: Cause,
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
     }
 }
 

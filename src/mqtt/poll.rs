@@ -19,7 +19,8 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, EventLoop, LastWill, MqttOptions, QoS};
 use tokio::sync::{mpsc, oneshot};
 
-use super::wire::{self, Client, LinkError, Wire};
+use super::failure::LinkError;
+use super::wire::{self, Client, Wire};
 use super::{Endpoint, MqttVersion};
 
 /// Requests (publishes, acks) queued towards the event loop.

@@ -11,10 +11,11 @@ use tracing::{debug, info, warn};
 
 use super::acks::{AckToken, OrderedAcks};
 use super::endpoints::Endpoints;
+use super::failure::LinkError;
 use super::flow::{Flow, Outgoing, Tag};
 use super::link::{Link, Stage};
 use super::poll::{self, Polled as FromPoller, PollerGuard, Resume};
-use super::wire::{Client, LinkError, Received, Wire};
+use super::wire::{Client, Received, Wire};
 use super::{Event, Options, Session, Will, PUBLISH_QUEUE};
 use crate::deadlines::sleep_until;
 

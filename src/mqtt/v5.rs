@@ -27,8 +27,8 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{ConnectionError, Event, MqttOptions, StateError};
 use rumqttc::Outgoing;
 
-use super::failure::{self, Cause};
-use super::wire::{Incoming, LinkError, Received, Wire};
+use super::failure::{self, Cause, LinkError};
+use super::wire::{Incoming, Received, Wire};
 use super::{Endpoint, Options, Transport};
 
 /// rumqttc's v5 options for `opts` on `endpoint`.

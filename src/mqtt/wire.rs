@@ -60,20 +60,6 @@ pub(super) enum Received {
     V5(rumqttc::v5::mqttbytes::v5::Publish),
 }
 
-/// Why a connection failed: one log-safe line, and what it says
-/// (`failure.rs`).
-#[derive(Debug)]
-pub(super) struct LinkError {
-    pub text: String,
-    pub cause: super::failure::Cause,
-}
-
-impl std::fmt::Display for LinkError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
 /// rumqttc's client handle of either version; cheap to clone.
 #[derive(Clone)]
 pub(super) enum Client {

@@ -1,7 +1,6 @@
 //! A failed north connection in the words an operator acts on: what is
-//! wrong and which key to look at. The text goes to the status file
-//! (`ferry status`, the status page) and to a WARN line whose `event`
-//! names the problem.
+//! wrong and which key to look at. The text goes to the status file and
+//! to a WARN line whose `event` names the problem.
 //!
 //! Always holds: a text is at most [`MAX_TEXT`] bytes, whatever the peer
 //! sent.
