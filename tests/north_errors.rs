@@ -98,15 +98,29 @@ async fn a_north_endpoint_that_is_no_mqtt_broker_is_named_so_in_the_log_and_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_with_the_same_id_are_told_another_client_took_the_session() {
+    same_id_twice("3.1.1", "gw-twin").await;
+}
+
+/// MQTT 5: Mosquitto says so with DISCONNECT `SessionTakenOver`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mqtt_5_two_gateways_with_the_same_id_are_told_so_too() {
+    same_id_twice("5", "gw-twin-v5").await;
+}
+
+async fn same_id_twice(version: &str, gw: &str) {
     let mq = Mosquitto::start();
-    let gw = "gw-twin";
-    let first = Ferry::start(FerryOpts::new(gw, mq.port));
+    let opts = || {
+        let mut opts = FerryOpts::new(gw, mq.port);
+        opts.config.north.mqtt_version = version.into();
+        opts
+    };
+    let first = Ferry::start(opts());
     let deadline = Instant::now() + Duration::from_secs(20);
     while first.admin_json("/api/status")["north"]["up"] != true {
         assert!(Instant::now() < deadline, "{}", first.log_tail());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let second = Ferry::start(FerryOpts::new(gw, mq.port));
+    let second = Ferry::start(opts());
     // Each takes the session from the other; the one that sees three
     // connections closed soon after they were accepted says why.
     let taken = format!(
@@ -140,7 +154,32 @@ async fn two_gateways_with_the_same_id_are_told_another_client_took_the_session(
         log.lines()
             .any(|l| l.contains("event=\"north_session_taken\"")
                 && l.contains("WARN")
-                && l.contains("gateway.id = gw-twin")),
+                && l.contains(&format!("gateway.id = {gw}?"))),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_north_login_says_the_broker_refused_it_and_why() {
+    // Mosquitto with a password file and no anonymous clients.
+    let devices = [("someone".to_string(), "secret".to_string())];
+    let mq = Mosquitto::start_site_with(None, &devices);
+    let mut opts = FerryOpts::new("gw-refused", mq.port);
+    opts.config.north.username = crate::support::mosquitto::SITE_USER.into();
+    opts.config.north.password = "not-the-password".into();
+    let ferry = Ferry::start(opts);
+    let status = north_error_until(&ferry, "refused the connection: not authorized").await;
+    let error = status["north"]["last_error"].as_str().unwrap_or("");
+    assert!(
+        error.starts_with(&format!("127.0.0.1:{} refused the connection", mq.port))
+            && error.contains("check north.username and north.password"),
+        "{status}"
+    );
+    let log = ferry.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("event=\"north_connect_refused\"")
+                && l.contains("reason=\"not authorized\"")),
         "{log}"
     );
 }

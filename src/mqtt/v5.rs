@@ -312,6 +312,21 @@ mod tests {
             e.to_string(),
             "connection refused (CONNACK bad_user_name_or_password)"
         );
+        assert_eq!(e.cause, Cause::Refused("bad user name or password"));
+    }
+
+    #[test]
+    fn a_session_taken_over_is_told_apart_from_other_disconnects() {
+        use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode as Code;
+        let by = |reason_code| {
+            error(&ConnectionError::MqttState(StateError::ServerDisconnect {
+                reason_code,
+                reason_string: None,
+            }))
+            .cause
+        };
+        assert_eq!(by(Code::SessionTakenOver), Cause::TakenOver);
+        assert_eq!(by(Code::ServerShuttingDown), Cause::Closed);
     }
 
     #[test]
