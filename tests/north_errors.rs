@@ -90,7 +90,8 @@ async fn a_north_endpoint_that_is_no_mqtt_broker_is_named_so_in_the_log_and_the_
             text.contains("north: down since")
                 && text.contains(&format!("(last tried {endpoint})"))
                 && text.contains("last error")
-                && text.contains("not an MQTT broker"),
+                && text.contains("not an MQTT broker")
+                && text.contains(&format!("version: {}, up ", env!("CARGO_PKG_VERSION"))),
             "{name}: {text}"
         );
     }

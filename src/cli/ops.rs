@@ -393,7 +393,10 @@ fn status(common: Common, top: usize) -> Outcome {
             s.pid.unwrap_or_default()
         ));
         if let Some(v) = &s.version {
-            text.line(format_args!("version: {v}"));
+            text.line(format_args!(
+                "version: {v}, up {}",
+                s.uptime_s.map_or("-".into(), |u| format!("{u}s"))
+            ));
         }
     } else {
         text.line("gateway: not running (figures from the store)");

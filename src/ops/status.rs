@@ -35,6 +35,8 @@ pub struct StatusView {
     pub gateway: Option<String>,
     pub pid: Option<u32>,
     pub started_ms: Option<i64>,
+    /// Seconds since it started, on this machine's clock.
+    pub uptime_s: Option<i64>,
     pub south_mode: Option<String>,
     /// The running gateway's version.
     pub version: Option<String>,
@@ -98,6 +100,7 @@ pub fn status(
         gateway: live.as_ref().map(|l| l.gateway.clone()),
         pid: live.as_ref().map(|l| l.pid),
         started_ms: live.as_ref().map(|l| l.started_ms),
+        uptime_s: live.as_ref().map(|l| (now_ms - l.started_ms).max(0) / 1000),
         south_mode: live.as_ref().map(|l| l.south_mode.clone()),
         version: live.as_ref().and_then(|l| l.version.clone()),
         north: live.as_ref().map(|l| l.north.clone()),
