@@ -88,6 +88,18 @@ impl Monitor {
         }
     }
 
+    /// Whether the condition of `kind` was raised and is not over yet (a
+    /// dead letter never stays open: each is an alert of its own).
+    pub fn is_open(&self, kind: AlertKind) -> bool {
+        match kind {
+            AlertKind::NorthDown => self.north_raised,
+            AlertKind::BackendSilent => self.silent_raised,
+            AlertKind::BacklogAge => self.backlog_raised,
+            AlertKind::DiskBudget => self.budget_raised,
+            AlertKind::DeadLetter => false,
+        }
+    }
+
     pub fn link_up(&mut self) {
         self.down_since = None;
         self.north_raised = false;
@@ -286,12 +298,19 @@ impl AlertQueue {
     }
 }
 
+/// Where the alerts task goes: the session north and its topic, and the
+/// open alerts (the conditions raised and not over yet).
+pub struct Outlets {
+    pub north: NorthSender,
+    pub topic: String,
+    pub open: watch::Sender<Vec<Alert>>,
+}
+
 /// Runs until shutdown begins or the store stops.
 pub async fn run(
     cfg: AlertsConfig,
     store: Store,
-    north: NorthSender,
-    topic: String,
+    Outlets { north, topic, open }: Outlets,
     mut events: mpsc::Receiver<AlertEvent>,
     mut silence: watch::Receiver<Option<Instant>>,
     mut shutdown: Shutdown,
@@ -345,6 +364,12 @@ pub async fn run(
                 };
                 after_dead = after_dead.max(scan.max_dead_id);
                 for alert in monitor.check(Instant::now(), now_ms(), &scan) {
+                    if alert.kind != AlertKind::DeadLetter {
+                        open.send_modify(|o| {
+                            o.retain(|a| a.kind != alert.kind);
+                            o.push(alert.clone());
+                        });
+                    }
                     let total = metrics::alert_raised(alert.kind);
                     warn!(event = "alert_raised", kind = alert.kind.as_str(), detail = %Clip(&alert.detail), total, "alert raised");
                     match serde_json::to_vec(&alert) {
@@ -354,6 +379,11 @@ pub async fn run(
                 }
             }
         }
+        open.send_if_modified(|o| {
+            let before = o.len();
+            o.retain(|a| monitor.is_open(a.kind));
+            o.len() != before
+        });
         if let Some(e) = epoch {
             while let Some(q) = outbox.queued.pop_front() {
                 if !north.publish(topic.clone(), q.body.clone(), Tag::Alert(q.id), e) {

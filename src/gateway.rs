@@ -60,6 +60,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     // not (for /healthz), and whether the gateway has started (/readyz).
     let (health_tx, health_rx) = watch::channel(None);
     let (ready_tx, ready_rx) = watch::channel(false);
+    // What the status page shows beyond the status file: the devices
+    // online (kept by the status thread) and the open alerts.
+    let (online_tx, online_rx) = watch::channel(status_file::Online::new());
+    let (alerts_tx, alerts_rx) = watch::channel(Vec::new());
     // Bound first: a port in use stops the start before anything runs.
     let admin = match cfg.admin {
         Some(addr) => {
@@ -68,12 +72,20 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
                 store.budget().clone(),
                 health_rx,
                 ready_rx,
+                crate::admin::Views {
+                    online: online_rx,
+                    alerts: alerts_rx,
+                },
             );
             Some(crate::admin::bind(addr, admin).await?)
         }
         None => None,
     };
-    let mut gateway = Running::start(&cfg, store, health_tx, admin.map(tokio::spawn))?;
+    let views = Views {
+        online: online_tx,
+        alerts: alerts_tx,
+    };
+    let mut gateway = Running::start(&cfg, store, health_tx, admin.map(tokio::spawn), views)?;
     announce(&cfg);
     // The store is open and both links are started (not necessarily
     // connected: an absent upstream only makes messages wait).
@@ -85,6 +97,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     result?;
     notifier.notify("STOPPING=1");
     gateway.shut_down(cfg.shutdown_grace).await
+}
+
+/// What the parts keep for the status page.
+struct Views {
+    online: watch::Sender<status_file::Online>,
+    alerts: watch::Sender<Vec<crate::alerts::Alert>>,
 }
 
 /// The gateway's parts, started.
@@ -108,6 +126,7 @@ impl Running {
         store: Store,
         health: watch::Sender<Option<health::Report>>,
         admin: Option<JoinHandle<()>>,
+        views: Views,
     ) -> Result<Running, RunError> {
         let store_exited = Box::pin(store.exited());
         let (trigger, shutdown_rx) = shutdown::channel();
@@ -116,9 +135,11 @@ impl Running {
             &cfg.data_dir,
             cfg.gateway.as_str(),
             matches!(cfg.south.mode, SouthMode::Embedded),
+            views.online,
         );
         let south = south::start(&cfg.south, &topics, status.clone())?;
-        let (north_tx, north) = north::start(&cfg.north, &topics, status.clone());
+        let (north_tx, north) =
+            north::start(&cfg.north, cfg.gateway.as_str(), &topics, status.clone());
         let (stored_tx, stored_rx) = mpsc::channel(PIPELINE_QUEUE);
         let (controls_tx, controls_rx) = mpsc::channel(PIPELINE_QUEUE);
         let (engine_probe, engine_probed) = health::probe("uplink engine");
@@ -166,7 +187,14 @@ impl Running {
             probes,
             health,
             admin,
-            (north_tx.clone(), north.alerts, topics.north_alerts()),
+            (
+                crate::alerts::Outlets {
+                    north: north_tx.clone(),
+                    topic: topics.north_alerts(),
+                    open: views.alerts,
+                },
+                north.alerts,
+            ),
             backend_silence,
             shutdown_rx.clone(),
         );
@@ -274,7 +302,7 @@ impl SideTasks {
         probes: Vec<health::Probe>,
         health: watch::Sender<Option<health::Report>>,
         admin: Option<JoinHandle<()>>,
-        (north, events, alerts_topic): (NorthSender, mpsc::Receiver<AlertEvent>, String),
+        (outlets, events): (crate::alerts::Outlets, mpsc::Receiver<AlertEvent>),
         backend_silence: watch::Receiver<Option<Instant>>,
         shutdown: Shutdown,
     ) -> SideTasks {
@@ -290,8 +318,7 @@ impl SideTasks {
             alerter: tokio::spawn(crate::alerts::run(
                 cfg.alerts,
                 store.clone(),
-                north,
-                alerts_topic,
+                outlets,
                 events,
                 backend_silence,
                 shutdown.clone(),

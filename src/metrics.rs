@@ -394,6 +394,30 @@ pub fn set_devices_online(n: usize) {
     get().devices_online.set(n as i64);
 }
 
+/// The messages in and out of each direction, as totals since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flow {
+    /// Device publishes on uplink topics (`messages_received{up}`).
+    pub uplink_in: u64,
+    /// Uplinks the backend acked (`messages_delivered{up}`).
+    pub uplink_out: u64,
+    /// Backend downlinks (`messages_received{down}`).
+    pub downlink_in: u64,
+    /// Deliveries devices confirmed (`messages_delivered{down}`).
+    pub downlink_out: u64,
+}
+
+/// The totals of [`Flow`] now.
+pub fn flow() -> Flow {
+    let m = get();
+    Flow {
+        uplink_in: m.received.up.get(),
+        uplink_out: m.delivered.up.get(),
+        downlink_in: m.received.down.get(),
+        downlink_out: m.delivered.down.get(),
+    }
+}
+
 /// The store's figures as of a scrape.
 #[derive(Debug, Clone, Default)]
 pub struct StoreGauges {

@@ -10,11 +10,11 @@
 
 pub mod claim;
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use crate::ids::DeviceId;
@@ -29,6 +29,40 @@ pub struct Link {
     pub since_ms: i64,
 }
 
+/// The north link: its state and since when, the node it is on (or last
+/// tried) and the last failure, in words an operator can act on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NorthLink {
+    pub up: bool,
+    pub since_ms: i64,
+    /// `host:port` of the node connected to, or of the last attempt
+    /// (`None` before the first, and in a file an older ferry wrote).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Why the last connection failed or broke (bounded, see
+    /// `north/failure.rs`); kept once the link is up again.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// When it did.
+    #[serde(default)]
+    pub last_error_ms: Option<i64>,
+}
+
+/// A device online, as the status thread knows it.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Seen {
+    /// Since when it is online.
+    pub since_ms: i64,
+    /// When the gateway last heard of it: a connect, an inbox
+    /// subscription, a status message, an uplink.
+    pub last_seen_ms: i64,
+}
+
+/// The devices online, by id: one entry per device the status file counts
+/// (so at most one per connection in embedded mode). Written by the status
+/// thread only; others read it through a [`watch::Receiver`].
+pub type Online = BTreeMap<DeviceId, Seen>;
+
 /// What the running gateway last wrote.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LiveStatus {
@@ -39,7 +73,11 @@ pub struct LiveStatus {
     pub started_ms: i64,
     /// `embedded` or `external`.
     pub south_mode: String,
-    pub north: Link,
+    /// The running gateway's version (`None` in a file an older ferry
+    /// wrote).
+    #[serde(default)]
+    pub version: Option<String>,
+    pub north: NorthLink,
     /// Embedded: the listener, up since start. External: ferry's session
     /// to the site broker (up once subscribed).
     pub south: Link,
@@ -71,12 +109,20 @@ pub struct Backend {
 /// What changed.
 #[derive(Debug)]
 pub enum LiveEvent {
-    NorthUp,
+    /// Up on this node (`host:port`).
+    NorthUp(String),
     NorthDown,
+    /// A connection to this node failed, for this reason (bounded).
+    NorthFailed {
+        endpoint: String,
+        error: String,
+    },
     SouthUp,
     SouthDown,
     DeviceOnline(DeviceId),
     DeviceOffline(DeviceId),
+    /// The device sent something (its last seen time, if it is online).
+    DeviceSeen(DeviceId),
     /// The backend sent an ack at this time (ms).
     BackendHeard(i64),
     BackendSilent,
@@ -86,9 +132,14 @@ pub enum LiveEvent {
 /// Where the pipelines report changes; cheap to clone.
 pub type LiveSender = mpsc::UnboundedSender<LiveEvent>;
 
-/// Starts the thread keeping `data_dir/status.json`; it ends once every
-/// sender is dropped.
-pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
+/// Starts the thread keeping `data_dir/status.json` (and `online`, the
+/// devices online); it ends once every sender is dropped.
+pub fn start(
+    data_dir: &Path,
+    gateway: &str,
+    embedded: bool,
+    online: watch::Sender<Online>,
+) -> LiveSender {
     let (tx, mut rx) = mpsc::unbounded_channel::<LiveEvent>();
     let now = crate::protocol::now_ms();
     let mut status = LiveStatus {
@@ -96,9 +147,13 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
         pid: std::process::id(),
         started_ms: now,
         south_mode: if embedded { "embedded" } else { "external" }.into(),
-        north: Link {
+        version: Some(env!("CARGO_PKG_VERSION").into()),
+        north: NorthLink {
             up: false,
             since_ms: now,
+            endpoint: None,
+            last_error: None,
+            last_error_ms: None,
         },
         // The embedded listener is up once the gateway runs; an external
         // session once it has subscribed.
@@ -118,26 +173,32 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
     let spawned = std::thread::Builder::new()
         .name("ferry-status".into())
         .spawn(move || {
-            let mut online: HashSet<DeviceId> = HashSet::new();
             publish(&status);
             write(&path, &status);
             while let Some(first) = rx.blocking_recv() {
                 let now = crate::protocol::now_ms();
                 let mut next = Some(first);
+                // Only last-seen times changed: no write.
+                let mut changed = false;
                 // Everything queued, then one write.
                 while let Some(ev) = next.take().or_else(|| rx.try_recv().ok()) {
+                    changed |= !matches!(ev, LiveEvent::DeviceSeen(_));
                     match ev {
-                        LiveEvent::NorthUp if !status.north.up => {
-                            status.north = Link {
-                                up: true,
-                                since_ms: now,
+                        LiveEvent::NorthUp(endpoint) => {
+                            if !status.north.up {
+                                status.north.up = true;
+                                status.north.since_ms = now;
                             }
+                            status.north.endpoint = Some(endpoint);
                         }
                         LiveEvent::NorthDown if status.north.up => {
-                            status.north = Link {
-                                up: false,
-                                since_ms: now,
-                            }
+                            status.north.up = false;
+                            status.north.since_ms = now;
+                        }
+                        LiveEvent::NorthFailed { endpoint, error } => {
+                            status.north.endpoint = Some(endpoint);
+                            status.north.last_error = Some(error);
+                            status.north.last_error_ms = Some(now);
                         }
                         LiveEvent::SouthUp if !status.south.up => {
                             status.south = Link {
@@ -151,15 +212,28 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
                                 since_ms: now,
                             }
                         }
-                        LiveEvent::NorthUp
-                        | LiveEvent::NorthDown
-                        | LiveEvent::SouthUp
-                        | LiveEvent::SouthDown => {}
+                        LiveEvent::NorthDown | LiveEvent::SouthUp | LiveEvent::SouthDown => {}
                         LiveEvent::DeviceOnline(d) => {
-                            online.insert(d);
+                            online.send_modify(|o| {
+                                o.entry(d)
+                                    .and_modify(|s| s.last_seen_ms = now)
+                                    .or_insert(Seen {
+                                        since_ms: now,
+                                        last_seen_ms: now,
+                                    });
+                            });
                         }
                         LiveEvent::DeviceOffline(d) => {
-                            online.remove(&d);
+                            online.send_if_modified(|o| o.remove(&d).is_some());
+                        }
+                        LiveEvent::DeviceSeen(d) => {
+                            online.send_if_modified(|o| match o.get_mut(&d) {
+                                Some(s) => {
+                                    s.last_seen_ms = now;
+                                    true
+                                }
+                                None => false,
+                            });
                         }
                         LiveEvent::BackendHeard(at) => {
                             if let Some(b) = status.backend.as_mut() {
@@ -170,8 +244,11 @@ pub fn start(data_dir: &Path, gateway: &str, embedded: bool) -> LiveSender {
                         LiveEvent::BackendPresent => backend_present(&mut status, true, now),
                     }
                 }
+                if !changed {
+                    continue;
+                }
                 if status.devices_online.is_some() {
-                    status.devices_online = Some(online.len());
+                    status.devices_online = Some(online.borrow().len());
                 }
                 status.updated_ms = now;
                 publish(&status);
@@ -231,9 +308,13 @@ mod tests {
             pid: u32::MAX - 1,
             started_ms: 0,
             south_mode: "embedded".into(),
-            north: Link {
+            version: None,
+            north: NorthLink {
                 up: true,
                 since_ms: 0,
+                endpoint: None,
+                last_error: None,
+                last_error_ms: None,
             },
             south: Link {
                 up: true,
@@ -259,5 +340,22 @@ mod tests {
         drop(held);
         assert!(dir.path().join(STATUS_FILE).exists());
         assert!(!dir.path().join("status.json.tmp").exists());
+    }
+
+    #[test]
+    fn a_file_an_older_ferry_wrote_is_read_without_the_north_details() {
+        let old = r#"{"gateway":"gw","pid":1,"started_ms":0,"south_mode":"embedded",
+            "north":{"up":false,"since_ms":5},"south":{"up":true,"since_ms":0},
+            "devices_online":0,"updated_ms":0}"#;
+        let status: LiveStatus = serde_json::from_str(old).expect("an old file");
+        assert_eq!(status.north.since_ms, 5);
+        assert_eq!(
+            (
+                status.north.endpoint,
+                status.north.last_error,
+                status.version
+            ),
+            (None, None, None)
+        );
     }
 }

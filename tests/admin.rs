@@ -526,3 +526,240 @@ async fn healthz_in_external_mode_asks_the_site_session_and_a_site_outage_is_not
     assert_eq!(status["south"]["up"], false, "{status}");
     assert_eq!(ferry.admin_get("/readyz").0, 200);
 }
+
+/// A gateway with traffic for the status page: two devices online whose
+/// uplinks the backend acks, one it nacks with markup in its reason
+/// (dead-lettered), and a
+/// downlink waiting for an absent device past `alerts.backlog_age_s` (1 s),
+/// so a `backlog_age` alert is open. Returns what must stay alive.
+async fn page_with_traffic(gw: &str) -> (Mosquitto, Ferry, Backend, Vec<Device>) {
+    let mq = Mosquitto::start();
+    let mut opts = FerryOpts::new(gw, mq.port);
+    opts.config.alerts.backlog_age_s = 1;
+    let ferry = Ferry::start(opts);
+    let mut backend = Backend::connect_auto_ack(mq.port, gw).await;
+    let boot = boot_id();
+    let mut devices = Vec::new();
+    for name in ["press-7", "panel-7"] {
+        let mut device = Device::connect(ferry.south_port, name).await;
+        for i in 0..20 {
+            device
+                .publish_envelope("t", &format!("{boot}-{name}-{i}"), json!({"i": i}))
+                .await;
+        }
+        let receipts = device
+            .receipts_until(SECS_10, |r| ids_with(r, "delivered").len() == 20)
+            .await;
+        assert_eq!(ids_with(&receipts, "delivered").len(), 20, "{receipts:?}");
+        devices.push(device);
+    }
+    // Dead-lettered, its reason quoting what the backend said: the page
+    // shows it as text, never as markup.
+    backend.set_auto_ack(false);
+    let nacked = format!("{boot}-nacked");
+    devices[0]
+        .publish_envelope("t", &nacked, json!({"i": "last"}))
+        .await;
+    let deadline = Instant::now() + SECS_10;
+    loop {
+        let m = backend.next_message(SECS_10).await.expect("sent north");
+        if m.msg_id() == nacked {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{nacked} never came north");
+    }
+    backend
+        .nack("press-7", &nacked, "<b id=\"injected\">x</b>", false)
+        .await;
+    eventually(SECS_10, "a dead letter", || {
+        ferry.query_i64("SELECT count(*) FROM dead_letter", []) == 1
+    })
+    .await;
+    let topic = north_topics(gw).down_to(&ferry::ids::DeviceId::new("panel-away").unwrap());
+    backend
+        .publish_raw(
+            &topic,
+            serde_json::to_vec(&json!({"msg_id": format!("{boot}-away"), "payload": 1})).unwrap(),
+        )
+        .await;
+    // The alerts task looks every 5 s.
+    eventually(Duration::from_secs(20), "a backlog_age alert open", || {
+        ferry
+            .admin_json("/api/alerts")
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["kind"] == "backlog_age"))
+    })
+    .await;
+    eventually(SECS_10, "both devices listed", || {
+        ferry.admin_json("/api/devices")["total"] == 2
+    })
+    .await;
+    (mq, ferry, backend, devices)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_the_north_endpoint_devices_throughput_alerts_and_version() {
+    let (mq, ferry, _backend, _devices) = page_with_traffic("gw-page-more").await;
+    let dom = render_dom(&ferry.admin_url("/"), Duration::from_secs(3));
+    assert!(dom.contains("data-loaded=\"true\""), "{dom}");
+    let shown = |id: &str| text_of(&dom, id);
+    assert_eq!(shown("north-endpoint"), format!("127.0.0.1:{}", mq.port));
+    assert_eq!(shown("north-error"), "");
+    assert_eq!(shown("version"), env!("CARGO_PKG_VERSION"));
+    assert!(shown("uptime").ends_with(" s"), "{}", shown("uptime"));
+    let listed = shown("device-list");
+    assert!(
+        listed.contains("press-7") && listed.contains("panel-7"),
+        "{listed}"
+    );
+    assert_eq!(shown("devices-range"), "1–2 of 2");
+    let alerts = shown("alert-list");
+    assert!(
+        alerts.contains("backlog_age") && alerts.contains("alerts.backlog_age_s = 1"),
+        "{alerts}"
+    );
+    // The chart: a step for the interval the 40 uplinks came in, above
+    // the zero line (y = 180), on the uplink-in and uplink-out paths.
+    for path in ["tp-uplink-in", "tp-uplink-out"] {
+        let d = svg_path(&dom, path);
+        assert!(d.starts_with('M'), "{path}: {d:?}\n{dom}");
+        let ys: Vec<f64> = d
+            .split(['M', 'L'])
+            .filter_map(|p| p.trim().split(',').nth(1)?.parse().ok())
+            .collect();
+        assert!(
+            ys.iter().any(|y| *y < 180.0),
+            "{path}: no traffic drawn: {d}"
+        );
+    }
+    // Dead letters link to their detail and trace (as JSON).
+    let dead = dom
+        .split("id=\"dead-letter-list\"")
+        .nth(1)
+        .expect("the dead-letter table");
+    assert!(dead.contains("href=\"/api/dlq/1\""), "{dead}");
+    assert!(
+        dead.contains("&lt;b id=") && !dom.contains("<b id=\"injected\""),
+        "what the device sent is not shown as text:\n{dead}"
+    );
+    let (code, _) = ferry.admin_get("/api/dlq/1");
+    assert_eq!(code, 200);
+}
+
+/// The `d` of the SVG path with `id` in rendered `html`.
+fn svg_path(html: &str, id: &str) -> String {
+    let at = html
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id}"));
+    let tag_end = at + html[at..].find('>').expect("the tag closes");
+    let tag_start = html[..at].rfind('<').expect("a tag");
+    let tag = &html[tag_start..tag_end];
+    tag.split(" d=\"")
+        .nth(1)
+        .and_then(|d| d.split('"').next())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_devices_api_pages_the_devices_online_and_refuses_bad_paging_with_a_message() {
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-devices", mq.port));
+    let mut devices = Vec::new();
+    for name in ["dev-a", "dev-b", "dev-c"] {
+        devices.push(Device::connect(ferry.south_port, name).await);
+    }
+    eventually(SECS_10, "3 devices online", || {
+        ferry.admin_json("/api/devices")["total"] == 3
+    })
+    .await;
+    let page = ferry.admin_json("/api/devices?offset=1&limit=1");
+    assert_eq!(
+        (
+            page["total"].as_u64(),
+            page["offset"].as_u64(),
+            page["limit"].as_u64()
+        ),
+        (Some(3), Some(1), Some(1)),
+        "{page}"
+    );
+    assert_eq!(page["devices"][0]["device"], "dev-b", "{page}");
+    assert_eq!(page["devices"].as_array().map(Vec::len), Some(1), "{page}");
+    assert!(page["devices"][0]["last_seen_ms"].as_i64().unwrap_or(0) > 0);
+    let past = ferry.admin_json("/api/devices?offset=10");
+    assert_eq!(past["devices"], json!([]), "{past}");
+    for (query, message) in [
+        (
+            "offset=-1",
+            r#"offset must be a whole number from 0 to 4294967295 (got \"-1\")"#,
+        ),
+        (
+            "offset=x",
+            r#"offset must be a whole number from 0 to 4294967295 (got \"x\")"#,
+        ),
+        (
+            "limit=0",
+            r#"limit must be a whole number from 1 to 1000 (got \"0\")"#,
+        ),
+        (
+            "limit=5000",
+            r#"limit must be a whole number from 1 to 1000 (got \"5000\")"#,
+        ),
+    ] {
+        let (code, body) = ferry.admin_get(&format!("/api/devices?{query}"));
+        assert_eq!(
+            (code, body),
+            (400, format!(r#"{{"error":"{message}"}}"#)),
+            "{query}"
+        );
+    }
+    let long = "9".repeat(500);
+    let (code, body) = ferry.admin_get(&format!("/api/devices?limit={long}"));
+    assert_eq!(code, 400);
+    assert!(body.len() < 300, "{body}");
+    // A device that leaves is no longer listed.
+    drop(devices.pop());
+    eventually(SECS_10, "dev-c gone", || {
+        ferry.admin_json("/api/devices")["total"] == 2
+    })
+    .await;
+    let throughput = ferry.admin_json("/api/throughput");
+    assert_eq!(throughput["every_s"], 10, "{throughput}");
+}
+
+/// Regenerates docs/status-page.png: the status page of a gateway with
+/// traffic, in headless Chromium at 1280x1000.
+/// `cargo test --test tests admin::status_page_screenshot -- --ignored`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "regenerates docs/status-page.png"]
+async fn status_page_screenshot() {
+    let (_mq, ferry, backend, mut devices) = page_with_traffic("edge-01").await;
+    backend.set_auto_ack(true);
+    // A minute more of uplinks, uneven, so the chart has samples to draw;
+    // they go on while the screenshot is taken.
+    let boot = boot_id();
+    let traffic = async {
+        for round in 0..80u64 {
+            for (n, device) in devices.iter_mut().enumerate() {
+                let burst = 2 + (round / 6 + n as u64 * 3) % 9;
+                for i in 0..burst {
+                    device
+                        .publish_envelope("t", &format!("{boot}-{round}-{n}-{i}"), json!({"i": i}))
+                        .await;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    };
+    let shot = async {
+        tokio::time::sleep(Duration::from_secs(65)).await;
+        let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/status-page.png");
+        let url = ferry.admin_url("/");
+        tokio::task::spawn_blocking(move || {
+            crate::support::admin::screenshot(&url, &out, (1280, 1000))
+        })
+        .await
+        .expect("the screenshot");
+    };
+    tokio::join!(traffic, shot);
+}

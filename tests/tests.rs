@@ -46,6 +46,7 @@ mod isolation;
 mod lifecycle;
 mod limits;
 mod logs;
+mod north_errors;
 mod operate;
 mod ops;
 mod ops_edges;

@@ -71,14 +71,21 @@ impl AckingBackend {
         opts.max_outgoing_packet = 1 << 20;
         opts.max_message_bytes = 1 << 20;
         let (session, mut events) = Session::<()>::start(opts);
-        match timeout(CONNECT_TIMEOUT, events.recv()).await {
-            Ok(Some(Event::Up { .. })) => {}
-            _ => {
-                return Err(format!(
-                    "backend: not subscribed to {} on port {port} within {CONNECT_TIMEOUT:?}",
-                    topics.up_filter()
-                ))
+        // Failed attempts (the broker not up yet) are retried: wait for Up.
+        let subscribed = timeout(CONNECT_TIMEOUT, async {
+            loop {
+                match events.recv().await {
+                    Some(Event::Up { .. }) => return true,
+                    Some(Event::Failed(_)) => {}
+                    _ => return false,
+                }
             }
+        });
+        if subscribed.await != Ok(true) {
+            return Err(format!(
+                "backend: not subscribed to {} on port {port} within {CONNECT_TIMEOUT:?}",
+                topics.up_filter()
+            ));
         }
         let stats = Arc::new(AckStats::default());
         let (stop, stop_rx) = watch::channel(false);

@@ -12,7 +12,10 @@
 //!   away is its job.
 //! - `/api/status`, `/api/dlq`, `/api/dlq/{id}`, `/api/trace/{device}/{msg_id}`:
 //!   the CLI's views ([`crate::ops`]) as JSON.
-//! - `/`: a status page that refreshes itself from `/api/status`.
+//! - `/api/devices`, `/api/alerts`, `/api/throughput`: what the running
+//!   gateway keeps in memory (the devices online, the open alerts, rates
+//!   sampled from its counters; [`views`]).
+//! - `/`: a status page that refreshes itself from those APIs.
 //!
 //! Every error, whoever answers it, is `{"error": "..."}` JSON (see
 //! [`error`]).
@@ -24,6 +27,8 @@
 
 mod api;
 mod error;
+mod throughput;
+mod views;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,6 +59,14 @@ const READ_WAIT: Duration = Duration::from_secs(10);
 /// the runtime) is stuck.
 const STALE_AFTER: Duration = Duration::from_secs(20);
 
+/// What the running gateway's parts keep in memory for the page: the
+/// devices online (the status thread's) and the open alerts (the alerts
+/// task's).
+pub struct Views {
+    pub online: watch::Receiver<crate::status_file::Online>,
+    pub alerts: watch::Receiver<Vec<crate::alerts::Alert>>,
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct Admin {
@@ -61,6 +74,9 @@ pub struct Admin {
     budget: Budget,
     health: Reports,
     ready: watch::Receiver<bool>,
+    views: Arc<Views>,
+    /// The throughput samples, written by the sampler [`bind`] starts.
+    throughput: Arc<watch::Sender<throughput::Ring>>,
     /// The read connection, opened on first use and again after an error.
     conn: Arc<Mutex<Option<Connection>>>,
 }
@@ -71,12 +87,15 @@ impl Admin {
         budget: Budget,
         health: Reports,
         ready: watch::Receiver<bool>,
+        views: Views,
     ) -> Admin {
         Admin {
             data_dir,
             budget,
             health,
             ready,
+            views: Arc::new(views),
+            throughput: Arc::new(watch::Sender::new(throughput::Ring::default())),
             conn: Arc::new(Mutex::new(None)),
         }
     }
@@ -130,7 +149,21 @@ pub async fn bind(
         .map_err(|source| BindError { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
     info!(event = "admin_listening", listen = %local, "admin server listening: /metrics, /healthz, /readyz, /api, /");
-    Ok(serve(listener, router(admin)))
+    let samples = admin.throughput.clone();
+    Ok(async move {
+        tokio::join!(serve(listener, router(admin)), sample(&samples));
+    })
+}
+
+/// Samples the message counters every [`throughput::EVERY`], from now on.
+async fn sample(ring: &watch::Sender<throughput::Ring>) {
+    let mut tick = tokio::time::interval(throughput::EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let flow = crate::metrics::flow();
+        ring.send_modify(|r| r.push(ops::now_ms(), flow));
+    }
 }
 
 /// Connections served at once; past it a new one is closed at once.
@@ -182,6 +215,7 @@ fn router(admin: Admin) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(api::routes())
+        .merge(views::routes())
         // After every route: it covers the routes added before it.
         .method_not_allowed_fallback(error::no_method)
         .fallback(error::no_route)

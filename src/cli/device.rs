@@ -24,7 +24,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use ferry::client::device::{DeviceClient, DeviceEvent};
 use ferry::ids::MsgId;
-use ferry::mqtt::FailureKind;
+use ferry::mqtt::Problem;
 use ferry::protocol::envelope::WireEnvelope;
 use ferry::protocol::receipt::{Receipt, ReceiptStatus};
 use tokio::time::Instant;
@@ -263,7 +263,7 @@ impl Session {
             Some(DeviceEvent::ConnectionFailed(failure)) => {
                 // Before the first connection only a port that does not
                 // listen yet (the gateway starting) is worth waiting for.
-                if !self.connected && failure.kind != FailureKind::NotListening {
+                if !self.connected && failure.problem != Problem::NotListening {
                     return Err(runtime(format!(
                         "cannot connect to {} as {}: {}",
                         self.at,

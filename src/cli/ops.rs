@@ -402,10 +402,31 @@ fn status(common: Common, top: usize) -> Outcome {
             s.gateway.as_deref().unwrap_or("-"),
             s.pid.unwrap_or_default()
         ));
+        if let Some(v) = &s.version {
+            text.line(format_args!(
+                "version: {v}, up {}",
+                s.uptime_s.map_or("-".into(), |u| format!("{u}s"))
+            ));
+        }
     } else {
         text.line("gateway: not running (figures from the store)");
     }
-    text.line(format_args!("north: {}", link(&s.north)));
+    match &s.north {
+        Some(n) => {
+            let at = n.endpoint.as_deref().map_or(String::new(), |e| {
+                format!(" ({} {e})", if n.up { "on" } else { "last tried" })
+            });
+            text.line(format_args!(
+                "north: {} since {}{at}",
+                if n.up { "up" } else { "down" },
+                fmt_ms(n.since_ms)
+            ));
+            if let (Some(error), Some(at)) = (&n.last_error, n.last_error_ms) {
+                text.line(format_args!("  last error {}: {error}", fmt_ms(at)));
+            }
+        }
+        None => text.line("north: -"),
+    }
     text.line(format_args!(
         "south: {} ({})",
         link(&s.south),

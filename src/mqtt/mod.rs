@@ -28,7 +28,10 @@
 //!   tracked publish, or a publish larger than the broker's CONNACK
 //!   allows, is [`Event::Refused`]; a SUBACK failure is a refused filter
 //!   in [`Event::Up`]; a refused CONNACK is a failed connection whose log
-//!   line names the reason code.
+//!   line names the reason code;
+//! - every failed connection told as [`Event::Failed`], with what it says
+//!   about the peer ([`failure::Problem`]: no MQTT broker, a refusal, a
+//!   session another client with the same id took).
 //!
 //! Two ways to publish:
 //! - [`Session::publish`]: tracked, made for one connection (`epoch`).
@@ -44,6 +47,7 @@
 
 pub mod acks;
 pub mod endpoints;
+pub mod failure;
 pub mod flow;
 mod link;
 mod poll;
@@ -59,6 +63,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 
 pub use acks::AckToken;
+pub use failure::{Failure, Problem};
 pub use flow::{Outgoing, Tag};
 
 pub use crate::config::{Endpoint, MqttVersion};
@@ -228,8 +233,7 @@ pub enum Event<T> {
     /// reported `Published` is known to have arrived.
     Down,
     /// A connection attempt failed, or a connection broke (after `Down`
-    /// if it was up). The session tries again after its backoff; an owner
-    /// that gives up (a command line tool) can say why.
+    /// if it was up): which node, and what it says about it.
     Failed(Failure),
     Message(Message),
     /// The broker acknowledged this tracked publish.
@@ -238,26 +242,6 @@ pub enum Event<T> {
     /// alone in flight, or (MQTT 5) refused it with a PUBACK reason code,
     /// or it is larger than the broker takes: count it as a failed attempt.
     Refused(T),
-}
-
-/// Why a connection failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    /// One log-safe line (a refused CONNACK names its code).
-    pub error: String,
-    pub kind: FailureKind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// Nothing listens there (TCP connection refused): the broker may be
-    /// starting, or the address is wrong.
-    NotListening,
-    /// The broker answered the CONNECT with a refusal (a CONNACK code):
-    /// bad credentials, not authorized, an id it does not take.
-    Refused,
-    /// Anything else: TLS, a timeout, a connection that broke.
-    Other,
 }
 
 /// One incoming publish.

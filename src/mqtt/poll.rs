@@ -19,7 +19,8 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, EventLoop, LastWill, MqttOptions, QoS};
 use tokio::sync::{mpsc, oneshot};
 
-use super::wire::{self, Client, LinkError, Wire};
+use super::failure::LinkError;
+use super::wire::{self, Client, Wire};
 use super::{Endpoint, MqttVersion};
 
 /// Requests (publishes, acks) queued towards the event loop.
@@ -60,7 +61,7 @@ impl Loop {
                 .poll()
                 .await
                 .map(wire::from_v4)
-                .map_err(|e| LinkError(e.to_string(), wire::kind_v4(&e))),
+                .map_err(|e| super::failure::v4(&e)),
             Loop::V5(l) => l
                 .poll()
                 .await

@@ -11,11 +11,12 @@ use tracing::{debug, info, warn};
 
 use super::acks::{AckToken, OrderedAcks};
 use super::endpoints::Endpoints;
+use super::failure::LinkError;
 use super::flow::{Flow, Outgoing, Tag};
 use super::link::{Link, Stage};
 use super::poll::{self, Polled as FromPoller, PollerGuard, Resume};
-use super::wire::{Client, LinkError, Received, Wire};
-use super::{Event, Failure, Options, Session, Will, PUBLISH_QUEUE};
+use super::wire::{Client, Received, Wire};
+use super::{Event, Options, Session, Will, PUBLISH_QUEUE};
 use crate::deadlines::sleep_until;
 
 mod failover;
@@ -64,6 +65,7 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
         last_polled: Instant::now(),
         max_packet: max_packet.clone(),
         refusals: 0,
+        closes: 0,
     };
     tokio::spawn(task.run(polled_rx, commands_rx, publishes_rx, poller));
     (
@@ -99,6 +101,9 @@ struct Task<T> {
     max_packet: Arc<std::sync::atomic::AtomicUsize>,
     /// Publishes the broker refused (MQTT 5 PUBACKs), for the log's bound.
     refusals: u64,
+    /// Connections the broker closed soon after accepting them, in a row
+    /// (see `failure.rs`).
+    closes: u32,
 }
 
 /// The next ping of `probed`; pending while there is none to answer.
@@ -300,6 +305,10 @@ impl<T: Tag> Task<T> {
         // its acks must not go out on the next one.
         self.acks.lost();
         let strike = self.flow.lost(Instant::now());
+        let accepted_for = match &link {
+            Link::Connected { at, .. } => Some(at.elapsed()),
+            _ => None,
+        };
         let mut failures = match link {
             Link::Closing => {
                 self.closed.notify_waiters();
@@ -335,6 +344,7 @@ impl<T: Tag> Task<T> {
         };
         let (index, endpoint) = self.endpoints.current();
         let endpoint = endpoint.clone();
+        let explained = matches!(strike, Some(Tracked::Owner(_)));
         let delay = match strike {
             Some(Tracked::Owner(tag)) => {
                 warn!(event = "link_dropped_on_message", link = %self.opts.name, tag = ?tag, error = %e, "the broker dropped the link on this message");
@@ -351,9 +361,18 @@ impl<T: Tag> Task<T> {
                 self.opts.reconnect.delay(failures - 1)
             }
         };
-        self.emit(Event::Failed(Failure {
-            error: e.0.clone(),
-            kind: e.1,
+        let problem = super::failure::diagnose(
+            &e.cause,
+            accepted_for,
+            explained,
+            self.opts.reconnect.stable_after,
+            &mut self.closes,
+        );
+        self.emit(Event::Failed(super::Failure {
+            endpoint: endpoint.clone(),
+            problem,
+            error: e.text.clone(),
+            failures,
         }))
         .await?;
         let (next_index, next) = self.endpoints.current();

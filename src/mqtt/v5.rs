@@ -27,8 +27,9 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{ConnectionError, Event, MqttOptions, StateError};
 use rumqttc::Outgoing;
 
-use super::wire::{Incoming, LinkError, Received, Wire};
-use super::{Endpoint, FailureKind, Options, Transport};
+use super::failure::{self, Cause, LinkError};
+use super::wire::{Incoming, Received, Wire};
+use super::{Endpoint, Options, Transport};
 
 /// rumqttc's v5 options for `opts` on `endpoint`.
 pub(super) fn options(opts: &Options, endpoint: &Endpoint, requests: usize) -> MqttOptions {
@@ -98,36 +99,73 @@ pub(super) fn from_v5(event: Event) -> Wire {
     }
 }
 
-/// A v5 connection error as one log-safe line that names any reason code.
+/// A v5 connection error as one log-safe line that names any reason code,
+/// sorted as [`failure::v4`] sorts a 3.1.1 one.
 pub(super) fn error(e: &ConnectionError) -> LinkError {
-    let kind = match e {
-        ConnectionError::ConnectionRefused(_)
-        | ConnectionError::MqttState(StateError::ConnFail { .. }) => FailureKind::Refused,
-        ConnectionError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-            FailureKind::NotListening
-        }
-        _ => FailureKind::Other,
+    use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode;
+    use rumqttc::v5::mqttbytes::Error as Bytes;
+    let closed = |io: &std::io::Error| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+        )
     };
-    let text = match e {
+    let (text, cause) = match e {
         ConnectionError::ConnectionRefused(code)
-        | ConnectionError::MqttState(StateError::ConnFail { reason: code }) => {
-            format!("connection refused (CONNACK {})", reason_connack(code))
-        }
+        | ConnectionError::MqttState(StateError::ConnFail { reason: code }) => (
+            format!("connection refused (CONNACK {})", reason_connack(code)),
+            Cause::Refused(failure::refusal_v5(reason_connack(code))),
+        ),
         ConnectionError::MqttState(StateError::ServerDisconnect {
             reason_code,
             reason_string,
-        }) => format!(
-            "the broker disconnected (DISCONNECT {reason_code:?}{})",
-            reason_string
-                .as_deref()
-                .map(|r| format!(": {}", crate::clip::Clip(r)))
-                .unwrap_or_default()
+        }) => (
+            format!(
+                "the broker disconnected (DISCONNECT {reason_code:?}{})",
+                reason_string
+                    .as_deref()
+                    .map(|r| format!(": {}", crate::clip::Clip(r)))
+                    .unwrap_or_default()
+            ),
+            if *reason_code == DisconnectReasonCode::SessionTakenOver {
+                Cause::TakenOver
+            } else {
+                Cause::Closed
+            },
         ),
         // rumqttc's text would print the whole packet.
-        ConnectionError::NotConnAck(_) => "the broker answered CONNECT with another packet".into(),
-        other => crate::clip::display(other),
+        ConnectionError::NotConnAck(packet) => {
+            let name = failure::packet_name(&format!("{packet:?}"));
+            (
+                format!("expected a CONNACK, received {name}"),
+                Cause::Garbage(format!("it answered CONNECT with {name}")),
+            )
+        }
+        ConnectionError::MqttState(StateError::ConnectionAborted) => {
+            (crate::clip::display(e), Cause::Closed)
+        }
+        ConnectionError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            (crate::clip::display(e), Cause::NotListening)
+        }
+        ConnectionError::MqttState(StateError::Io(io)) | ConnectionError::Io(io) if closed(io) => {
+            (crate::clip::display(e), Cause::Closed)
+        }
+        ConnectionError::MqttState(StateError::Deserialization(Bytes::Io(io))) if closed(io) => {
+            (crate::clip::display(e), Cause::Closed)
+        }
+        ConnectionError::MqttState(StateError::Deserialization(what)) => (
+            crate::clip::display(e),
+            Cause::Garbage(format!(
+                "it sent bytes that are not MQTT ({})",
+                crate::clip::display(what)
+            )),
+        ),
+        other => (crate::clip::display(other), Cause::Other),
     };
-    LinkError(text, kind)
+    LinkError { text, cause }
 }
 
 /// The name of a CONNACK reason code (MQTT 5, 3.2.2.2).
@@ -277,6 +315,21 @@ mod tests {
             e.to_string(),
             "connection refused (CONNACK bad_user_name_or_password)"
         );
+        assert_eq!(e.cause, Cause::Refused("bad user name or password"));
+    }
+
+    #[test]
+    fn a_session_taken_over_is_told_apart_from_other_disconnects() {
+        use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode as Code;
+        let by = |reason_code| {
+            error(&ConnectionError::MqttState(StateError::ServerDisconnect {
+                reason_code,
+                reason_string: None,
+            }))
+            .cause
+        };
+        assert_eq!(by(Code::SessionTakenOver), Cause::TakenOver);
+        assert_eq!(by(Code::ServerShuttingDown), Cause::Closed);
     }
 
     #[test]

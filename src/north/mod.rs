@@ -10,7 +10,9 @@
 //! The session goes to one of `north.endpoints` at a time (see
 //! [`crate::mqtt::endpoints`]); the subscriptions and the status announce
 //! are made on every connection, so on every node. The gauge
-//! `ferry_north_endpoint_index` follows `Up` and `Down`.
+//! `ferry_north_endpoint_index` follows `Up` and `Down`; the status file
+//! gets the node, and each failure in words ([`failure`]: not an MQTT
+//! broker, a refusal, a second gateway with the same id).
 //!
 //! Each consumer learns of the link through [`Link::Up`]`(epoch)` and
 //! [`Link::Down`]. Every
@@ -25,6 +27,8 @@
 //! and reported rather than failing the connection (a broker redelivers an
 //! unacknowledged message to a persistent session forever).
 
+pub mod failure;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +41,7 @@ use crate::config::NorthConfig;
 use crate::ids::{DeviceId, Seq};
 use crate::metrics::{self, Count};
 pub use crate::mqtt::AckToken;
-use crate::mqtt::{self, Announce, Event, Message, Reconnect, Session, Will};
+use crate::mqtt::{self, Announce, Event, Message, Problem, Reconnect, Session, Will};
 use crate::protocol::control::{self, Status};
 use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
@@ -172,10 +176,12 @@ impl NorthSender {
     }
 }
 
-/// Starts the session. What arrives is routed to the returned receivers;
-/// the link's changes are also written to the status file.
+/// Starts the session of gateway `gateway`. What arrives is routed to the
+/// returned receivers; the link's changes are also written to the status
+/// file.
 pub fn start(
     cfg: &NorthConfig,
+    gateway: &str,
     topics: &Topics,
     status_file: LiveSender,
 ) -> (NorthSender, NorthEvents) {
@@ -226,6 +232,10 @@ pub fn start(
         downlink: downlink_tx,
         alerts: alerts_tx,
         status_file,
+        endpoints: cfg.endpoints.clone(),
+        client_id: cfg.client_id.clone(),
+        gateway: gateway.to_string(),
+        logged: None,
     };
     tokio::spawn(router.run(events));
     let events = NorthEvents {
@@ -252,16 +262,26 @@ struct Router {
     downlink: mpsc::Sender<DownlinkEvent>,
     alerts: mpsc::Sender<AlertEvent>,
     status_file: LiveSender,
+    endpoints: Vec<mqtt::Endpoint>,
+    client_id: String,
+    gateway: String,
+    /// The last failure's event logged (another is logged at once, a
+    /// repeat as the session's `link_down` is: the first three, then at
+    /// powers of two).
+    logged: Option<&'static str>,
 }
 
 impl Router {
-    async fn run(self, mut events: mpsc::Receiver<Event<Tag>>) {
+    async fn run(mut self, mut events: mpsc::Receiver<Event<Tag>>) {
         while let Some(event) = events.recv().await {
             match event {
                 Event::Up {
                     epoch, endpoint, ..
                 } => {
                     crate::metrics::set_north_endpoint(Some(endpoint));
+                    if let Some(node) = self.endpoints.get(endpoint) {
+                        let _ = self.status_file.send(LiveEvent::NorthUp(node.to_string()));
+                    }
                     self.link(Link::Up(epoch)).await;
                 }
                 Event::Down => {
@@ -284,9 +304,8 @@ impl Router {
                 Event::Refused(Tag::Uplink { device, seq }) => {
                     let _ = self.uplink.send(UplinkEvent::Refused { device, seq }).await;
                 }
+                Event::Failed(f) => self.failed(&f),
                 Event::Message(m) => self.route(m).await,
-                // Logged by the session, which tries again.
-                Event::Failed(_) => {}
             }
             if self.uplink.is_closed() && self.downlink.is_closed() {
                 return;
@@ -294,12 +313,51 @@ impl Router {
         }
     }
 
+    /// A connection failed: the status file gets what it means, and the
+    /// log too when it is new or the session's own line would be written
+    /// (the first failures of an outage, then at powers of two); a failure
+    /// with nothing to add (`Problem::Other`) is the session's line alone.
+    fn failed(&mut self, f: &mqtt::Failure) {
+        let text = failure::explain(f, &self.client_id, &self.gateway);
+        let _ = self.status_file.send(LiveEvent::NorthFailed {
+            endpoint: f.endpoint.to_string(),
+            error: text.clone(),
+        });
+        let Some(event) = failure::event(&f.problem) else {
+            return;
+        };
+        if self.logged == Some(event) && f.failures > 3 && !f.failures.is_power_of_two() {
+            return;
+        }
+        self.logged = Some(event);
+        let (endpoint, client_id, error, failures) = (
+            &f.endpoint,
+            Clip(&self.client_id),
+            Clip(&f.error),
+            f.failures,
+        );
+        match f.problem {
+            Problem::NotMqtt { .. } => {
+                warn!(event = "north_not_mqtt_broker", %endpoint, %client_id, %error, failures, "{text}")
+            }
+            Problem::Refused(reason) => {
+                warn!(event = "north_connect_refused", %endpoint, %client_id, reason, %error, failures, "{text}")
+            }
+            Problem::Closed { after, times } => {
+                warn!(event = "north_closed_by_broker", %endpoint, %client_id, after_ms = after.as_millis() as u64, times, %error, failures, "{text}")
+            }
+            Problem::SessionTaken => {
+                warn!(event = "north_session_taken", %endpoint, %client_id, gateway = %self.gateway, %error, failures, "{text}")
+            }
+            Problem::NotListening | Problem::Other => {}
+        }
+    }
+
     /// Tells every consumer (and the status file) of the link.
     async fn link(&self, link: Link) {
-        let _ = self.status_file.send(match link {
-            Link::Up(_) => LiveEvent::NorthUp,
-            Link::Down => LiveEvent::NorthDown,
-        });
+        if link == Link::Down {
+            let _ = self.status_file.send(LiveEvent::NorthDown);
+        }
         let _ = self.alerts.try_send(AlertEvent::Link(link));
         let _ = self.uplink.send(UplinkEvent::Link(link)).await;
         let _ = self.downlink.send(DownlinkEvent::Link(link)).await;

@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 
 use super::{sqlite, OpsError};
-use crate::status_file::{self as live, Backend, Link};
+use crate::status_file::{self as live, Backend, Link, NorthLink};
 use crate::store::clock::{self, Now};
 use crate::store::{figures, DB_FILE};
 
@@ -35,8 +35,13 @@ pub struct StatusView {
     pub gateway: Option<String>,
     pub pid: Option<u32>,
     pub started_ms: Option<i64>,
+    /// Seconds since it started, on this machine's clock.
+    pub uptime_s: Option<i64>,
     pub south_mode: Option<String>,
-    pub north: Option<Link>,
+    /// The running gateway's version.
+    pub version: Option<String>,
+    /// The north link, its node and its last failure.
+    pub north: Option<NorthLink>,
     pub south: Option<Link>,
     pub devices_online: Option<usize>,
     /// Whether the backend acks what is sent north (a running gateway's).
@@ -95,8 +100,10 @@ pub fn status(
         gateway: live.as_ref().map(|l| l.gateway.clone()),
         pid: live.as_ref().map(|l| l.pid),
         started_ms: live.as_ref().map(|l| l.started_ms),
+        uptime_s: live.as_ref().map(|l| (now_ms - l.started_ms).max(0) / 1000),
         south_mode: live.as_ref().map(|l| l.south_mode.clone()),
-        north: live.as_ref().map(|l| l.north),
+        version: live.as_ref().and_then(|l| l.version.clone()),
+        north: live.as_ref().map(|l| l.north.clone()),
         south: live.as_ref().map(|l| l.south),
         devices_online: live.as_ref().and_then(|l| l.devices_online),
         backend: live.as_ref().and_then(|l| l.backend),

@@ -71,6 +71,8 @@ pub struct IntakeConfig {
     /// External mode: devices' statuses also go to the status file (the
     /// only word of their presence there).
     pub presence: Option<LiveSender>,
+    /// Told of every device that sends something (its last seen time).
+    pub seen: LiveSender,
 }
 
 impl IntakeConfig {
@@ -89,7 +91,8 @@ impl IntakeConfig {
             controls,
             rate: cfg.south.rate,
             max_inflight_per_device: cfg.south.max_inflight_per_device,
-            presence: external.then_some(status_file),
+            presence: external.then(|| status_file.clone()),
+            seen: status_file,
         }
     }
 }
@@ -206,6 +209,9 @@ async fn accept(
 ) -> Verdict {
     let route = Route::of(topics, &msg);
     let sender = route.sender();
+    if let Some(device) = &sender {
+        let _ = cfg.seen.send(LiveEvent::DeviceSeen(device.clone()));
+    }
     if !matches!(route, Route::Control { .. }) {
         metrics::received(Direction::Up);
     }

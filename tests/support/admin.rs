@@ -130,14 +130,56 @@ pub fn render_dom(url: &str, settle: Duration) -> String {
 }
 
 fn render_now(url: &str, settle: Duration) -> String {
+    let profile = tempfile::tempdir().expect("a Chromium profile dir");
+    let mut command = chromium(&profile);
+    command
+        .arg(format!("--virtual-time-budget={}", settle.as_millis()))
+        .arg("--dump-dom")
+        .arg(url);
+    let out = run_bounded(command, url);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && dom.contains("</html>"),
+        "chromium failed on {url} ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dom
+}
+
+/// Saves a PNG of `url` as headless Chromium draws it at `size` (width,
+/// height) once its scripts ran for 5 s of virtual time.
+pub fn screenshot(url: &str, out: &Path, (width, height): (u32, u32)) {
+    super::blocking(|| {
+        let profile = tempfile::tempdir().expect("a Chromium profile dir");
+        let mut command = chromium(&profile);
+        command
+            .arg("--virtual-time-budget=5000")
+            .arg("--hide-scrollbars")
+            .arg(format!("--window-size={width},{height}"))
+            .arg(format!("--screenshot={}", out.display()))
+            .arg(url);
+        let done = run_bounded(command, url);
+        assert!(
+            done.status.success() && out.exists(),
+            "chromium made no screenshot of {url} ({}): {}",
+            done.status,
+            String::from_utf8_lossy(&done.stderr)
+        );
+    })
+}
+
+/// Headless Chromium with a throwaway profile; fails, with how to get it,
+/// when it is missing.
+fn chromium(profile: &tempfile::TempDir) -> Command {
     assert!(
         Path::new(CHROMIUM).exists(),
         "{CHROMIUM} not found: the status page test needs a real headless browser. \
          Install Debian's chromium (`sudo apt-get install chromium`), or run \
          `bash scripts/test.sh`, which installs it"
     );
-    let profile = tempfile::tempdir().expect("a Chromium profile dir");
-    let mut child = Command::new(CHROMIUM)
+    let mut command = Command::new(CHROMIUM);
+    command
         .args([
             "--headless",
             "--no-sandbox",
@@ -151,14 +193,17 @@ fn render_now(url: &str, settle: Duration) -> String {
             "--disable-extensions",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("--virtual-time-budget={}", settle.as_millis()))
-        .arg("--dump-dom")
-        .arg(url)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Runs `command` to its end, within 90 s (then it is killed and the test
+/// fails).
+fn run_bounded(mut command: Command, url: &str) -> std::process::Output {
+    let mut child = command
         .spawn()
         .unwrap_or_else(|e| panic!("start {CHROMIUM}: {e}"));
-    // Bounded: a Chromium that hangs is killed and the test fails.
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         match child.try_wait().expect("wait for chromium") {
@@ -170,15 +215,7 @@ fn render_now(url: &str, settle: Duration) -> String {
             None => std::thread::sleep(Duration::from_millis(100)),
         }
     }
-    let out = child.wait_with_output().expect("chromium output");
-    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success() && dom.contains("</html>"),
-        "chromium failed on {url} ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dom
+    child.wait_with_output().expect("chromium output")
 }
 
 /// The text inside the element with `id` in rendered `html` (the first
