@@ -3,7 +3,7 @@
 # integration tests need (Mosquitto, the real upstream broker; Chromium, the
 # status page test's headless browser; faketime, the clock tests' false
 # wall clock; python3-paho-mqtt and mosquitto-clients, the conformance
-# suite's clients), then
+# suite's clients; dpkg-dev, the package test's), then
 # `cargo test` over the workspace: ferry and its fork of rumqttd
 # (vendor/rumqttd). Extra arguments go to cargo test.
 set -euo pipefail
@@ -40,8 +40,12 @@ fi
 [ -f /usr/lib/python3/dist-packages/paho/mqtt/client.py ] || install python3-paho-mqtt "the conformance suite's MQTT 3.1/3.1.1/5 client"
 # ... and the stock clients plants use (mosquitto_pub, _sub, _rr).
 [ -x /usr/bin/mosquitto_rr ] || install mosquitto-clients "the conformance suite's stock MQTT clients"
-# systemd-analyze checks the shipped unit (below).
+# systemd-analyze checks the shipped unit (below, and in tests/package.rs).
 command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
+# The package test builds the .deb with scripts/deb.sh: dpkg-shlibdeps
+# (its Depends) and strip.
+command -v dpkg-shlibdeps >/dev/null 2>&1 || install dpkg-dev "the package test's dpkg-shlibdeps"
+command -v strip >/dev/null 2>&1 || install binutils "the package test's strip"
 # The tests start their own Mosquitto on free ports; the packaged service
 # is not needed. Benches are not run here (they are long; see
 # docs/BENCHMARKS.md), and there are no doc tests. One cargo invocation

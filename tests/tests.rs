@@ -45,6 +45,7 @@ mod limits;
 mod operate;
 mod ops;
 mod ops_edges;
+mod package;
 mod passwd_file;
 mod robust;
 mod sessions;
