@@ -48,6 +48,7 @@ mod ops_edges;
 mod package;
 mod passwd_file;
 mod robust;
+mod sandbox;
 mod sessions;
 mod tls;
 mod tls_recipe;
