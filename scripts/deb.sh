@@ -11,16 +11,20 @@
 # Made with dpkg-deb, not cargo-deb: dpkg-deb is on every Debian machine,
 # so packaging needs no extra tool and nothing from the network, and the
 # tree it packs is spelled out here. What goes in:
-#   /usr/bin/ferry                       the binary, debug info stripped (0755)
+#   /usr/bin/ferry                       the binary, stripped (0755)
 #   /lib/systemd/system/ferry.service    systemd/ferry.service with /usr/bin/ferry
 #                                        for the source install's /usr/local/bin/ferry
 #   /etc/ferry/ferry.toml                conf/ferry.toml with data_dir = "/var/lib/ferry"
 #                                        (root:root 0640; a conffile, so upgrades
 #                                        keep local edits; postinst gives it group ferry)
-#   /usr/share/doc/ferry/                README.md, docs/, copyright, changelog.gz
+#   /usr/share/doc/ferry/                README.md, CHANGELOG.md, docs/, copyright,
+#                                        changelog.gz (a one-entry Debian changelog)
+#   /usr/share/lintian/overrides/ferry   packaging/lintian-overrides
 #   DEBIAN/postinst, prerm, postrm       from packaging/ (user, store dir, service)
 # Depends comes from dpkg-shlibdeps (libc6, libgcc-s1), plus passwd for
-# the postinst's useradd.
+# the postinst's useradd. `lintian` on the result says only no-manual-page
+# (two deliberate findings are overridden, with why, in
+# packaging/lintian-overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tree is packed with the modes it has: not a restrictive umask's.
@@ -73,9 +77,10 @@ mkdir -p "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" "$pkg/etc/ferry"
     "$pkg/usr/share/doc/ferry"
 printf 'Source: ferry\n\nPackage: ferry\nArchitecture: any\n' >"$work/debian/control"
 
-# The binary without its debug sections (the release profile keeps line
-# tables for perf): a tenth of the size; symbols stay for backtraces.
-strip --strip-debug -o "$pkg/usr/bin/ferry" "$binary"
+# The binary stripped as Debian's dh_strip does (the release profile keeps
+# line tables for perf: profile target/release/ferry, not the packaged one).
+strip --strip-unneeded --remove-section=.comment --remove-section=.note \
+    -o "$pkg/usr/bin/ferry" "$binary"
 chmod 0755 "$pkg/usr/bin/ferry"
 
 # The unit, as systemd/ferry.service but for the packaged binary's path.
@@ -94,10 +99,22 @@ echo /etc/ferry/ferry.toml >"$pkg/DEBIAN/conffiles"
 
 # Docs, with docs/ kept as a folder so README's links still work.
 doc="$pkg/usr/share/doc/ferry"
-cp README.md "$doc/"
+cp README.md CHANGELOG.md "$doc/"
 cp -r docs "$doc/docs"
 cp packaging/copyright "$doc/copyright"
-gzip -9n <CHANGELOG.md >"$doc/changelog.gz"
+# A package without a Debian source tree still needs a Debian changelog
+# (changelog.gz): one entry, pointing at CHANGELOG.md, dated as the commit.
+when=$(git log -1 --format=%ct 2>/dev/null || date +%s)
+gzip -9n >"$doc/changelog.gz" <<EOF
+ferry ($version) unstable; urgency=medium
+
+  * Built by scripts/deb.sh from the ferry source tree; the changes are in
+    /usr/share/doc/ferry/CHANGELOG.md.
+
+ -- ferry developers <dev@ferry.invalid>  $(LC_ALL=C date -u -R -d "@$when")
+EOF
+mkdir -p "$pkg/usr/share/lintian/overrides"
+install -m0644 packaging/lintian-overrides "$pkg/usr/share/lintian/overrides/ferry"
 find "$doc" -type d -exec chmod 0755 {} + && find "$doc" -type f -exec chmod 0644 {} +
 
 for script in postinst prerm postrm; do

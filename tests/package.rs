@@ -232,6 +232,7 @@ fn the_package_installs_the_service_its_user_and_a_config_the_cli_agrees_with() 
     assert_eq!(mode(&unit_path), 0o644);
     for doc in [
         "README.md",
+        "CHANGELOG.md",
         "docs/OPERATIONS.md",
         "copyright",
         "changelog.gz",
