@@ -335,8 +335,13 @@ fn the_package_installs_the_service_its_user_and_a_config_the_cli_agrees_with() 
     let edited = config.replace("id = \"edge-01\"", "id = \"press-hall-3\"");
     assert_ne!(edited, config);
     std::fs::write(&conf, &edited).unwrap();
+    // An existing store directory is the unit's StateDirectory's to fix
+    // (systemd chowns it whole at start when its owner is not ferry): an
+    // upgrade leaves it as it finds it, here owned by someone else.
+    std::os::unix::fs::chown(&store, Some(4321), Some(4321)).unwrap();
     dpkg(&root, &["-i", &deb.to_string_lossy()]);
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), edited);
+    assert_eq!(std::fs::metadata(&store).unwrap().uid(), 4321);
     let meta = std::fs::metadata(&conf).unwrap();
     assert_eq!(
         (meta.gid(), format!("{:o}", mode(&conf))),
