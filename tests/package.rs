@@ -4,7 +4,9 @@
 //! scripts with `DPKG_ROOT=DIR`, and they change only DIR (useradd
 //! `--prefix`, paths under `$DPKG_ROOT`, no systemctl). So the postinst's
 //! user, group and store directory are checked as it made them, and the
-//! host's /etc/passwd and /var/lib are checked untouched.
+//! host's /etc/passwd and /var/lib are checked untouched. The scripts' other
+//! path, a live install (`DPKG_ROOT` empty: getent, useradd on /etc), runs
+//! in a mount namespace over copies of /etc and /var/lib.
 //!
 //! Needs root (the postinst chowns, as on a real install), dpkg-dev
 //! (dpkg-shlibdeps) and systemd-analyze; scripts/test.sh installs both.
@@ -367,5 +369,93 @@ fn the_package_installs_the_service_its_user_and_a_config_the_cli_agrees_with() 
         host_state(),
         before,
         "installing into a scratch root changed the host"
+    );
+}
+
+/// The maintainer scripts as they run on a real install (no `DPKG_ROOT`:
+/// getent, useradd without `--prefix`, the host's paths), in a mount
+/// namespace where /etc and /var/lib are this test's own copies, so the
+/// host's accounts and /var/lib are never touched. /run/systemd is an
+/// empty directory there, so on a host that runs systemd the scripts see
+/// none and call no systemctl.
+fn on_a_live_root(etc: &Path, var_lib: &Path, script: &str, args: &[&str]) -> Output {
+    let no_systemd = tempfile::tempdir().unwrap();
+    ok(
+        Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg(concat!(
+                r#"mount --bind "$0" /etc && mount --bind "$1" /var/lib && "#,
+                r#"{ [ ! -d /run/systemd ] || mount --bind "$2" /run/systemd; } && "#,
+                r#"shift 2 && exec sh "$@""#,
+            ))
+            .arg(etc)
+            .arg(var_lib)
+            .arg(no_systemd.path())
+            .arg(repo().join("packaging").join(script))
+            .args(args)
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .env_remove("DPKG_ROOT"),
+        "unshare (util-linux) makes a mount namespace; it needs root",
+    )
+}
+
+#[test]
+fn on_a_live_root_postinst_makes_the_user_the_store_and_the_configs_group_and_purge_the_rest() {
+    must_be_root();
+    let before = host_state();
+    let work = tempfile::tempdir().unwrap();
+    let etc = work.path().join("etc");
+    ok(
+        Command::new("cp").arg("-a").arg("/etc").arg(&etc),
+        "cp is coreutils",
+    );
+    let var_lib = work.path().join("var-lib");
+    std::fs::create_dir(&var_lib).unwrap();
+    // As dpkg unpacks it: root:root 0640.
+    std::fs::create_dir_all(etc.join("ferry")).unwrap();
+    let conf = etc.join("ferry/ferry.toml");
+    std::fs::write(&conf, "[gateway]\nid = \"edge-01\"\n").unwrap();
+    std::os::unix::fs::chown(&conf, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let had_user = account(work.path(), "passwd", "ferry", 1).is_some();
+
+    on_a_live_root(&etc, &var_lib, "postinst", &["configure", ""]);
+    let uid: u32 = account(work.path(), "passwd", "ferry", 3)
+        .expect("postinst made the user ferry in /etc/passwd")
+        .parse()
+        .unwrap();
+    let gid: u32 = account(work.path(), "group", "ferry", 3)
+        .expect("postinst made the group ferry in /etc/group")
+        .parse()
+        .unwrap();
+    let store = var_lib.join("ferry");
+    let meta = std::fs::metadata(&store).expect("postinst made /var/lib/ferry");
+    assert_eq!(
+        (meta.uid(), meta.gid(), format!("{:o}", mode(&store))),
+        (uid, gid, "750".into())
+    );
+    assert_eq!(std::fs::metadata(&conf).unwrap().gid(), gid);
+
+    // Configured again (an upgrade from 0.1.0): nothing made twice.
+    on_a_live_root(&etc, &var_lib, "postinst", &["configure", "0.1.0"]);
+    let users = std::fs::read_to_string(etc.join("passwd")).unwrap();
+    assert_eq!(
+        users.lines().filter(|l| l.starts_with("ferry:")).count(),
+        1,
+        "one user ferry (it existed before the test: {had_user})"
+    );
+    on_a_live_root(&etc, &var_lib, "prerm", &["remove"]);
+    on_a_live_root(&etc, &var_lib, "postrm", &["remove"]);
+    assert!(store.exists(), "remove keeps the store");
+    on_a_live_root(&etc, &var_lib, "postrm", &["purge"]);
+    assert!(!store.exists(), "purge deletes the store");
+
+    assert_eq!(
+        host_state(),
+        before,
+        "the live-root scripts changed the host"
     );
 }
