@@ -50,6 +50,7 @@ mod passwd_file;
 mod robust;
 mod sandbox;
 mod sessions;
+mod source_install;
 mod tls;
 mod tls_recipe;
 mod uplink;
