@@ -191,7 +191,10 @@ fn the_documented_source_install_gives_a_unit_config_and_store_that_agree() {
         "the config is root:ferry 0640"
     );
     let config = std::fs::read_to_string(&conf).unwrap();
-    assert!(config.lines().any(|l| l == "data_dir = \"/var/lib/ferry\""));
+    assert!(
+        config.lines().any(|l| l == "data_dir = \"/var/lib/ferry\""),
+        "the installed config keeps its store where the unit's StateDirectory is"
+    );
 
     // The unit as installed, verified with its ExecStart on the
     // installed binary (the real path is only inside the namespace).
