@@ -3,8 +3,9 @@
 # integration tests need (Mosquitto, the real upstream broker; Chromium, the
 # status page test's headless browser; faketime, the clock tests' false
 # wall clock; python3-paho-mqtt and mosquitto-clients, the conformance
-# suite's clients; dpkg-dev and strace, the package and sandbox tests'),
-# then `cargo test` over the workspace: ferry and its fork of rumqttd
+# suite's clients; libmosquitto-dev and libcjson-dev, the C example's;
+# dpkg-dev and strace, the package and sandbox tests'), then `cargo test`
+# over the workspace: ferry and its fork of rumqttd
 # (vendor/rumqttd). Extra arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,10 @@ fi
 [ -f /usr/lib/python3/dist-packages/paho/mqtt/client.py ] || install python3-paho-mqtt "the conformance suite's MQTT 3.1/3.1.1/5 client"
 # ... and the stock clients plants use (mosquitto_pub, _sub, _rr).
 [ -x /usr/bin/mosquitto_rr ] || install mosquitto-clients "the conformance suite's stock MQTT clients"
+# The C example (examples/c/device.c) is compiled against libmosquitto and
+# cJSON (tests/examples_c.rs).
+[ -f /usr/include/mosquitto.h ] || install libmosquitto-dev "the C example's MQTT client library"
+[ -f /usr/include/cjson/cJSON.h ] || install libcjson-dev "the C example's JSON parser"
 # systemd-analyze checks the shipped unit (below, and in tests/package.rs).
 command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
 # The package test builds the .deb with scripts/deb.sh: dpkg-shlibdeps

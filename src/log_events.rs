@@ -125,3 +125,78 @@ fn each_event_has_one_level() {
         );
     }
 }
+
+/// `file:line` of every `info!`, `warn!` or `error!` under `src/` and the
+/// vendored broker whose arguments have no `event` field.
+fn unnamed_lines() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("vendor/rumqttd/src"), &mut files);
+    let mut out = Vec::new();
+    for file in files {
+        if file.ends_with("log_events.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        for m in ["info!(", "warn!(", "error!("] {
+            for (at, _) in text.match_indices(m) {
+                let before = text[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                    continue;
+                }
+                let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+                if text[line_start..at].contains("//") {
+                    continue;
+                }
+                let args = macro_args(&text[at + m.len()..]);
+                if !args.contains("event = \"") && !args.contains("event=\"") {
+                    let line = text[..at].matches('\n').count() + 1;
+                    out.push(format!(
+                        "{}:{line}",
+                        file.strip_prefix(root).unwrap().display()
+                    ));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A macro call's arguments: `text` up to the `)` that closes the call,
+/// past string literals' own parentheses.
+fn macro_args(text: &str) -> &str {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '(' => depth += 1,
+            ')' if depth == 0 => return &text[..i],
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    text
+}
+
+#[test]
+fn every_info_warn_and_error_line_names_its_event() {
+    let unnamed = unnamed_lines();
+    assert!(
+        unnamed.is_empty(),
+        "{} INFO/WARN/ERROR lines without an `event` field (docs/OPERATIONS.md: every line has one): {unnamed:#?}",
+        unnamed.len()
+    );
+}

@@ -76,6 +76,7 @@ fn main() -> ExitCode {
     };
     let exit = match cli.command {
         Command::Ops(command) => cli::ops::command(command),
+        Command::Device(args) => cli::device::command(*args),
         Command::Passwd { file, device } => cli::passwd::command(&file, &device),
         Command::CheckConfig { config } => cli::check_config(&config),
         Command::Run { config } => run(&config),
@@ -88,7 +89,7 @@ fn run(config: &Path) -> Exit {
     let cfg = match Config::load(config) {
         Ok(cfg) => cfg,
         Err(e) => {
-            eprintln!("ferry: {}: {e}", config.display());
+            cli::say_config_errors(config, &e);
             return Exit::Usage;
         }
     };

@@ -183,3 +183,79 @@ fn check_config_rejects_a_jitter_above_one_naming_it() {
         "a panic is not an error message: {stderr}"
     );
 }
+
+#[test]
+fn check_config_names_every_problem_one_line_each() {
+    // An unknown key, a quoted number, a range error in another section,
+    // a whole number given as a fraction and a bad value checked only
+    // after the file is read: five problems, five lines, one run.
+    let bad = "[gateway]\nid = \"g\"\n\
+               [south]\nport = \"1884\"\nmax_connections = 1.5\n\
+               [north]\nhots = \"x\"\n\
+               [retry]\njitter = 5.0\n\
+               [store]\nsync = \"sometimes\"\n";
+    let (code, stderr) = check_config(bad);
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.trim().lines().collect();
+    let keys = [
+        "north.hots",
+        "south.max_connections",
+        "south.port",
+        "retry.jitter",
+        "store.sync",
+    ];
+    assert_eq!(lines.len(), keys.len(), "one line per problem: {stderr}");
+    for key in keys {
+        assert!(
+            lines.iter().any(|l| l.contains(&format!("`{key}`"))),
+            "a line names {key}: {stderr}"
+        );
+    }
+    let port = lines.iter().find(|l| l.contains("south.port")).unwrap();
+    assert!(
+        port.contains("must be a number") && port.contains("without quotes"),
+        "a quoted number is refused, not coerced: {port}"
+    );
+    assert!(
+        lines.iter().all(|l| l.starts_with("ferry: ")),
+        "every line is ferry's: {stderr}"
+    );
+}
+
+#[test]
+fn a_toml_syntax_error_is_one_line_with_its_position() {
+    let (code, stderr) = check_config("[gateway]\nid = \"g\"\n[south\n");
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("line 3"), "the line is given: {stderr}");
+}
+
+#[test]
+fn a_bad_environment_override_names_the_variable_not_the_file() {
+    let (code, stderr) = check_with_env(&[
+        ("FERRY_SOUTH__PROT", "1884"),
+        ("FERRY_SOUTH__PORT", "abc"),
+        ("FERRY_RETRY__JITTER", "7"),
+        ("FERRY_SOTH__PORT", "1"),
+    ]);
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.trim().lines().collect();
+    assert_eq!(lines.len(), 4, "one line per problem: {stderr}");
+    for var in [
+        "FERRY_SOUTH__PROT",
+        "FERRY_SOUTH__PORT",
+        "FERRY_RETRY__JITTER",
+        "FERRY_SOTH__PORT",
+    ] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&format!("set by the environment variable {var}:"))),
+            "a line names {var}: {stderr}"
+        );
+    }
+    // The file's own keys are not blamed on the environment.
+    let (code, stderr) = check_config("[gateway]\nid = \"g\"\n[south]\nprot = 1\n");
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    assert!(!stderr.contains("environment"), "{stderr}");
+}

@@ -71,7 +71,7 @@ pub async fn device_task(
                 }
             }
             DeviceEvent::Disconnected => r.disconnects += 1,
-            DeviceEvent::Receipt(_) => {}
+            DeviceEvent::Receipt(_) | DeviceEvent::ConnectionFailed(_) => {}
             DeviceEvent::Inbox {
                 messages,
                 duplicates,

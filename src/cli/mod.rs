@@ -5,6 +5,7 @@
 //!
 //! - [`ops`]: `dlq`, `trace` and `status`, over the library's `ops` views;
 //! - [`passwd`]: `passwd`, a password file's line rewritten;
+//! - [`device`]: `device`, a device on the command line (`pub`, `listen`);
 //! - `check-config` ([`check_config`]);
 //! - [`output`]: how every command writes stdout (never `println!`);
 //! - [`exit`]: the one place exit codes are written.
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 use ferry::config::Config;
 
+pub mod device;
 pub mod exit;
 pub mod ops;
 pub mod output;
@@ -54,15 +56,19 @@ pub enum Command {
         #[arg(value_name = "DEVICE")]
         device: String,
     },
+    /// Be a device: `pub` an uplink and see its receipts, or `listen` to
+    /// its inbox (one connection, the device's own id).
+    Device(Box<device::DeviceArgs>),
     /// Operator tools: dead letters, trace, status.
     #[command(flatten)]
     Ops(ops::OpsCommand),
 }
 
-/// `ferry check-config`: `FILE: ok` on stdout, or the first bad key.
+/// `ferry check-config`: `FILE: ok` on stdout, or every bad key, one line
+/// each, on stderr.
 pub fn check_config(config: &Path) -> Exit {
     if let Err(e) = Config::load(config) {
-        eprintln!("ferry: {}: {e}", config.display());
+        say_config_errors(config, &e);
         return Exit::Usage;
     }
     let mut text = output::Text::new();
@@ -76,5 +82,13 @@ pub fn check_config(config: &Path) -> Exit {
             }
             exit
         }
+    }
+}
+
+/// Each of a refused config's problems as its own line on stderr,
+/// `ferry: FILE: config key `KEY`: REASON`.
+pub fn say_config_errors(config: &Path, errors: &ferry::config::ConfigErrors) {
+    for e in errors.iter() {
+        eprintln!("ferry: {}: {e}", config.display());
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 use super::resends::Resends;
@@ -36,8 +36,11 @@ pub struct DeviceOptions {
     /// Resend an uplink with no final receipt after this long.
     pub resend_after: Duration,
     /// The device's password where the gateway (or the site broker)
-    /// authenticates devices; the username is the device id.
+    /// authenticates devices.
     pub password: Option<String>,
+    /// The username sent with the password (`None`: the device id, as the
+    /// embedded broker requires).
+    pub username: Option<String>,
     /// Plain TCP, or TLS (with the device's certificate, whose CN is its
     /// id, where the gateway requires one).
     pub transport: mqtt::Transport,
@@ -58,6 +61,7 @@ impl DeviceOptions {
             keep_alive: Duration::from_secs(30),
             resend_after: Duration::from_secs(5),
             password: None,
+            username: None,
             transport: mqtt::Transport::Tcp,
             mqtt_version: mqtt::MqttVersion::V311,
         }
@@ -91,6 +95,10 @@ pub enum DeviceEvent {
     /// Connected and subscribed (again); the backlog has been pulled.
     Connected,
     Disconnected,
+    /// A connection attempt failed, or the connection broke: why, and of
+    /// which kind (a refused CONNECT will not pass by trying again). The
+    /// client tries again after its backoff.
+    ConnectionFailed(mqtt::Failure),
     /// A receipt on `{prefix}/{device}/ack`.
     Receipt(Receipt),
     /// New inbox messages, in seq order, none at or below the cursor.
@@ -113,9 +121,13 @@ enum Command {
         topic: String,
         body: Bytes,
     },
+    /// Leave cleanly within this long, then answer.
+    Close(Duration, oneshot::Sender<()>),
 }
 
-/// A connected device. Dropping it stops its event loop.
+/// A connected device. Dropping it stops its event loop (the broker then
+/// sees the connection drop and fires the last will); [`DeviceClient::close`]
+/// leaves cleanly instead.
 pub struct DeviceClient {
     commands: mpsc::UnboundedSender<Command>,
     pub events: mpsc::UnboundedReceiver<DeviceEvent>,
@@ -142,10 +154,10 @@ impl DeviceClient {
             opts.device.clone(),
         );
         mqtt.keep_alive = opts.keep_alive;
-        mqtt.credentials = opts
-            .password
-            .clone()
-            .map(|password| (opts.device.clone(), password));
+        mqtt.credentials = opts.password.clone().map(|password| {
+            let username = opts.username.clone();
+            (username.unwrap_or_else(|| opts.device.clone()), password)
+        });
         mqtt.transport = opts.transport.clone();
         mqtt.version = opts.mqtt_version;
         mqtt.clean_session = !opts.persistent_session;
@@ -240,6 +252,16 @@ impl DeviceClient {
         self.control(self.topics.pull(), &pull);
     }
 
+    /// Leaves cleanly: `{"online": false}` on `status` (a clean
+    /// DISCONNECT does not fire the last will), then DISCONNECT, waiting at
+    /// most `within`. The client is done afterwards.
+    pub async fn close(&self, within: Duration) {
+        let (done, closed) = oneshot::channel();
+        if self.commands.send(Command::Close(within, done)).is_ok() {
+            let _ = closed.await;
+        }
+    }
+
     fn control(&self, topic: String, body: &impl serde::Serialize) {
         let _ = self.commands.send(Command::Publish {
             topic,
@@ -295,6 +317,9 @@ impl Task {
                         connected = false;
                         let _ = self.events.send(DeviceEvent::Disconnected);
                     }
+                    Some(Event::Failed(error)) => {
+                        let _ = self.events.send(DeviceEvent::ConnectionFailed(error));
+                    }
                     Some(_) => {}
                     None => return,
                 },
@@ -308,6 +333,14 @@ impl Task {
                         self.confirm(upto);
                     }
                     Some(Command::Publish { topic, body }) => self.publish(topic, body),
+                    Some(Command::Close(within, done)) => {
+                        if connected {
+                            self.session.send(self.topics.status(), status_body(false), true);
+                        }
+                        self.session.close(None, within).await;
+                        let _ = done.send(());
+                        return;
+                    }
                     None => return,
                 },
                 _ = resend.tick(), if connected => self.resend(false),

@@ -20,14 +20,15 @@ pub use crate::backoff::RetryConfig;
 use crate::ids::{DeviceId, GatewayId};
 
 mod check;
+mod load;
 mod north;
 pub mod passwords;
 mod raw;
 mod south;
 mod tls;
 mod version;
-use check::in_range;
-pub use check::ConfigError;
+use check::{in_range, Problems};
+pub use check::{ConfigError, ConfigErrors};
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
 pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode, MAX_UNANSWERED};
@@ -129,110 +130,157 @@ pub struct StoreConfig {
 }
 
 impl Config {
-    /// Reads `path`, applies environment overrides and checks every key.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let raw = RawConfig::load(path)?;
-        Config::from_raw(raw)
+    /// Reads `path`, applies environment overrides and checks every key;
+    /// refused, it names every problem, not only the first.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let (raw, mut problems) = RawConfig::read(path)?;
+        let from_env = raw.from_env.clone();
+        let checked = Config::from_raw(raw);
+        if let Err(more) = &checked {
+            problems.extend(more.iter().map(|e| load::blame_env(e.clone(), &from_env)));
+        }
+        match checked {
+            Ok(config) if problems.is_empty() => Ok(config),
+            _ => Err(ConfigErrors::from_vec(problems)),
+        }
     }
 
-    pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
-        let gateway = GatewayId::new(raw.gateway.id.clone()).map_err(|e| {
+    pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigErrors> {
+        let mut p = Problems::default();
+        let config = Config::check(raw, &mut p);
+        p.finish(config)
+    }
+
+    /// Every check, each problem noted in `p`; `None` when any was.
+    fn check(raw: RawConfig, p: &mut Problems) -> Option<Config> {
+        let gateway = p.take(GatewayId::new(raw.gateway.id.clone()).map_err(|e| {
             ConfigError::new("gateway.id", format!("{e}; use [A-Za-z0-9._-]{{1,64}}"))
-        })?;
+        }));
         if raw.gateway.data_dir.as_os_str().is_empty() {
-            return Err(ConfigError::new(
+            p.note(ConfigError::new(
                 "gateway.data_dir",
                 "must name a directory",
             ));
         }
-        let south = south::check(&raw.south, &gateway)?;
-        let north = north::check(&raw.north, &gateway, raw.south.max_payload_bytes)?;
-        in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000)?;
+        // The sections below name their own keys; a bad gateway.id (noted
+        // above) stands in as "gateway" so they are checked all the same.
+        let named = gateway
+            .clone()
+            .unwrap_or_else(|| GatewayId::new("gateway".to_string()).expect("a valid id"));
+        let south = south::check(&raw.south, &named, p);
+        let north = north::check(&raw.north, &named, raw.south.max_payload_bytes, p);
+        p.take(in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000));
         if raw.retry.max_ms < raw.retry.base_ms {
-            return Err(ConfigError::new(
+            p.note(ConfigError::new(
                 "retry.max_ms",
                 "must be at least retry.base_ms",
             ));
         }
-        in_range("retry.max_attempts", raw.retry.max_attempts, 1, 1_000_000)?;
+        p.take(in_range(
+            "retry.max_attempts",
+            raw.retry.max_attempts,
+            1,
+            1_000_000,
+        ));
         if !(0.0..=1.0).contains(&raw.retry.jitter) {
-            return Err(ConfigError::new(
+            p.note(ConfigError::new(
                 "retry.jitter",
                 format!("must be between 0.0 and 1.0 (got {})", raw.retry.jitter),
             ));
         }
 
-        let sync = SyncMode::parse(&raw.store.sync)?;
-        in_range("store.max_batch", raw.store.max_batch, 1, 100_000)?;
+        let sync = p.take(SyncMode::parse(&raw.store.sync));
+        p.take(in_range("store.max_batch", raw.store.max_batch, 1, 100_000));
         // Below 1 MiB the WAL of a few commits alone would fill it; above
         // 1 PiB is a typo. There is no "unlimited": a full disk stalls
         // every commit, a reached budget only refuses new messages.
-        in_range(
+        p.take(in_range(
             "store.max_db_bytes",
             raw.store.max_db_bytes,
             1 << 20,
             1 << 50,
-        )?;
-        in_range("store.retention_days", raw.store.retention_days, 1, 36_500)?;
-        in_range("alerts.north_down_s", raw.alerts.north_down_s, 1, 604_800)?;
-        in_range(
+        ));
+        p.take(in_range(
+            "store.retention_days",
+            raw.store.retention_days,
+            1,
+            36_500,
+        ));
+        p.take(in_range(
+            "alerts.north_down_s",
+            raw.alerts.north_down_s,
+            1,
+            604_800,
+        ));
+        p.take(in_range(
             "alerts.backend_silent_s",
             raw.alerts.backend_silent_s,
             1,
             604_800,
-        )?;
+        ));
         let admin = match raw.admin.listen.trim() {
-            "" => None,
-            listen => Some(listen.parse::<std::net::SocketAddr>().map_err(|e| {
+            "" => Some(None),
+            listen => p.take(listen.parse::<std::net::SocketAddr>().map(Some).map_err(|e| {
                 ConfigError::new(
                     "admin.listen",
                     format!("{e}; expected host:port, e.g. \"127.0.0.1:9183\", or \"\" for no admin server"),
                 )
-            })?),
+            })),
         };
-        in_range(
+        p.take(in_range(
             "alerts.backlog_age_s",
             raw.alerts.backlog_age_s,
             1,
             31_536_000,
-        )?;
-        in_range(
+        ));
+        p.take(in_range(
             "store.dead_letter_retention_days",
             raw.store.dead_letter_retention_days,
             1,
             36_500,
-        )?;
+        ));
 
-        in_range("downlink.batch_size", raw.downlink.batch_size, 1, 1000)?;
-        in_range(
+        p.take(in_range(
+            "downlink.batch_size",
+            raw.downlink.batch_size,
+            1,
+            1000,
+        ));
+        p.take(in_range(
             "downlink.confirm_timeout_ms",
             raw.downlink.confirm_timeout_ms,
             100,
             3_600_000,
-        )?;
-        in_range("downlink.queue_cap", raw.downlink.queue_cap, 1, 10_000_000)?;
+        ));
+        p.take(in_range(
+            "downlink.queue_cap",
+            raw.downlink.queue_cap,
+            1,
+            10_000_000,
+        ));
         let mut groups = BTreeMap::new();
         for (name, members) in &raw.groups {
             let key = format!("groups.{name}");
-            DeviceId::new(name.as_str())
-                .map_err(|e| ConfigError::new(&key, format!("bad group name: {e}")))?;
-            let members = members
-                .iter()
-                .map(|m| {
-                    DeviceId::new(m.as_str())
-                        .map_err(|e| ConfigError::new(&key, format!("bad device id {m:?}: {e}")))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            groups.insert(name.clone(), members);
+            if let Err(e) = DeviceId::new(name.as_str()) {
+                p.note(ConfigError::new(&key, format!("bad group name: {e}")));
+            }
+            let mut checked = Vec::with_capacity(members.len());
+            for m in members {
+                match DeviceId::new(m.as_str()) {
+                    Ok(id) => checked.push(id),
+                    Err(e) => p.note(ConfigError::new(&key, format!("bad device id {m:?}: {e}"))),
+                }
+            }
+            groups.insert(name.clone(), checked);
         }
 
-        in_range("shutdown.grace_s", raw.shutdown.grace_s, 1, 3600)?;
-        let log_format = LogFormat::parse(&raw.log.format)?;
-        Ok(Config {
-            gateway,
+        p.take(in_range("shutdown.grace_s", raw.shutdown.grace_s, 1, 3600));
+        let log_format = p.take(LogFormat::parse(&raw.log.format));
+        Some(Config {
+            gateway: gateway?,
             data_dir: raw.gateway.data_dir,
-            south,
-            north,
+            south: south?,
+            north: north?,
             retry: RetryConfig {
                 base: Duration::from_millis(raw.retry.base_ms),
                 max: Duration::from_millis(raw.retry.max_ms),
@@ -240,7 +288,7 @@ impl Config {
                 jitter: raw.retry.jitter,
             },
             store: StoreConfig {
-                sync,
+                sync: sync?,
                 max_batch: raw.store.max_batch,
                 max_db_bytes: raw.store.max_db_bytes,
                 retention: days(raw.store.retention_days),
@@ -253,14 +301,14 @@ impl Config {
             },
             groups,
             log_level: raw.log.level,
-            log_format,
+            log_format: log_format?,
             shutdown_grace: Duration::from_secs(raw.shutdown.grace_s),
             alerts: AlertsConfig {
                 north_down: Duration::from_secs(raw.alerts.north_down_s),
                 backlog_age: Duration::from_secs(raw.alerts.backlog_age_s),
                 backend_silent: Duration::from_secs(raw.alerts.backend_silent_s),
             },
-            admin,
+            admin: admin?,
         })
     }
 }

@@ -11,7 +11,7 @@ use std::fmt;
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
-use super::check::{credentials, in_range, topic_segment, ConfigError};
+use super::check::{credentials, in_range, topic_segment, ConfigError, Problems};
 use super::raw::RawNorth;
 use super::tls::{self, ClientTls};
 use super::version::MqttVersion;
@@ -127,29 +127,35 @@ impl fmt::Display for Endpoint {
     }
 }
 
-/// Checks `[north]`; `max_payload_bytes` is the south's, which a north
-/// packet must carry.
+/// Checks `[north]`, noting each problem in `p`; `max_payload_bytes` is
+/// the south's, which a north packet must carry.
 pub(super) fn check(
     raw: &RawNorth,
     gateway: &GatewayId,
     max_payload_bytes: usize,
-) -> Result<NorthConfig, ConfigError> {
-    let endpoints = endpoints(raw)?;
-    in_range(
+    p: &mut Problems,
+) -> Option<NorthConfig> {
+    let endpoints = p.take(endpoints(raw));
+    p.take(in_range(
         "north.prefer_first_check_s",
         raw.prefer_first_check_s,
         1,
         86_400,
-    )?;
+    ));
     let prefer_first = raw
         .prefer_first
         .then(|| Duration::from_secs(raw.prefer_first_check_s));
-    in_range("north.keep_alive_s", raw.keep_alive_s, 5, 3600)?;
-    let mqtt_version = MqttVersion::parse("north.mqtt_version", &raw.mqtt_version)?;
-    in_range("north.ack_timeout_ms", raw.ack_timeout_ms, 100, 3_600_000)?;
-    in_range("north.max_inflight", raw.max_inflight, 1, 1000)?;
+    p.take(in_range("north.keep_alive_s", raw.keep_alive_s, 5, 3600));
+    let mqtt_version = p.take(MqttVersion::parse("north.mqtt_version", &raw.mqtt_version));
+    p.take(in_range(
+        "north.ack_timeout_ms",
+        raw.ack_timeout_ms,
+        100,
+        3_600_000,
+    ));
+    p.take(in_range("north.max_inflight", raw.max_inflight, 1, 1000));
     if raw.max_packet_bytes < max_payload_bytes + 4096 {
-        return Err(ConfigError::new(
+        p.note(ConfigError::new(
             "north.max_packet_bytes",
             format!(
                 "must be at least south.max_payload_bytes + 4096 = {} (got {}): a message \
@@ -159,30 +165,32 @@ pub(super) fn check(
             ),
         ));
     }
-    in_range(
+    p.take(in_range(
         "north.max_packet_bytes",
         raw.max_packet_bytes,
         0,
         crate::protocol::MQTT_MAX_PACKET,
-    )?;
-    topic_segment("north.topic_prefix", &raw.topic_prefix)?;
+    ));
+    p.take(topic_segment("north.topic_prefix", &raw.topic_prefix));
     let client_id = if raw.client_id.is_empty() {
         format!("ferry-{gateway}")
     } else {
         raw.client_id.clone()
     };
-    Ok(NorthConfig {
-        endpoints,
+    let credentials = p.take(credentials("north", &raw.username, &raw.password));
+    let tls = p.take(tls::client("north.tls", &raw.tls));
+    Some(NorthConfig {
+        endpoints: endpoints?,
         prefer_first,
         client_id,
-        credentials: credentials("north", &raw.username, &raw.password)?,
+        credentials: credentials?,
         keep_alive: Duration::from_secs(raw.keep_alive_s),
-        mqtt_version,
+        mqtt_version: mqtt_version?,
         ack_timeout: Duration::from_millis(raw.ack_timeout_ms),
         max_inflight: raw.max_inflight,
         prefix: format!("{}/{}", raw.topic_prefix, gateway),
         max_packet_bytes: raw.max_packet_bytes,
-        tls: tls::client("north.tls", &raw.tls)?,
+        tls: tls?,
     })
 }
 

@@ -1,13 +1,12 @@
 //! The config file as written: serde structs mirroring conf/ferry.toml,
-//! every field documented and defaulted, unknown keys refused by name, and
-//! `FERRY_<SECTION>__<KEY>` environment overrides applied on top.
+//! every field documented and defaulted, unknown keys refused by name.
+//! Reading the file and the environment overrides into them is
+//! [`super::load`]'s.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-
-use super::check::ConfigError;
 
 /// The file as written. See conf/ferry.toml for every key's meaning.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -25,6 +24,10 @@ pub struct RawConfig {
     pub shutdown: RawShutdown,
     pub alerts: RawAlerts,
     pub admin: RawAdmin,
+    /// The keys an environment variable set (`south.port`), so a check
+    /// that refuses one names the variable, not the file.
+    #[serde(skip)]
+    pub from_env: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -372,95 +375,4 @@ impl Default for RawShutdown {
     fn default() -> Self {
         RawShutdown { grace_s: 10 }
     }
-}
-
-impl RawConfig {
-    /// Reads the file and the environment; refuses unknown keys by name.
-    pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
-        if !path.is_file() {
-            return Err(ConfigError::new(
-                "--config",
-                format!("{} is not a readable file", path.display()),
-            ));
-        }
-        let built = config::Config::builder()
-            .add_source(config::File::from(path).format(config::FileFormat::Toml))
-            .add_source(
-                config::Environment::with_prefix("FERRY")
-                    .prefix_separator("_")
-                    .separator("__")
-                    .try_parsing(true)
-                    // The one list key: `FERRY_NORTH__ENDPOINTS=a:1883,b:1883`.
-                    .list_separator(",")
-                    .with_list_parse_key("north.endpoints"),
-            )
-            .build()
-            .map_err(|e| from_config_error(&e))?;
-        let table: config::Map<String, config::Value> = built
-            .clone()
-            .try_deserialize()
-            .map_err(|e| from_config_error(&e))?;
-        check_known_keys(&table)?;
-        built.try_deserialize().map_err(|e| from_config_error(&e))
-    }
-}
-
-/// Names the first key in `table` that [`RawConfig`] does not have.
-fn check_known_keys(table: &config::Map<String, config::Value>) -> Result<(), ConfigError> {
-    let known = serde_json::to_value(RawConfig::default()).expect("RawConfig serializes");
-    let mut sections: Vec<_> = table.iter().collect();
-    sections.sort_by(|a, b| a.0.cmp(b.0));
-    for (section, value) in sections {
-        if section == "groups" {
-            // Free-form: every key is a group name, checked in from_raw.
-            continue;
-        }
-        let Some(known_section) = known.get(section) else {
-            return Err(ConfigError::new(
-                section,
-                "unknown section; see conf/ferry.toml for the keys",
-            ));
-        };
-        check_table(section, value, known_section)?;
-    }
-    Ok(())
-}
-
-/// Names the first key in the table `value` (at `path`) that `known`
-/// lacks, looking into nested tables (`south.tls`).
-fn check_table(
-    path: &str,
-    value: &config::Value,
-    known: &serde_json::Value,
-) -> Result<(), ConfigError> {
-    let Ok(keys) = value.clone().into_table() else {
-        return Err(ConfigError::new(path, "must be a table of keys"));
-    };
-    let mut names: Vec<_> = keys.iter().collect();
-    names.sort_by(|a, b| a.0.cmp(b.0));
-    for (key, value) in names {
-        let name = format!("{path}.{key}");
-        let Some(known_key) = known.get(key) else {
-            return Err(ConfigError::new(
-                &name,
-                "unknown key; see conf/ferry.toml for the keys",
-            ));
-        };
-        if known_key.is_object() {
-            check_table(&name, value, known_key)?;
-        }
-    }
-    Ok(())
-}
-
-fn from_config_error(e: &config::ConfigError) -> ConfigError {
-    let text = e.to_string();
-    // The config crate says "... for key `north.port` in ..." where it knows the key.
-    let key = text
-        .split("for key `")
-        .nth(1)
-        .and_then(|rest| rest.split('`').next())
-        .unwrap_or("(file)")
-        .to_string();
-    ConfigError { key, reason: text }
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::check::{credentials, in_range, topic_segment, ConfigError};
+use super::check::{credentials, in_range, topic_segment, ConfigError, Problems};
 use super::raw::RawSouth;
 use super::tls::{self, ClientTls, ListenerTls};
 use super::version::MqttVersion;
@@ -83,48 +83,58 @@ pub struct ExternalSouth {
     pub tls: Option<ClientTls>,
 }
 
-/// Checks the south section; `gateway` names ferry's default client id on a
-/// site broker.
-pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, ConfigError> {
-    let listen = raw.listen.parse::<SocketAddr>().map_err(|e| {
+/// Checks the south section, noting each problem in `p`; `gateway` names
+/// ferry's default client id on a site broker.
+pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Option<SouthConfig> {
+    let listen = p.take(raw.listen.parse::<SocketAddr>().map_err(|e| {
         ConfigError::new(
             "south.listen",
             format!("{e}; expected host:port, e.g. \"0.0.0.0:1883\""),
         )
-    })?;
-    in_range(
+    }));
+    p.take(in_range(
         "south.max_payload_bytes",
         raw.max_payload_bytes,
         64,
         16 << 20,
-    )?;
-    topic_segment("south.topic_prefix", &raw.topic_prefix)?;
-    in_range("south.max_connections", raw.max_connections, 1, 1_000_000)?;
-    in_range(
+    ));
+    p.take(topic_segment("south.topic_prefix", &raw.topic_prefix));
+    p.take(in_range(
+        "south.max_connections",
+        raw.max_connections,
+        1,
+        1_000_000,
+    ));
+    p.take(in_range(
         "south.max_keep_alive_s",
         raw.max_keep_alive_s,
         5,
         u16::MAX as u64,
-    )?;
-    in_range(
+    ));
+    p.take(in_range(
         "south.max_session_expiry_s",
         raw.max_session_expiry_s,
         0,
         MAX_SESSION_EXPIRY_S,
-    )?;
-    in_range("south.max_subscriptions", raw.max_subscriptions, 2, 10_000)?;
-    in_range(
+    ));
+    p.take(in_range(
+        "south.max_subscriptions",
+        raw.max_subscriptions,
+        2,
+        10_000,
+    ));
+    p.take(in_range(
         "south.connect_timeout_ms",
         raw.connect_timeout_ms,
         100,
         u16::MAX as u64,
-    )?;
+    ));
     // No off switch: a device that may send without bound can fill the
     // store for everyone. A site that wants no practical limit sets a
     // high one.
     let rate = raw.rate_per_s;
     if !(rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&rate)) {
-        return Err(ConfigError::new(
+        p.note(ConfigError::new(
             "south.rate_per_s",
             format!(
                 "must be between {MIN_RATE} and {MAX_RATE} publishes per second (got {rate}); \
@@ -132,22 +142,58 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
             ),
         ));
     }
-    in_range("south.burst", raw.burst, 1, 1_000_000)?;
-    in_range(
+    p.take(in_range("south.burst", raw.burst, 1, 1_000_000));
+    p.take(in_range(
         "south.max_inflight_per_device",
         raw.max_inflight_per_device,
         1,
         MAX_UNANSWERED,
-    )?;
+    ));
 
     let listener_tls = &raw.tls;
-    let site_tls = &raw.site_tls;
     // south.auth is checked first (as embedded mode's unless the mode is
     // "external"); a mode that is neither is reported after it.
     let mode = ModeName::parse(&raw.mode);
-    let south_auth = south_auth(raw, listen, matches!(mode, Ok(ModeName::External)))?;
-    let mqtt_version = MqttVersion::parse("south.mqtt_version", &raw.mqtt_version)?;
-    let south_mode = match mode? {
+    let external = matches!(mode, Ok(ModeName::External));
+    let south_auth = listen.and_then(|listen| p.take(south_auth(raw, listen, external)));
+    let mqtt_version = p.take(MqttVersion::parse("south.mqtt_version", &raw.mqtt_version));
+    let south_mode = mqtt_version.and_then(|v| p.take(mode_of(raw, gateway, mode, v)));
+    let south_tls = match south_mode.as_ref()? {
+        SouthMode::Embedded => p.take(tls::listener(listener_tls))?,
+        SouthMode::External(_) => None,
+    };
+
+    Some(SouthConfig {
+        mode: south_mode?,
+        listen: listen?,
+        max_payload_bytes: raw.max_payload_bytes,
+        topic_prefix: raw.topic_prefix.clone(),
+        max_connections: raw.max_connections,
+        max_keep_alive: Duration::from_secs(raw.max_keep_alive_s),
+        max_session_expiry: Duration::from_secs(raw.max_session_expiry_s),
+        max_subscriptions: raw.max_subscriptions,
+        connect_timeout: Duration::from_millis(raw.connect_timeout_ms),
+        tls: south_tls,
+        auth: south_auth?,
+        rate: RateLimit {
+            per_s: raw.rate_per_s,
+            burst: raw.burst,
+        },
+        max_inflight_per_device: raw.max_inflight_per_device,
+    })
+}
+
+/// `south.mode` and what goes with it: the site broker's link in external
+/// mode, and the keys that belong to the other mode refused.
+fn mode_of(
+    raw: &RawSouth,
+    gateway: &GatewayId,
+    mode: Result<ModeName, ConfigError>,
+    mqtt_version: MqttVersion,
+) -> Result<SouthMode, ConfigError> {
+    let listener_tls = &raw.tls;
+    let site_tls = &raw.site_tls;
+    Ok(match mode? {
         ModeName::Embedded => {
             if mqtt_version != MqttVersion::V311 {
                 return Err(ConfigError::new(
@@ -205,30 +251,6 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId) -> Result<SouthConfig, 
                 tls: tls::client("south.site_tls", site_tls)?,
             })
         }
-    };
-
-    let south_tls = match south_mode {
-        SouthMode::Embedded => tls::listener(listener_tls)?,
-        SouthMode::External(_) => None,
-    };
-
-    Ok(SouthConfig {
-        mode: south_mode,
-        listen,
-        max_payload_bytes: raw.max_payload_bytes,
-        topic_prefix: raw.topic_prefix.clone(),
-        max_connections: raw.max_connections,
-        max_keep_alive: Duration::from_secs(raw.max_keep_alive_s),
-        max_session_expiry: Duration::from_secs(raw.max_session_expiry_s),
-        max_subscriptions: raw.max_subscriptions,
-        connect_timeout: Duration::from_millis(raw.connect_timeout_ms),
-        tls: south_tls,
-        auth: south_auth,
-        rate: RateLimit {
-            per_s: raw.rate_per_s,
-            burst: raw.burst,
-        },
-        max_inflight_per_device: raw.max_inflight_per_device,
     })
 }
 

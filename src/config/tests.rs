@@ -1,7 +1,13 @@
 use super::*;
 use std::io::Write;
 
+/// The config `toml`, or its first problem.
 fn load_str(toml: &str) -> Result<Config, ConfigError> {
+    load_all(toml).map_err(|e| e.first().clone())
+}
+
+/// The config `toml`, or every problem it has.
+fn load_all(toml: &str) -> Result<Config, ConfigErrors> {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(toml.as_bytes()).unwrap();
     Config::load(f.path())
@@ -241,7 +247,7 @@ fn with_raw(change: impl FnOnce(&mut RawConfig)) -> Result<Config, ConfigError> 
     let mut raw = RawConfig::default();
     raw.gateway.id = "g".into();
     change(&mut raw);
-    Config::from_raw(raw)
+    Config::from_raw(raw).map_err(|e| e.first().clone())
 }
 
 #[test]
@@ -355,3 +361,41 @@ fn alert_thresholds_default_and_name_their_keys() {
 
 mod north;
 mod tls;
+
+#[test]
+fn every_problem_is_named_not_only_the_first() {
+    let err = load_all(
+        "[gateway]\nid = \"bad id\"\n[south]\nburst = 0\n[north]\nmax_inflight = 0\n[shutdown]\ngrace_s = 0\n",
+    )
+    .unwrap_err();
+    let keys: Vec<&str> = err.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "gateway.id",
+            "south.burst",
+            "north.max_inflight",
+            "shutdown.grace_s"
+        ]
+    );
+    assert_eq!(err.to_string().lines().count(), 4, "{err}");
+}
+
+#[test]
+fn a_quoted_number_or_a_fraction_for_a_count_is_refused() {
+    let err = load_str("[gateway]\nid = \"g\"\n[north]\nport = \"1883\"\n").unwrap_err();
+    assert_eq!(err.key, "north.port");
+    assert!(err.reason.contains("without quotes"), "{err}");
+    let err = load_str("[gateway]\nid = \"g\"\n[downlink]\nbatch_size = 2.5\n").unwrap_err();
+    assert_eq!(err.key, "downlink.batch_size");
+    assert!(err.reason.contains("whole number"), "{err}");
+    // A fraction where one is meant is fine; so is a whole number there.
+    load_str("[gateway]\nid = \"g\"\n[south]\nrate_per_s = 50\n").unwrap();
+}
+
+#[test]
+fn a_refused_key_leaves_the_others_checked_against_their_defaults() {
+    // The bad port is named; its default stands in, so nothing else is.
+    let err = load_all("[gateway]\nid = \"g\"\n[south]\nport = \"x\"\n").unwrap_err();
+    assert_eq!(err.iter().count(), 1, "{err}");
+}

@@ -227,6 +227,10 @@ pub enum Event<T> {
     /// The connection that was `Up` broke; nothing tracked and not
     /// reported `Published` is known to have arrived.
     Down,
+    /// A connection attempt failed, or a connection broke (after `Down`
+    /// if it was up). The session tries again after its backoff; an owner
+    /// that gives up (a command line tool) can say why.
+    Failed(Failure),
     Message(Message),
     /// The broker acknowledged this tracked publish.
     Published(T),
@@ -234,6 +238,26 @@ pub enum Event<T> {
     /// alone in flight, or (MQTT 5) refused it with a PUBACK reason code,
     /// or it is larger than the broker takes: count it as a failed attempt.
     Refused(T),
+}
+
+/// Why a connection failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// One log-safe line (a refused CONNACK names its code).
+    pub error: String,
+    pub kind: FailureKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Nothing listens there (TCP connection refused): the broker may be
+    /// starting, or the address is wrong.
+    NotListening,
+    /// The broker answered the CONNECT with a refusal (a CONNACK code):
+    /// bad credentials, not authorized, an id it does not take.
+    Refused,
+    /// Anything else: TLS, a timeout, a connection that broke.
+    Other,
 }
 
 /// One incoming publish.

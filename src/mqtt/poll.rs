@@ -60,7 +60,7 @@ impl Loop {
                 .poll()
                 .await
                 .map(wire::from_v4)
-                .map_err(|e| LinkError(e.to_string())),
+                .map_err(|e| LinkError(e.to_string(), wire::kind_v4(&e))),
             Loop::V5(l) => l
                 .poll()
                 .await

@@ -15,7 +15,7 @@ use super::flow::{Flow, Outgoing, Tag};
 use super::link::{Link, Stage};
 use super::poll::{self, Polled as FromPoller, PollerGuard, Resume};
 use super::wire::{Client, LinkError, Received, Wire};
-use super::{Event, Options, Session, Will, PUBLISH_QUEUE};
+use super::{Event, Failure, Options, Session, Will, PUBLISH_QUEUE};
 use crate::deadlines::sleep_until;
 
 mod failover;
@@ -351,6 +351,11 @@ impl<T: Tag> Task<T> {
                 self.opts.reconnect.delay(failures - 1)
             }
         };
+        self.emit(Event::Failed(Failure {
+            error: e.0.clone(),
+            kind: e.1,
+        }))
+        .await?;
         let (next_index, next) = self.endpoints.current();
         // The first failures of an outage are worth a warning; the rest
         // only say the same thing again.

@@ -28,7 +28,7 @@ use rumqttc::v5::{ConnectionError, Event, MqttOptions, StateError};
 use rumqttc::Outgoing;
 
 use super::wire::{Incoming, LinkError, Received, Wire};
-use super::{Endpoint, Options, Transport};
+use super::{Endpoint, FailureKind, Options, Transport};
 
 /// rumqttc's v5 options for `opts` on `endpoint`.
 pub(super) fn options(opts: &Options, endpoint: &Endpoint, requests: usize) -> MqttOptions {
@@ -100,7 +100,15 @@ pub(super) fn from_v5(event: Event) -> Wire {
 
 /// A v5 connection error as one log-safe line that names any reason code.
 pub(super) fn error(e: &ConnectionError) -> LinkError {
-    LinkError(match e {
+    let kind = match e {
+        ConnectionError::ConnectionRefused(_)
+        | ConnectionError::MqttState(StateError::ConnFail { .. }) => FailureKind::Refused,
+        ConnectionError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            FailureKind::NotListening
+        }
+        _ => FailureKind::Other,
+    };
+    let text = match e {
         ConnectionError::ConnectionRefused(code)
         | ConnectionError::MqttState(StateError::ConnFail { reason: code }) => {
             format!("connection refused (CONNACK {})", reason_connack(code))
@@ -118,7 +126,8 @@ pub(super) fn error(e: &ConnectionError) -> LinkError {
         // rumqttc's text would print the whole packet.
         ConnectionError::NotConnAck(_) => "the broker answered CONNECT with another packet".into(),
         other => crate::clip::display(other),
-    })
+    };
+    LinkError(text, kind)
 }
 
 /// The name of a CONNACK reason code (MQTT 5, 3.2.2.2).

@@ -10,6 +10,7 @@
 //! - an acknowledgement is made from the publish as received
 //!   ([`Received`]), on the client of the version it came on.
 
+use super::FailureKind;
 use bytes::Bytes;
 use rumqttc::{Event, Outgoing, Packet, QoS, SubscribeFilter, SubscribeReasonCode};
 
@@ -60,13 +61,24 @@ pub(super) enum Received {
     V5(rumqttc::v5::mqttbytes::v5::Publish),
 }
 
-/// Why a connection failed, as one log-safe line.
+/// Why a connection failed, as one log-safe line, and of which kind.
 #[derive(Debug)]
-pub(super) struct LinkError(pub String);
+pub(super) struct LinkError(pub String, pub FailureKind);
 
 impl std::fmt::Display for LinkError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// The kind of a v3.1.1 connection error.
+pub(super) fn kind_v4(e: &rumqttc::ConnectionError) -> FailureKind {
+    match e {
+        rumqttc::ConnectionError::ConnectionRefused(_) => FailureKind::Refused,
+        rumqttc::ConnectionError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            FailureKind::NotListening
+        }
+        _ => FailureKind::Other,
     }
 }
 

@@ -285,6 +285,8 @@ impl Router {
                     let _ = self.uplink.send(UplinkEvent::Refused { device, seq }).await;
                 }
                 Event::Message(m) => self.route(m).await,
+                // Logged by the session, which tries again.
+                Event::Failed(_) => {}
             }
             if self.uplink.is_closed() && self.downlink.is_closed() {
                 return;

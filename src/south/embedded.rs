@@ -128,7 +128,9 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             Some(auth)
         }
         SouthAuth::None => {
-            if !cfg.listen.ip().is_loopback() {
+            // Client certificates prove each device's id: not open then.
+            let certificates = cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+            if !cfg.listen.ip().is_loopback() && !certificates {
                 warn!(
                     event = "south_auth_open",
                     listen = %cfg.listen,

@@ -19,9 +19,11 @@
 
 use std::time::Duration;
 
+use rumqttd::refusals::{self, RefusalLog};
 use rumqttd::ClientEvent;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing::info;
 
 use crate::deadlines::{sleep_until, Deadlines};
 use crate::ids::DeviceId;
@@ -50,12 +52,16 @@ pub async fn run(
     topics: Topics,
 ) {
     let mut tracker = Tracker::default();
+    let mut lines = Lines::default();
     loop {
         let next = tracker.grace.next();
         let sleep = sleep_until(next);
         let presence = tokio::select! {
             event = events.recv() => match event {
-                Some(event) => tracker.on_event(event, &topics, Instant::now()),
+                Some(event) => {
+                    lines.log(&event);
+                    tracker.on_event(event, &topics, Instant::now())
+                }
                 None => return,
             },
             _ = sleep => tracker.due(Instant::now()),
@@ -64,6 +70,59 @@ pub async fn run(
             if out.send(p).is_err() {
                 return;
             }
+        }
+    }
+}
+
+/// The log lines for devices coming and going, bounded per device: a
+/// device that reconnects in a loop gets the first lines of each window
+/// and then one summary (the embedded broker's refusals are bounded the
+/// same way, vendor/rumqttd/src/refusals.rs).
+struct Lines {
+    budget: RefusalLog,
+    swept: std::time::Instant,
+}
+
+impl Default for Lines {
+    fn default() -> Self {
+        Lines {
+            budget: RefusalLog::default(),
+            swept: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Lines {
+    fn log(&mut self, event: &ClientEvent) {
+        let (client_id, connected) = match event {
+            ClientEvent::Connected { client_id } => (client_id, true),
+            ClientEvent::Disconnected { client_id } => (client_id, false),
+            ClientEvent::Subscribed { .. } => return,
+        };
+        // The gateway's own link is no device.
+        let Ok(device) = DeviceId::new(client_id.as_str()) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if now.saturating_duration_since(self.swept) >= Duration::from_secs(1) {
+            self.swept = now;
+            for (device, suppressed) in self.budget.sweep(now) {
+                info!(
+                    event = "device_presence_suppressed",
+                    device = %device,
+                    suppressed,
+                    window_s = refusals::WINDOW.as_secs(),
+                    "the device came and went more often than is logged one by one"
+                );
+            }
+        }
+        if !self.budget.admit(device.as_str(), now) {
+            return;
+        }
+        if connected {
+            info!(event = "device_connected", device = %device, "device connected");
+        } else {
+            info!(event = "device_disconnected", device = %device, "device disconnected");
         }
     }
 }

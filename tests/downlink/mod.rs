@@ -235,7 +235,7 @@ async fn inbox_until(
             }
             Ok(Some(DeviceEvent::Connected)) => inbox.connects += 1,
             Ok(Some(DeviceEvent::Disconnected)) => inbox.disconnects += 1,
-            Ok(Some(DeviceEvent::Receipt(_))) => {}
+            Ok(Some(DeviceEvent::Receipt(_) | DeviceEvent::ConnectionFailed(_))) => {}
             Ok(None) => panic!("device client stopped"),
             Err(_) => return false,
         }

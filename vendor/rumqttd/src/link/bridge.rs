@@ -56,6 +56,7 @@ where
     let _guard = span.enter();
 
     info!(
+        event = "bridge_starting",
         client_id = config.name,
         remote_addr = &config.addr,
         "Starting bridge with subscription on filter \"{}\"",
@@ -69,16 +70,20 @@ where
         let mut network = match network_connect(&config, &config.addr, protocol.clone()).await {
             Ok(v) => v,
             Err(e) => {
-                error!(error=?e, "Error, retrying");
+                error!(event = "bridge_connect_failed", error=?e, "Error, retrying");
                 sleep(Duration::from_secs(config.reconnection_delay)).await;
                 continue;
             }
         };
-        info!(remote_addr = &config.addr, "Connected to remote");
+        info!(
+            event = "bridge_connected",
+            remote_addr = &config.addr,
+            "Connected to remote"
+        );
         if let Err(e) = network_init(&config, &mut network).await {
             warn!(
-                "Unable to connect and subscribe to remote broker, reconnecting - {}",
-                e
+                event = "bridge_subscribe_failed",
+                "Unable to connect and subscribe to remote broker, reconnecting - {}", e
             );
             sleep(Duration::from_secs(config.reconnection_delay)).await;
             continue;
@@ -99,7 +104,7 @@ where
                     let packet = match packet_res {
                         Ok(v) => v,
                         Err(e) => {
-                            warn!("Unable to read from network stream, reconnecting - {}", e);
+                            warn!(event = "bridge_read_failed", "Unable to read from network stream, reconnecting - {}", e);
                             sleep(Duration::from_secs(config.reconnection_delay)).await;
                             continue 'outer;
                         }
@@ -111,14 +116,14 @@ where
                         }
                         Packet::PingResp(_) => ping_unacked = false,
                         // TODO: Handle incoming pubrel incase of QoS subscribe
-                        packet => warn!("Expected publish, got {:?}", packet),
+                        packet => warn!(event = "bridge_unexpected_packet", "Expected publish, got {:?}", packet),
                     }
                 }
                 o = rx.next() => {
                     let notif = match o {
                         Ok(notif) => notif,
                         Err(e) => {
-                            warn!("Local link error, reconnecting - {}", e);
+                            warn!(event = "bridge_local_failed", "Local link error, reconnecting - {}", e);
                             sleep(Duration::from_secs(config.reconnection_delay)).await;
                             continue 'outer;
                         }
@@ -138,13 +143,13 @@ where
                 _ = timeout => {
                     // retry connection if ping not acked till next timeout
                     if ping_unacked {
-                        warn!("No response to previous ping, reconnecting");
+                        warn!(event = "bridge_ping_timeout", "No response to previous ping, reconnecting");
                         sleep(Duration::from_secs(config.reconnection_delay)).await;
                         continue 'outer;
                     }
 
                     if let Err(e) = network.write(ping_req.clone()).await {
-                        warn!("Unable to write PINGREQ to network stream, reconnecting - {}", e);
+                        warn!(event = "bridge_ping_failed", "Unable to write PINGREQ to network stream, reconnecting - {}", e);
                         sleep(Duration::from_secs(config.reconnection_delay)).await;
                         continue 'outer;
                     };

@@ -145,7 +145,10 @@ async fn readyqueue(State(console): State<Arc<ConsoleLink>>) -> impl IntoRespons
 }
 
 async fn logs(State(console): State<Arc<ConsoleLink>>, data: String) -> impl IntoResponse {
-    info!("Reloading tracing filter");
+    info!(
+        event = "console_filter_reloaded",
+        "Reloading tracing filter"
+    );
     if let Some(handle) = &console.config.filter_handle {
         if handle.reload(&data).is_err() {
             return Response::builder().status(404).body("".to_owned()).unwrap();

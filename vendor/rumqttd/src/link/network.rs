@@ -169,6 +169,7 @@ impl<P: Protocol> Network<P> {
         self.skip = fixed + remaining - want;
         self.discard();
         tracing::info!(
+            event = "oversize_publish_skipped",
             bytes = size,
             limit = self.max_incoming_size,
             "oversized publish skipped; its head is passed on"

@@ -34,12 +34,12 @@ pub async fn start(
         select! {
             _ = alerts_push_interval.as_mut().unwrap().tick(), if alerts_push_interval.is_some() => {
                 if let Err(e) = router_tx.send_async((0, Event::SendAlerts)).await {
-                    error!("Failed to push alerts: {e}");
+                    error!(event = "alerts_push_failed", "Failed to push alerts: {e}");
                 }
             }
             _ = meters_push_interval.as_mut().unwrap().tick(), if meters_push_interval.is_some() => {
                 if let Err(e) = router_tx.send_async((0, Event::SendMeters)).await {
-                    error!("Failed to push alerts: {e}");
+                    error!(event = "meters_push_failed", "Failed to push alerts: {e}");
                 }
             }
         }

@@ -190,8 +190,10 @@ impl Outgoing {
 
         if inflight_count > MAX_INFLIGHT {
             warn!(
+                event = "inflight_over_max",
                 "More inflight publishes than max allowed, inflight count = {}, max allowed = {}",
-                inflight_count, MAX_INFLIGHT
+                inflight_count,
+                MAX_INFLIGHT
             );
         }
 

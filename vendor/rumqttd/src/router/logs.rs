@@ -411,7 +411,10 @@ where
         if let Some(config) = &router_config.custom_segment {
             for (f, segment_config) in config {
                 if matches(filter, f) {
-                    info!("Overriding segment config for filter: {}", filter);
+                    info!(
+                        event = "segment_config_overridden",
+                        "Overriding segment config for filter: {}", filter
+                    );
                     max_segment_size = segment_config.max_segment_size;
                     max_mem_segments = segment_config.max_segment_count;
                 }

@@ -137,7 +137,7 @@ impl From<Notification> for MaybePacket {
             Notification::Unschedule => return None,
             Notification::Disconnect(disconnect, props) => Packet::Disconnect(disconnect, props),
             v => {
-                tracing::error!("Unexpected notification here, it cannot be converted into Packet, Notification: {:?}", v);
+                tracing::error!(event = "notification_unconvertible", notification = %crate::refusals::Clip(&format!("{v:?}")), "Unexpected notification here, it cannot be converted into Packet");
                 return None;
             }
         };

@@ -211,7 +211,7 @@ impl Router {
         router
             .spawn(move || {
                 let e = self.run(0);
-                error!(reason=?e, "Router done!");
+                error!(event = "router_stopped", reason=?e, "Router done!");
             })
             .unwrap();
         link
@@ -261,8 +261,8 @@ impl Router {
         #[cfg(debug_assertions)]
         if let Some(readyqueue) = self.scheduler.check_readyqueue_duplicates() {
             warn!(
-                "Connection was scheduled multiple times in readyqueue: {:?}",
-                readyqueue
+                event = "router_scheduled_twice",
+                "Connection was scheduled multiple times in readyqueue: {:?}", readyqueue
             );
         }
 
@@ -362,6 +362,7 @@ impl Router {
                 // ferry: a device reconnecting before its old connection timed
                 // out is normal.
                 info!(
+                    event = "session_taken_over",
                     "Duplicate client_id, dropping previous connection with connection_id: {}",
                     connection_id
                 );
@@ -459,7 +460,10 @@ impl Router {
         assert_eq!(self.obufs.insert(outgoing), connection_id);
 
         self.connection_map.insert(client_id.clone(), connection_id);
-        info!(connection_id, "Client connection registered");
+        info!(
+            event = "connection_registered",
+            connection_id, "Client connection registered"
+        );
         self.client_event(ClientEvent::Connected {
             client_id: client_id.clone(),
         });
@@ -478,7 +482,7 @@ impl Router {
             code: ConnectReturnCode::Success,
         };
         if let Some(saved) = resumed {
-            info!(connection_id, "session resumed");
+            info!(event = "session_resumed", connection_id, "session resumed");
             self.resume_session(connection_id, saved);
         }
 
@@ -535,7 +539,7 @@ impl Router {
         //     self.handle_last_will(id);
         // }
 
-        info!("Disconnecting connection");
+        info!(event = "connection_removed", "Disconnecting connection");
         self.client_event(ClientEvent::Disconnected {
             client_id: client_id.clone(),
         });
@@ -789,7 +793,10 @@ impl Router {
             return;
         }
         self.hold_remote = hold;
-        info!(hold, "remote clients' publishes held back / released");
+        info!(
+            event = "remote_publishes_held",
+            hold, "remote clients' publishes held back / released"
+        );
         if !hold {
             let held: Vec<ConnectionId> = self
                 .ibufs
@@ -856,7 +863,7 @@ impl Router {
                         .push_back(Packet::Publish(publish, properties));
                     if incoming.held.len() > MAX_HELD || incoming.held_bytes > MAX_HELD_BYTES {
                         if refusals::admit_client(&client_id) {
-                            warn!(
+                            warn!(event = "client_stalled_disconnected", 
                                 held = incoming.held.len(),
                                 bytes = incoming.held_bytes,
                                 "client neither reads its messages nor waits for acknowledgements; disconnected"
@@ -954,7 +961,7 @@ impl Router {
                         Err(e) => {
                             // Disconnect on bad publishes
                             if refusals::admit_client(&client_id) {
-                                warn!(reason = %Clip(&e.to_string()), "Failed to append to commitlog");
+                                warn!(event = "commitlog_append_failed", reason = %Clip(&e.to_string()), "Failed to append to commitlog");
                             }
                             self.router_meters.failed_publishes += 1;
                             disconnect = true;
@@ -969,7 +976,7 @@ impl Router {
 
                     let meter = &mut self.ibufs.get_mut(id).unwrap().meter;
                     if let Err(e) = meter.register_publish(&publish) {
-                        warn!(
+                        warn!(event = "meter_write_failed",
                             reason = ?e, "Failed to write to incoming meter"
                         );
                     };
@@ -997,7 +1004,10 @@ impl Router {
                             && !connection.subscriptions.contains(&f.path)
                         {
                             if refusals::admit_client(&client_id) {
-                                warn!(max, "Subscription refused: the connection holds its limit");
+                                warn!(
+                                    event = "subscription_refused_limit",
+                                    max, "Subscription refused: the connection holds its limit"
+                                );
                             }
                             crate::counters::SUBSCRIPTIONS_REFUSED
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1019,7 +1029,7 @@ impl Router {
                                 )
                             {
                                 if refusals::admit_client(&client_id) {
-                                    warn!(
+                                    warn!(event = "subscription_refused",
                                         client_id = %Clip(&client_id),
                                         filter = %Clip(&f.path),
                                         "Subscription refused: not the client's own topic"
@@ -1032,11 +1042,11 @@ impl Router {
                                 continue;
                             }
                         }
-                        info!("Adding subscription on topic {}", f.path);
+                        debug!(filter = %Clip(&f.path), "Adding subscription");
 
                         if let Err(e) = validate_subscription(connection, f) {
                             if refusals::admit_client(&client_id) {
-                                warn!(reason = %Clip(&e.to_string()), "Subscription cannot be validated");
+                                warn!(event = "subscription_invalid", reason = %Clip(&e.to_string()), "Subscription cannot be validated");
                             }
 
                             disconnect = true;
@@ -1054,7 +1064,12 @@ impl Router {
                         let subscription_id = props.as_ref().and_then(|p| p.id);
 
                         if subscription_id == Some(0) {
-                            warn!("Subscription identifier can't be 0");
+                            if refusals::admit_client(&client_id) {
+                                warn!(
+                                    event = "subscription_identifier_zero",
+                                    "Subscription identifier can't be 0"
+                                );
+                            }
                             disconnect = true;
                             disconnect_reason = Some(DisconnectReasonCode::ProtocolError);
                             break;
@@ -1119,10 +1134,12 @@ impl Router {
                             meter.unregister_subscription(filter);
 
                             if !connection.subscriptions.remove(filter) {
-                                warn!(
-                                    pkid = unsubscribe.pkid,
-                                    "Unsubscribe failed as filter was not subscribed previously"
-                                );
+                                if refusals::admit_client(&client_id) {
+                                    warn!(event = "unsubscribe_unknown",
+                                        pkid = unsubscribe.pkid,
+                                        "Unsubscribe failed as filter was not subscribed previously"
+                                    );
+                                }
                                 continue;
                             }
 
@@ -1171,7 +1188,10 @@ impl Router {
                     let pkid = puback.pkid;
                     if outgoing.register_ack(pkid).is_none() {
                         if refusals::admit_client(&client_id) {
-                            warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                            warn!(
+                                event = "ack_unsolicited",
+                                pkid, "Unsolicited/ooo ack received for pkid {}", pkid
+                            );
                         }
                         disconnect = true;
                         break;
@@ -1189,7 +1209,10 @@ impl Router {
                     let pkid = pubrec.pkid;
                     if outgoing.register_ack(pkid).is_none() {
                         if refusals::admit_client(&client_id) {
-                            warn!(pkid, "Unsolicited/ooo ack received for pkid {}", pkid);
+                            warn!(
+                                event = "ack_unsolicited",
+                                pkid, "Unsolicited/ooo ack received for pkid {}", pkid
+                            );
                         }
                         disconnect = true;
                         break;
@@ -1225,8 +1248,8 @@ impl Router {
                     if outgoing.register_pubcomp(pkid).is_none() {
                         if refusals::admit_client(&client_id) {
                             warn!(
-                                pkid,
-                                "ack received for pkid {}, but the pkid didn't exists!", pkid
+                                event = "ack_unknown_pkid",
+                                pkid, "ack received for pkid {}, but the pkid didn't exists!", pkid
                             );
                         }
                         disconnect = true;
@@ -1257,7 +1280,7 @@ impl Router {
                 }
                 incoming => {
                     if refusals::admit_client(&client_id) {
-                        warn!(
+                        warn!(event = "packet_unexpected",
                             packet = %Clip(&format!("{incoming:?}")),
                             "Unexpected packet received, ignoring the packet."
                         );
@@ -1526,7 +1549,10 @@ impl Router {
         if !meters.is_empty() {
             for (meter_id, link) in self.meters.iter() {
                 if let Err(e) = link.try_send(meters.clone()) {
-                    error!(meter_id, "Failed to send meter. Error = {:?}", e);
+                    error!(
+                        event = "meter_send_failed",
+                        meter_id, "Failed to send meter. Error = {:?}", e
+                    );
                 }
             }
         }
@@ -1539,7 +1565,10 @@ impl Router {
             let alerts: Vec<Alert> = alerts.into();
             for (meter_id, link) in self.alerts.iter() {
                 if let Err(e) = link.try_send(alerts.clone()) {
-                    error!(meter_id, "Failed to send alert. Error = {:?}", e);
+                    error!(
+                        event = "alert_send_failed",
+                        meter_id, "Failed to send alert. Error = {:?}", e
+                    );
                 }
             }
         }
@@ -1566,7 +1595,7 @@ fn append_to_commitlog(
         .as_ref()
         .is_some_and(|p| !p.subscription_identifiers.is_empty())
     {
-        warn!("A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
+        warn!(event = "publish_subscription_identifier", "A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
         return Err(RouterError::Disconnect(
             DisconnectReasonCode::MalformedPacket,
         ));
@@ -1650,7 +1679,7 @@ fn append_will_message(
         .as_ref()
         .is_some_and(|p| !p.subscription_identifiers.is_empty())
     {
-        warn!("A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
+        warn!(event = "publish_subscription_identifier", "A PUBLISH packet sent from a Client to a Server MUST NOT contain a Subscription Identifier");
         return Err(RouterError::Disconnect(
             DisconnectReasonCode::MalformedPacket,
         ));
@@ -1711,7 +1740,10 @@ fn validate_and_set_topic_alias(
     alias: u16,
 ) -> Result<(), RouterError> {
     if alias == 0 || alias > TOPIC_ALIAS_MAX {
-        warn!("Alias must be greater than 0 and <={TOPIC_ALIAS_MAX}");
+        warn!(
+            event = "topic_alias_invalid",
+            "Alias must be greater than 0 and <={TOPIC_ALIAS_MAX}"
+        );
         return Err(RouterError::Disconnect(
             DisconnectReasonCode::TopicAliasInvalid,
         ));
@@ -1720,7 +1752,10 @@ fn validate_and_set_topic_alias(
     if publish.topic.is_empty() {
         // if publish topic is empty, publisher must have set a valid alias
         let Some(alias_topic) = connection.topic_aliases.get(&alias) else {
-            warn!("Empty topic name with invalid alias");
+            warn!(
+                event = "topic_alias_unknown",
+                "Empty topic name with invalid alias"
+            );
             return Err(RouterError::Disconnect(DisconnectReasonCode::ProtocolError));
         };
         // set the publish topic before further processing
@@ -1848,14 +1883,17 @@ fn forward_device_data(
         request.forward_retained = false;
     }
 
-    let (next, publishes_from_datalog) =
-        match datalog.native_readv(request.filter_idx, request.cursor, inflight_slots) {
-            Ok(v) => v,
-            Err(e) => {
-                error!(error = ?e, "Failed to read from commitlog {}", e);
-                return ConsumeStatus::FilterCaughtup;
-            }
-        };
+    let (next, publishes_from_datalog) = match datalog.native_readv(
+        request.filter_idx,
+        request.cursor,
+        inflight_slots,
+    ) {
+        Ok(v) => v,
+        Err(e) => {
+            error!(event = "commitlog_read_failed", error = ?e, "Failed to read from commitlog {}", e);
+            return ConsumeStatus::FilterCaughtup;
+        }
+    };
 
     publishes.extend(
         publishes_from_datalog
@@ -1886,7 +1924,7 @@ fn forward_device_data(
             request.cursor, start, request.filter
         );
 
-        warn!(
+        warn!(event = "commitlog_cursor_jumped",
             request_cursor = ?request.cursor,
             start_cursor = ?start,
             error

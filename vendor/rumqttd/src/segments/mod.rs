@@ -195,8 +195,8 @@ where
         if cursor.0 < self.head {
             let head_absolute_offset = self.segments.front().unwrap().absolute_offset;
             warn!(
-                "given index {} less than head {}, jumping to head",
-                cursor.0, head_absolute_offset
+                event = "segment_cursor_jumped",
+                "given index {} less than head {}, jumping to head", cursor.0, head_absolute_offset
             );
             cursor = (self.head, head_absolute_offset);
             start = cursor;
@@ -207,8 +207,10 @@ where
 
         if curr_segment.absolute_offset > cursor.1 {
             warn!(
+                event = "segment_cursor_jumped",
                 "offset specified {} if less than actual {}, jumping",
-                cursor.1, curr_segment.absolute_offset
+                cursor.1,
+                curr_segment.absolute_offset
             );
             start.1 = curr_segment.absolute_offset;
             cursor.1 = curr_segment.absolute_offset;

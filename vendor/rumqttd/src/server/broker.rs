@@ -198,7 +198,7 @@ impl Broker {
 
                 runtime.block_on(async move {
                     if let Err(e) = bridge::start(bridge_config, router_tx, V4).await {
-                        error!(error=?e, "Bridge Link error");
+                        error!(event = "bridge_failed", error=?e, "Bridge Link error");
                     };
                 });
             })?;
@@ -215,7 +215,7 @@ impl Broker {
 
                     runtime.block_on(async {
                         if let Err(e) = server.start(LinkType::Remote).await {
-                            error!(error=?e, "Server error - V4");
+                            error!(event = "listener_failed", error=?e, "Server error - V4");
                         }
                     });
                 })?;
@@ -233,7 +233,7 @@ impl Broker {
 
                     runtime.block_on(async {
                         if let Err(e) = server.start(LinkType::Remote).await {
-                            error!(error=?e, "Server error - V5");
+                            error!(event = "listener_failed", error=?e, "Server error - V5");
                         }
                     });
                 })?;
@@ -243,7 +243,10 @@ impl Broker {
 
         #[cfg(not(feature = "websocket"))]
         if self.config.ws.is_some() {
-            warn!("websocket feature is disabled, [ws] config will be ignored.");
+            warn!(
+                event = "websocket_ignored",
+                "websocket feature is disabled, [ws] config will be ignored."
+            );
         }
 
         #[cfg(feature = "websocket")]
@@ -258,7 +261,7 @@ impl Broker {
 
                     runtime.block_on(async {
                         if let Err(e) = server.start(LinkType::Websocket).await {
-                            error!(error=?e, "Server error - WS");
+                            error!(event = "listener_failed", error=?e, "Server error - WS");
                         }
                     });
                 })?;
@@ -389,6 +392,7 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
             }
         });
         info!(
+            event = "listening",
             config = self.config.name,
             listen_addr = self.config.listen.to_string(),
             "Listening for remote connections",
@@ -398,7 +402,7 @@ impl<P: Protocol + Clone + Send + 'static> Server<P> {
             let (stream, addr) = match listener.accept().await {
                 Ok((s, r)) => (s, r),
                 Err(e) => {
-                    error!(error=?e, "Unable to accept socket.");
+                    error!(event = "accept_failed", error=?e, "Unable to accept socket.");
                     continue;
                 }
             };
@@ -509,13 +513,21 @@ async fn handshake(
         Err(e) if e.is_certificate() => {
             crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
             if refusals::admit(peer.ip()) {
-                warn!(%peer, error = %Clip(&e.to_string()), "TLS handshake failed: client certificate refused");
+                warn!(event = "tls_certificate_refused", %peer, error = %Clip(&e.to_string()), "TLS handshake failed: client certificate refused");
             }
+            None
+        }
+        // A connection closed before any TLS (a port probe, a health
+        // check) is no device that failed to connect.
+        Err(e) if e.is_closed_early() => {
+            info!(event = "tls_closed_before_handshake", %peer, error = %Clip(&e.to_string()), "connection closed before the TLS handshake");
             None
         }
         Err(e) => {
             crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
-            info!(%peer, error = %e, "TLS handshake failed");
+            if refusals::admit(peer.ip()) {
+                warn!(event = "tls_handshake_failed", %peer, error = %Clip(&e.to_string()), "TLS handshake failed");
+            }
             None
         }
     }
@@ -546,14 +558,16 @@ async fn connection<P: Protocol>(
         Ok(None) => return,
         Err(_) => {
             crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
-            info!(%peer, "TLS handshake not done within the connection timeout");
+            if refusals::admit(peer.ip()) {
+                warn!(event = "tls_handshake_timeout", %peer, "TLS handshake not done within the connection timeout");
+            }
             return;
         }
     };
     if let Some(tenant_id) = &tenant_id {
         tracing::Span::current().record("tenant_id", tenant_id.as_str());
     }
-    info!(%peer, count, tenant = ?tenant_id, "accept");
+    info!(event = "accepted", %peer, count, tenant = ?tenant_id, "accept");
 
     let network: Box<dyn N> = match link_type {
         #[cfg(feature = "websocket")]
@@ -562,11 +576,11 @@ async fn connection<P: Protocol>(
             match ws.await {
                 Ok(Ok(s)) => Box::new(WsStream::new(s)),
                 Ok(Err(e)) => {
-                    info!(%peer, error=?e, "Websocket failed handshake");
+                    info!(event = "websocket_handshake_failed", %peer, error=?e, "Websocket failed handshake");
                     return;
                 }
                 Err(_) => {
-                    info!(%peer, "Websocket handshake not done within the connection timeout");
+                    info!(event = "websocket_handshake_timeout", %peer, "Websocket handshake not done within the connection timeout");
                     return;
                 }
             }
@@ -633,7 +647,7 @@ async fn remote<P: Protocol>(
         // (a port probe, a device losing power) is an ordinary event; a bad
         // CONNECT is the client's fault; neither is an error of the broker.
         Err(e @ (remote::Error::Network(network::Error::Io(_)) | remote::Error::Timeout(_))) => {
-            info!(peer = %accepted.peer, error=?e, "no CONNECT");
+            info!(event = "connect_missing", peer = %accepted.peer, error=?e, "no CONNECT");
             return;
         }
         // ferry: the connect hook logged why it refused.
@@ -684,7 +698,12 @@ async fn remote<P: Protocol>(
     if let Packet::Connect(connect, ..) = &mut connect_packet {
         let effective = remote::effective_keep_alive(connect.keep_alive, max_keep_alive);
         if effective != connect.keep_alive {
-            info!(asked = connect.keep_alive, effective, "keep-alive capped");
+            info!(
+                event = "keep_alive_capped",
+                asked = connect.keep_alive,
+                effective,
+                "keep-alive capped"
+            );
             asked_keep_alive = Some(connect.keep_alive);
             connect.keep_alive = effective;
         }
@@ -775,7 +794,7 @@ async fn remote<P: Protocol>(
         // take): counted and logged before the client got its CONNACK.
         Err(remote::Error::Link(local::LinkError::Refused(_))) => return,
         Err(e) => {
-            info!(error = %e, "Remote link error");
+            info!(event = "link_setup_failed", error = %e, "Remote link error");
             return;
         }
     };
@@ -790,18 +809,18 @@ async fn remote<P: Protocol>(
     // an ordinary event: info, not error. A protocol violation is a warning.
     match link.start().await {
         // Connection got closed. This shouldn't usually happen.
-        Ok(_) => warn!("connection-stop"),
+        Ok(_) => warn!(event = "connection_stopped", "connection-stop"),
         // No need to send a disconnect message when disconnection
         // originated internally in the router.
         Err(remote::Error::Link(e)) => {
-            info!(error=?e, "router-drop");
+            info!(event = "connection_dropped_by_router", error=?e, "router-drop");
             send_disconnect = false;
         }
         Err(
             remote::Error::Network(network::Error::Io(_) | network::Error::KeepAlive(_))
             | remote::Error::Io(_),
         ) => {
-            info!("disconnected");
+            info!(event = "connection_closed", "disconnected");
         }
         // Any other error
         Err(e) => {

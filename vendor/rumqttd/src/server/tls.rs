@@ -77,6 +77,19 @@ impl Error {
         }
         matches!(self, Error::NoPeerCertificate)
     }
+
+    /// ferry: whether the client closed the connection before the
+    /// handshake got anywhere (a port probe, a health check): no TLS
+    /// error, the stream just ended.
+    pub fn is_closed_early(&self) -> bool {
+        match self {
+            Error::Io(e) => {
+                e.kind() == std::io::ErrorKind::UnexpectedEof
+                    || e.kind() == std::io::ErrorKind::ConnectionReset
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(feature = "verify-client-cert")]
@@ -254,7 +267,7 @@ impl TLSAcceptor {
         // `verify-client-cert` (upstream refused to start).
         #[cfg(not(feature = "verify-client-cert"))]
         if ca_path.is_some() {
-            tracing::warn!("verify-client-cert feature is disabled, CA cert will be ignored and no client authentication is done.");
+            tracing::warn!(event = "tls_client_ca_ignored", "verify-client-cert feature is disabled, CA cert will be ignored and no client authentication is done.");
         }
 
         let (certs, key) = {
@@ -347,7 +360,10 @@ fn first_private_key_in_pemfile(key_path: &String) -> Result<PrivateKeyDer<'stat
     // keep reading Items one by one to find a Key, return error if none found.
     loop {
         let item = rustls_pemfile::read_one(rd).map_err(|err| {
-            error!("Error reading key file: {:?}", err);
+            error!(
+                event = "tls_key_unreadable",
+                "Error reading key file: {:?}", err
+            );
             Error::InvalidServerKey(key_path.clone())
         })?;
 
@@ -362,7 +378,10 @@ fn first_private_key_in_pemfile(key_path: &String) -> Result<PrivateKeyDer<'stat
                 return Ok(key.into());
             }
             None => {
-                error!("No private key found in {:?}", key_path);
+                error!(
+                    event = "tls_key_missing",
+                    "No private key found in {:?}", key_path
+                );
                 return Err(Error::InvalidServerKey(key_path.clone()));
             }
             _ => {}

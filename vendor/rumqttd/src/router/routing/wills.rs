@@ -133,7 +133,7 @@ impl Router {
                 }
             }
             Err(e) => {
-                warn!(reason = ?e, "will not published");
+                warn!(event = "will_not_published", reason = ?e, "will not published");
                 self.router_meters.failed_publishes += 1;
             }
         };
