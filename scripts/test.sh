@@ -3,8 +3,9 @@
 # integration tests need (Mosquitto, the real upstream broker; Chromium, the
 # status page test's headless browser; faketime, the clock tests' false
 # wall clock; python3-paho-mqtt and mosquitto-clients, the conformance
-# suite's clients; libmosquitto-dev and libcjson-dev, the C example's), then
-# `cargo test` over the workspace: ferry and its fork of rumqttd
+# suite's clients; libmosquitto-dev and libcjson-dev, the C example's;
+# dpkg-dev and strace, the package and sandbox tests'), then `cargo test`
+# over the workspace: ferry and its fork of rumqttd
 # (vendor/rumqttd). Extra arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +45,14 @@ fi
 # cJSON (tests/examples_c.rs).
 [ -f /usr/include/mosquitto.h ] || install libmosquitto-dev "the C example's MQTT client library"
 [ -f /usr/include/cjson/cJSON.h ] || install libcjson-dev "the C example's JSON parser"
-# systemd-analyze checks the shipped unit (below).
+# systemd-analyze checks the shipped unit (below, and in tests/package.rs).
 command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
+# The package test builds the .deb with scripts/deb.sh: dpkg-shlibdeps
+# (its Depends) and strip.
+command -v dpkg-shlibdeps >/dev/null 2>&1 || install dpkg-dev "the package test's dpkg-shlibdeps"
+command -v strip >/dev/null 2>&1 || install binutils "the package test's strip"
+# The sandbox test runs ferry under strace against the unit's syscall filter.
+command -v strace >/dev/null 2>&1 || install strace "the sandbox test's system call trace"
 # The tests start their own Mosquitto on free ports; the packaged service
 # is not needed. Benches are not run here (they are long; see
 # docs/BENCHMARKS.md), and there are no doc tests. One cargo invocation
