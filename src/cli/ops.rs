@@ -166,17 +166,7 @@ fn fail(e: OpsError) -> (Exit, String) {
 fn data_dir(config: &Path) -> Result<PathBuf, (Exit, String)> {
     Config::load(config)
         .map(|c| c.data_dir)
-        .map_err(|e| (Exit::Usage, config_problems(config, &e)))
-}
-
-/// A refused config's problems as the lines `command` prints: one per
-/// key, each `ferry: FILE: ...`.
-fn config_problems(config: &Path, errors: &ferry::config::ConfigErrors) -> String {
-    let lines: Vec<String> = errors
-        .iter()
-        .map(|e| format!("{}: {e}", config.display()))
-        .collect();
-    lines.join("\nferry: ")
+        .map_err(|e| (Exit::Usage, super::config_problems(config, &e)))
 }
 
 fn print_json(value: &impl Serialize) -> Outcome {
@@ -378,7 +368,7 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
 
 fn status(common: Common, top: usize) -> Outcome {
     let cfg = Config::load(&common.config)
-        .map_err(|e| (Exit::Usage, config_problems(&common.config, &e)))?;
+        .map_err(|e| (Exit::Usage, super::config_problems(&common.config, &e)))?;
     let dir = cfg.data_dir;
     let conn = ops::open_read(&dir).map_err(fail)?;
     let s =

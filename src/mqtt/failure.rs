@@ -280,7 +280,18 @@ mod tests {
             Cause::Closed
         );
         let refused_tcp = ConnectionError::Io(io(ErrorKind::ConnectionRefused));
-        assert_eq!(v4(&refused_tcp).cause, Cause::Other);
+        assert_eq!(v4(&refused_tcp).cause, Cause::NotListening);
+        let mut streak = 0;
+        assert_eq!(
+            diagnose(
+                &Cause::NotListening,
+                None,
+                false,
+                Duration::from_secs(30),
+                &mut streak
+            ),
+            Problem::NotListening
+        );
     }
 
     #[test]
