@@ -71,7 +71,8 @@ pub struct IntakeConfig {
     /// External mode: devices' statuses also go to the status file (the
     /// only word of their presence there).
     pub presence: Option<LiveSender>,
-    /// Told of every device that sends something (its last seen time).
+    /// Told of every device that sends something, once a second at most
+    /// (its last seen time).
     pub seen: LiveSender,
 }
 
@@ -209,7 +210,10 @@ async fn accept(
 ) -> Verdict {
     let route = Route::of(topics, &msg);
     let sender = route.sender();
-    if let Some(device) = &sender {
+    if let Some(device) = sender
+        .as_ref()
+        .filter(|d| limits.report_seen(d, Instant::now()))
+    {
         let _ = cfg.seen.send(LiveEvent::DeviceSeen(device.clone()));
     }
     if !matches!(route, Route::Control { .. }) {

@@ -251,6 +251,16 @@ pub struct Limits {
     in_flight: InFlight,
     limit: RateLimit,
     max_in_flight: usize,
+    seen: SeenThisSecond,
+}
+
+/// The devices already reported seen (`LiveEvent::DeviceSeen`) in the
+/// current second: a device sending thousands a second is reported once a
+/// second, not once per message, and the set holds only one second's
+/// senders.
+struct SeenThisSecond {
+    second: Instant,
+    devices: std::collections::HashSet<DeviceId>,
 }
 
 /// A device's name in a log line.
@@ -267,7 +277,26 @@ impl Limits {
             in_flight: InFlight::new(max_in_flight),
             limit,
             max_in_flight,
+            seen: SeenThisSecond {
+                second: Instant::now(),
+                devices: Default::default(),
+            },
         }
+    }
+
+    /// Whether `device`'s last-seen time is to be reported at `now`: the
+    /// first time in each second.
+    pub fn report_seen(&mut self, device: &DeviceId, now: Instant) -> bool {
+        let seen = &mut self.seen;
+        if now.saturating_duration_since(seen.second) >= std::time::Duration::from_secs(1) {
+            seen.second = now;
+            seen.devices.clear();
+        }
+        if seen.devices.contains(device) {
+            return false;
+        }
+        seen.devices.insert(device.clone());
+        true
     }
 
     /// Whether a publish from `sender` is within its rate, counted and

@@ -147,3 +147,22 @@ fn uplinks_in_flight_are_bounded_per_device_and_forgotten_at_zero() {
     assert_eq!(f.len(), 0);
     assert_eq!(f.answered(&a), None, "an unknown sender is no error");
 }
+
+#[test]
+fn a_device_is_reported_seen_once_a_second_however_much_it_sends() {
+    let mut limits = Limits::new(
+        RateLimit {
+            per_s: 1000.0,
+            burst: 1000,
+        },
+        16,
+    );
+    let (a, b) = (DeviceId::new("a").unwrap(), DeviceId::new("b").unwrap());
+    let start = Instant::now();
+    assert!(limits.report_seen(&a, start));
+    assert!(!limits.report_seen(&a, start + Duration::from_millis(10)));
+    assert!(limits.report_seen(&b, start + Duration::from_millis(20)));
+    assert!(!limits.report_seen(&a, start + Duration::from_millis(999)));
+    assert!(limits.report_seen(&a, start + Duration::from_millis(1000)));
+    assert!(!limits.report_seen(&a, start + Duration::from_millis(1500)));
+}
