@@ -583,8 +583,13 @@ fn print_table(results: &[PathResult], sizes: Sizes, args: &Args) {
         );
         println!("  peak RSS MiB by process: {rss}");
         for (name, p) in [("saturated", &r.saturated), ("paced", &r.paced)] {
+            let foreign = if p.arrived.foreign_ids.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", p.arrived.foreign_ids.join(", "))
+            };
             println!(
-                "  {name}: {} expected, {} first-hop acks, {} arrived, {} duplicates, {} foreign; machine {:.0}% of {}00%, bench clients {:.0}%",
+                "  {name}: {} expected, {} first-hop acks, {} arrived, {} duplicates, {} foreign{foreign}; machine {:.0}% of {}00%, bench clients {:.0}%",
                 p.expected,
                 p.first_hop,
                 p.arrived.distinct,

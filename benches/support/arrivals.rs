@@ -38,12 +38,28 @@ pub struct Arrived {
     pub duplicates: u64,
     /// Ids not of this phase (a probe, an earlier phase's late message).
     pub foreign: u64,
+    /// The first few foreign ids, clipped (`?` for a body with none).
+    pub foreign_ids: Vec<String>,
     /// Messages of the phase without a time stamp.
     pub unstamped: u64,
     /// ns since the phase's origin of the last distinct arrival.
     pub last_ns: u64,
     /// Publish → arrival, µs.
     pub latency_us: Histogram<u64>,
+}
+
+/// How many foreign ids [`Arrived`] keeps, and how much of each.
+const FOREIGN_KEPT: usize = 3;
+const FOREIGN_CLIP: usize = 60;
+
+impl Arrived {
+    fn note_foreign(&mut self, id: &str) {
+        self.foreign += 1;
+        if self.foreign_ids.len() < FOREIGN_KEPT {
+            self.foreign_ids
+                .push(id.chars().take(FOREIGN_CLIP).collect());
+        }
+    }
 }
 
 struct Phase {
@@ -82,6 +98,7 @@ impl Arrivals {
                 distinct: 0,
                 duplicates: 0,
                 foreign: 0,
+                foreign_ids: Vec::new(),
                 unstamped: 0,
                 last_ns: 0,
                 latency_us: Histogram::new_with_bounds(1, 600_000_000, 3)
@@ -101,7 +118,7 @@ impl Arrivals {
     /// Something that is no message of the phase.
     pub fn record_foreign(&self) {
         if let Some(phase) = self.lock().as_mut() {
-            phase.arrived.foreign += 1;
+            phase.arrived.note_foreign("?");
         }
     }
 
@@ -114,7 +131,7 @@ impl Arrivals {
         let now_ns = phase.origin.elapsed().as_nanos() as u64;
         let a = &mut phase.arrived;
         if !id.starts_with(phase.prefix.as_str()) {
-            a.foreign += 1;
+            a.note_foreign(id);
             return;
         }
         if !phase.ids.insert(id.to_string()) {
