@@ -35,56 +35,25 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use ferry::config::RawConfig;
 use ferry::mqtt::MqttVersion;
 use hdrhistogram::Histogram;
 
-use support::arrivals::{Arrivals, Arrived};
-use support::backend::AckingBackend;
-use support::cpu::{wait_for_quiet_machine, CpuSnapshot, Watched};
-use support::external::ExternalEnv;
-use support::harness::Mosquitto;
+use support::arrivals::Arrived;
+use support::cpu::{wait_for_quiet_machine, CpuSnapshot};
 use support::load::{Fleet, PhaseCtx};
-use support::plain::{probe_path, Consumer, PlainFleet, TOPIC_ROOT};
-use support::{cores, vm_kib, CargoBench, Env};
+use support::paths::{Path, Setup};
+use support::plain::PlainFleet;
+use support::{cores, vm_kib, CargoBench};
 
 /// The gateway's id in this bench.
 const GATEWAY: &str = "bench-gw";
-/// How long a bridge may take to carry its first message.
-const BRIDGE_UP_TIMEOUT: Duration = Duration::from_secs(20);
 /// After the last expected arrival, how long the consumer keeps counting
 /// (a duplicate that comes late still fails the run).
 const SETTLE: Duration = Duration::from_millis(300);
 
 // ---------------------------------------------------------------- arguments
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
-enum Path {
-    /// (a) Mosquitto direct.
-    A,
-    /// (b) Mosquitto → Mosquitto bridge with persistence.
-    B,
-    /// (c) ferry embedded.
-    C,
-    /// (d) ferry external, behind a site Mosquitto.
-    D,
-}
-
-impl Path {
-    fn label(self) -> &'static str {
-        match self {
-            Path::A => "(a) Mosquitto direct",
-            Path::B => "(b) Mosquitto → Mosquitto bridge",
-            Path::C => "(c) ferry embedded",
-            Path::D => "(d) ferry external",
-        }
-    }
-
-    fn is_ferry(self) -> bool {
-        matches!(self, Path::C | Path::D)
-    }
-}
 
 /// Compare benchmark: Mosquitto direct, a Mosquitto bridge, ferry embedded
 /// and ferry external, under the same load.
@@ -163,168 +132,6 @@ impl Args {
 
     fn configure(&self, c: &mut RawConfig) {
         c.south.max_payload_bytes = 65536.max(self.payload_bytes + 1024);
-    }
-}
-
-// -------------------------------------------------------------------- paths
-
-/// What a path keeps running while it is measured; dropped at its end
-/// (ferry before its brokers).
-enum Running {
-    Direct(Mosquitto),
-    Bridge {
-        local: Mosquitto,
-        upstream: Mosquitto,
-    },
-    Embedded(Box<Env>),
-    External(Box<ExternalEnv>),
-}
-
-/// The consumer at the far end of a path.
-enum FarEnd {
-    Consumer(Consumer),
-    Backend(AckingBackend),
-}
-
-impl FarEnd {
-    async fn stop(self) {
-        match self {
-            FarEnd::Consumer(c) => c.stop().await,
-            FarEnd::Backend(b) => b.stop().await,
-        }
-    }
-}
-
-struct Setup {
-    path: Path,
-    running: Running,
-    far: FarEnd,
-    arrivals: Arc<Arrivals>,
-    /// Where the publishers connect.
-    port: u16,
-    /// The broker and gateway processes of the path.
-    watched: Watched,
-}
-
-/// The local broker's bridge to `upstream`: persistence (set by the
-/// harness), no queue or in-flight cap (the harness's
-/// `max_queued_messages 0`, `max_inflight_messages 0`), QoS 1 out, a
-/// persistent bridge session.
-fn bridge_lines(upstream: u16) -> Vec<String> {
-    vec![
-        "autosave_interval 60".into(),
-        "connection upstream".into(),
-        format!("address 127.0.0.1:{upstream}"),
-        format!("topic {TOPIC_ROOT}/# out 1"),
-        "cleansession false".into(),
-        "bridge_protocol_version mqttv311".into(),
-        "try_private true".into(),
-        "restart_timeout 1".into(),
-        "start_type automatic".into(),
-    ]
-}
-
-impl Setup {
-    async fn start(path: Path, args: &Args) -> Result<Setup, String> {
-        let arrivals = Arc::new(Arrivals::new());
-        let lifetime = args.timeout * 3 + Duration::from_secs(60);
-        let pid = |m: &Mosquitto| m.pid().unwrap_or(0);
-        let setup = match path {
-            Path::A => {
-                let m = Mosquitto::start();
-                let far = Consumer::start(m.port, arrivals.clone(), lifetime).await?;
-                Setup {
-                    path,
-                    port: m.port,
-                    watched: vec![("mosquitto".into(), pid(&m))],
-                    running: Running::Direct(m),
-                    far: FarEnd::Consumer(far),
-                    arrivals,
-                }
-            }
-            Path::B => {
-                let upstream = Mosquitto::start();
-                let lines = bridge_lines(upstream.port);
-                let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-                let local = Mosquitto::start_persistent_with(&lines);
-                let far = Consumer::start(upstream.port, arrivals.clone(), lifetime).await?;
-                arrivals.begin("probe-", Instant::now());
-                if let Err(e) = probe_path(local.port, &arrivals, BRIDGE_UP_TIMEOUT).await {
-                    return Err(format!(
-                        "bridge: {e}\n--- local broker log tail ---\n{}",
-                        local.log_tail()
-                    ));
-                }
-                Setup {
-                    path,
-                    port: local.port,
-                    watched: vec![
-                        ("local mosquitto".into(), pid(&local)),
-                        ("upstream mosquitto".into(), pid(&upstream)),
-                    ],
-                    running: Running::Bridge { local, upstream },
-                    far: FarEnd::Consumer(far),
-                    arrivals,
-                }
-            }
-            Path::C => {
-                let env = Env::start(GATEWAY, |c| args.configure(c));
-                let far = AckingBackend::start_recording(
-                    env.mosquitto.port,
-                    GATEWAY,
-                    lifetime,
-                    Some(arrivals.clone()),
-                )
-                .await?;
-                Setup {
-                    path,
-                    port: env.ferry.south_port,
-                    watched: vec![
-                        ("ferry".into(), env.ferry_pid),
-                        ("upstream mosquitto".into(), env.mosquitto_pid),
-                    ],
-                    running: Running::Embedded(Box::new(env)),
-                    far: FarEnd::Backend(far),
-                    arrivals,
-                }
-            }
-            Path::D => {
-                let env = ExternalEnv::start(GATEWAY, &[], |c| args.configure(c)).await?;
-                let far = AckingBackend::start_recording(
-                    env.upstream.port,
-                    GATEWAY,
-                    lifetime,
-                    Some(arrivals.clone()),
-                )
-                .await?;
-                Setup {
-                    path,
-                    port: env.site.port,
-                    watched: vec![
-                        ("site mosquitto".into(), env.site_pid),
-                        ("ferry".into(), env.ferry_pid),
-                        ("upstream mosquitto".into(), env.upstream_pid),
-                    ],
-                    running: Running::External(Box::new(env)),
-                    far: FarEnd::Backend(far),
-                    arrivals,
-                }
-            }
-        };
-        Ok(setup)
-    }
-
-    fn log_tail(&self) -> String {
-        match &self.running {
-            Running::Direct(m) => m.log_tail(),
-            Running::Bridge { local, upstream } => format!(
-                "local broker:\n{}\nupstream broker:\n{}",
-                local.log_tail(),
-                upstream.log_tail()
-            ),
-            Running::Embedded(env) => env.ferry.log_tail(),
-            Running::External(env) => env.ferry.log_tail(),
-        }
     }
 }
 
@@ -636,7 +443,8 @@ async fn bench(args: Args, sizes: Sizes) -> Result<bool, String> {
     let mut failures = Vec::new();
     for &path in &args.only {
         println!("{} ...", path.label());
-        let setup = Setup::start(path, &args).await?;
+        let lifetime = args.timeout * 3 + Duration::from_secs(60);
+        let setup = Setup::start(path, GATEWAY, lifetime, |c| args.configure(c)).await?;
         let saturated = run_phase(&setup, &args, sizes.publishers, sizes.per, None).await?;
         println!("  saturated: {:.0} msgs/s end to end", saturated.e2e_rate());
         let paced = run_phase(

@@ -10,6 +10,7 @@
 //!   in a reconnect storm;
 //! - [`plain`]: plain MQTT publishers and a consumer, for the brokers
 //!   ferry is compared with; [`arrivals`]: the end-to-end consumer's tally;
+//!   [`paths`]: the compare bench's four paths through brokers and ferry;
 //! - [`backend`]: the backends (one that acks every uplink, one that
 //!   counts downlink receipts);
 //! - [`procfs`], [`cpu`]: readings from /proc and CPU use over a phase;
@@ -27,6 +28,7 @@ pub mod cpu;
 pub mod drain;
 pub mod external;
 pub mod load;
+pub mod paths;
 pub mod plain;
 pub mod procfs;
 pub mod report;
