@@ -243,6 +243,7 @@ async fn run_phase(
         messages: args.messages_per_device,
         window: args.window,
         payload: "x".repeat(args.payload_bytes).into(),
+        stamp: false,
         period: rate_target.map(|r| Duration::from_secs_f64(args.devices as f64 / r)),
         origin: Instant::now(),
         deadline: tokio::time::Instant::now() + args.timeout,

@@ -17,14 +17,16 @@ use ferry::client::backend::{BackendClient, BackendEvent, BackendOptions};
 use ferry::ids::{GatewayId, MsgId};
 use ferry::mqtt::{Event, Options, Session};
 use ferry::protocol::ack::{encode_acks, BackendAck};
-use ferry::protocol::envelope::WireEnvelope;
+use ferry::protocol::envelope::{Payload, WireEnvelope};
 use ferry::protocol::north::NorthMessage;
 use ferry::protocol::receipt::NorthStatus;
 use ferry::protocol::topics::NorthTopics;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, timeout_at};
+
+use super::arrivals::Arrivals;
 
 /// Largest number of acks the backend puts in one JSON array.
 pub const ACK_BATCH: usize = 100;
@@ -61,6 +63,17 @@ impl AckingBackend {
         gateway: &str,
         lifetime: Duration,
     ) -> Result<AckingBackend, String> {
+        AckingBackend::start_recording(port, gateway, lifetime, None).await
+    }
+
+    /// [`Self::start`], also recording every uplink's envelope in
+    /// `arrivals` (the end-to-end consumer of the compare bench).
+    pub async fn start_recording(
+        port: u16,
+        gateway: &str,
+        lifetime: Duration,
+        arrivals: Option<Arc<Arrivals>>,
+    ) -> Result<AckingBackend, String> {
         let gateway = GatewayId::new(gateway).map_err(|e| format!("gateway {gateway}: {e}"))?;
         let topics = NorthTopics::new(NORTH_PREFIX, &gateway);
         let client_id = format!("bench-backend-{}", std::process::id());
@@ -93,6 +106,7 @@ impl AckingBackend {
         let end = tokio::time::Instant::now() + lifetime;
         let reader = tokio::spawn(read_uplinks(
             events,
+            arrivals,
             acks_tx,
             stats.clone(),
             stop_rx.clone(),
@@ -124,6 +138,7 @@ impl AckingBackend {
 /// Turns every uplink into an `ok` for the acker.
 async fn read_uplinks(
     mut events: mpsc::Receiver<Event<()>>,
+    arrivals: Option<Arc<Arrivals>>,
     acks: mpsc::UnboundedSender<BackendAck>,
     stats: Arc<AckStats>,
     mut stop: watch::Receiver<bool>,
@@ -142,9 +157,19 @@ async fn read_uplinks(
                 stats.received.fetch_add(1, Ordering::Relaxed);
                 match serde_json::from_slice::<NorthMessage>(&m.payload) {
                     Ok(up) => {
+                        if let Some(arrivals) = &arrivals {
+                            let sent_ns = match &up.envelope.payload {
+                                Payload::Json(v) => v.get("t").and_then(Value::as_u64),
+                                Payload::Base64(_) => None,
+                            };
+                            arrivals.record_id(up.envelope.msg_id.as_str(), sent_ns);
+                        }
                         let _ = acks.send(BackendAck::ok(up.device, up.envelope.msg_id));
                     }
                     Err(_) => {
+                        if let Some(arrivals) = &arrivals {
+                            arrivals.record_foreign();
+                        }
                         stats.unparsable.fetch_add(1, Ordering::Relaxed);
                     }
                 }

@@ -52,6 +52,9 @@ pub struct PhaseCtx {
     pub window: usize,
     /// The payload of every envelope (a JSON string of `payload_bytes` x's).
     pub payload: Value,
+    /// Send each payload as `{"t": ns since origin, "pad": payload}`, so that
+    /// a consumer on the far side can time it ([`super::arrivals`]).
+    pub stamp: bool,
     /// Per-device interval between publishes; `None` = as fast as the
     /// window allows.
     pub period: Option<Duration>,
@@ -236,9 +239,14 @@ struct Shared {
 }
 
 impl Shared {
-    fn envelope(&self, n: usize, payload: &Value) -> Vec<u8> {
-        let msg_id = MsgId::new(format!("{}{n}", self.prefix)).expect("bench msg_ids are valid");
-        WireEnvelope::json(msg_id, payload.clone()).to_bytes()
+    /// Message `n`'s envelope, first sent at `sent_ns`.
+    fn envelope(&self, n: usize, ctx: &PhaseCtx, sent_ns: u64) -> Vec<u8> {
+        let msg_id = format!("{}{n}", self.prefix);
+        if ctx.stamp {
+            return super::arrivals::stamped_envelope(&msg_id, sent_ns, &ctx.payload);
+        }
+        let msg_id = MsgId::new(msg_id).expect("bench msg_ids are valid");
+        WireEnvelope::json(msg_id, ctx.payload.clone()).to_bytes()
     }
 }
 
@@ -400,9 +408,9 @@ impl Device {
     /// no `stored` for (same msg_id).
     fn resend_unstored(&mut self) {
         for n in 0..self.ctx.messages {
-            let sent = self.shared.sent_at[n].load(Ordering::Acquire) != 0;
-            if sent && self.state[n] & (STORED | FAILED) == 0 {
-                let body = self.shared.envelope(n, &self.ctx.payload);
+            let sent_ns = self.shared.sent_at[n].load(Ordering::Acquire);
+            if sent_ns != 0 && self.state[n] & (STORED | FAILED) == 0 {
+                let body = self.shared.envelope(n, &self.ctx, sent_ns);
                 if self
                     .session
                     .send(self.shared.topic_up.as_str(), body, false)
@@ -445,8 +453,9 @@ async fn publish(
             Ok(Ok(permit)) => permit.forget(),
             _ => break,
         }
-        let body = shared.envelope(n, &ctx.payload);
-        shared.sent_at[n].store(ctx.now_ns(), Ordering::Release);
+        let sent_ns = ctx.now_ns();
+        let body = shared.envelope(n, &ctx, sent_ns);
+        shared.sent_at[n].store(sent_ns, Ordering::Release);
         let sent = session.send_wait(shared.topic_up.as_str(), body, false);
         match timeout_at(ctx.deadline, sent).await {
             Ok(true) => published += 1,

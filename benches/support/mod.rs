@@ -8,6 +8,9 @@
 //! - [`load`]: uplink devices on [`ferry::mqtt::Session`], windowed or
 //!   paced, and what they saw; [`drain`]: devices draining their inboxes
 //!   in a reconnect storm;
+//! - [`plain`]: plain MQTT publishers and a consumer, for the brokers
+//!   ferry is compared with; [`arrivals`]: the end-to-end consumer's tally;
+//!   [`paths`]: the compare bench's four paths through brokers and ferry;
 //! - [`backend`]: the backends (one that acks every uplink, one that
 //!   counts downlink receipts);
 //! - [`procfs`], [`cpu`]: readings from /proc and CPU use over a phase;
@@ -19,11 +22,14 @@
 //! [`ferry::mqtt::Session`] (or the harness's hand-encoded `RawMqtt`).
 #![allow(dead_code)]
 
+pub mod arrivals;
 pub mod backend;
 pub mod cpu;
 pub mod drain;
 pub mod external;
 pub mod load;
+pub mod paths;
+pub mod plain;
 pub mod procfs;
 pub mod report;
 pub mod timeline;

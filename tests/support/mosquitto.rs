@@ -101,6 +101,14 @@ impl Mosquitto {
         Mosquitto::start_configured(free_port(), extra)
     }
 
+    /// Starts a broker on a free port with persistence on (in its own
+    /// directory) and extra config lines, e.g. a bridge's `connection`.
+    pub fn start_persistent_with(extra: &[&str]) -> Mosquitto {
+        Mosquitto::start_in(free_port(), true, None, |_| {
+            extra.iter().map(|l| l.to_string()).collect()
+        })
+    }
+
     /// Starts a broker on `port`.
     pub fn start_on(port: u16) -> Mosquitto {
         Mosquitto::start_configured(port, &[])
