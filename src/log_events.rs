@@ -9,17 +9,8 @@ use std::path::{Path, PathBuf};
 
 /// `(name, level)` of every event the code under `src/` logs.
 fn logged() -> BTreeSet<(String, String)> {
-    // ferry's own code and the vendored broker, ferry's own code too.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
-    rust_files(&root.join("vendor/rumqttd/src"), &mut files);
     let mut out = BTreeSet::new();
-    for file in files {
-        if file.ends_with("log_events.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).unwrap();
+    for (file, text) in sources() {
         for (at, _) in text.match_indices(FIELD) {
             let name: String = text[at + FIELD.len()..]
                 .chars()
@@ -58,6 +49,23 @@ fn level_before(text: &str) -> Option<&'static str> {
             "warn!(" => "WARN",
             _ => "ERROR",
         })
+}
+
+/// Every Rust source of ferry's own code and of the vendored broker
+/// (ferry's own code too) but this file, with its text.
+fn sources() -> Vec<(PathBuf, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("vendor/rumqttd/src"), &mut files);
+    files
+        .into_iter()
+        .filter(|f| !f.ends_with("log_events.rs"))
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            (f, text)
+        })
+        .collect()
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -130,15 +138,8 @@ fn each_event_has_one_level() {
 /// vendored broker whose arguments have no `event` field.
 fn unnamed_lines() -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
-    rust_files(&root.join("vendor/rumqttd/src"), &mut files);
     let mut out = Vec::new();
-    for file in files {
-        if file.ends_with("log_events.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).unwrap();
+    for (file, text) in sources() {
         for m in ["info!(", "warn!(", "error!("] {
             for (at, _) in text.match_indices(m) {
                 let before = text[..at].chars().next_back();

@@ -11,7 +11,6 @@
 //! store. [`Script`] and [`Setup`] serve `examples_c` too.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -34,7 +33,7 @@ pub(crate) const SECS_10: Duration = Duration::from_secs(10);
 pub(crate) struct Script {
     name: String,
     child: Child,
-    lines: mpsc::UnboundedReceiver<Value>,
+    lines: mpsc::UnboundedReceiver<String>,
     /// Every event printed so far, in order.
     pub(crate) seen: Vec<Value>,
     stderr: Option<std::thread::JoinHandle<String>>,
@@ -75,25 +74,7 @@ impl Script {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e}"));
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, lines) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let event = serde_json::from_str(&line).unwrap_or(Value::String(line));
-                if tx.send(event).is_err() {
-                    return;
-                }
-            }
-        });
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                text.push_str(&line);
-                text.push('\n');
-            }
-            text
-        });
+        let (lines, stderr) = crate::support::proc::read_output(&mut child);
         Script {
             name,
             child,
@@ -113,7 +94,8 @@ impl Script {
     ) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+            let line = tokio::time::timeout_at(deadline, self.lines.recv()).await;
+            match line.map(|l| l.map(|l| serde_json::from_str(&l).unwrap_or(Value::String(l)))) {
                 Ok(Some(event)) => {
                     assert!(
                         event.is_object(),

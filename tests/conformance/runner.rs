@@ -5,7 +5,7 @@
 //! line until the test lets it go on ([`Case::wait_sync`],
 //! [`Case::resume`]).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
@@ -101,24 +101,7 @@ impl Case {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e}"));
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, lines) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                text.push_str(&line);
-                text.push('\n');
-            }
-            text
-        });
+        let (lines, stderr) = crate::support::proc::read_output(&mut child);
         Case {
             name,
             stdin: child.stdin.take(),

@@ -1,11 +1,42 @@
-//! Child processes and the machine around them: signals, reaping, resident
-//! memory, the open-file limit, and a small tmpfs that can fill up.
+//! Child processes and the machine around them: their output, signals,
+//! reaping, resident memory, the open-file limit, and a small tmpfs that can fill up.
 
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+/// What a child prints, read as it comes: each stdout line on the
+/// receiver, and stderr in full from the handle once the child has closed
+/// it. Takes both pipes (spawned with `Stdio::piped()`).
+pub fn read_output(
+    child: &mut Child,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+    std::thread::JoinHandle<String>,
+) {
+    use std::io::{BufRead, BufReader};
+    let stdout = child.stdout.take().expect("stdout piped");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    (lines, stderr)
+}
 
 pub fn signal(child: &Child, sig: libc::c_int) {
     // SAFETY: kill(2) on the pid of a child we own and have not reaped yet.
