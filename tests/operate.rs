@@ -347,6 +347,8 @@ async fn retention_prunes_delivered_rows_and_old_dead_letters_and_keeps_undelive
     // Age everything by 31 days, the dead letter by 91: past both
     // retentions (30 and 90 days by default), on the wall clock and the
     // store clock (old on the wall clock alone is a clock step, kept).
+    // Each delivered message also gets the `delivered` history line an
+    // older ferry wrote, so the prune has history to take with its rows.
     {
         let conn =
             rusqlite::Connection::open(ferry.data_dir.join("ferry.db")).expect("open the store");
@@ -354,6 +356,8 @@ async fn retention_prunes_delivered_rows_and_old_dead_letters_and_keeps_undelive
             "UPDATE uplink SET stored_ms = stored_ms - {a}, done_ms = done_ms - {a},
                  stored_store_ms = stored_store_ms - {a}, done_store_ms = done_store_ms - {a};
              UPDATE uplink_history SET at_ms = at_ms - {a};
+             INSERT INTO uplink_history (uplink_id, at_ms, state, detail)
+                 SELECT id, done_ms, 'delivered', NULL FROM uplink WHERE state = 'delivered';
              UPDATE dead_letter SET at_ms = at_ms - {b}, at_store_ms = at_store_ms - {b};",
             a = 31 * DAY_MS,
             b = 91 * DAY_MS

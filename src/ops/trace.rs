@@ -1,8 +1,10 @@
 //! A message's whole history, both directions, for `ferry trace`.
 //!
 //! Uplink: when ferry received the device's publish (`uplink.received_ms`),
-//! then every `uplink_history` line (stored, each failed attempt with why,
-//! replays, delivered or dead with the reason). Downlink: when ferry
+//! when it was stored (`stored_ms`), every `uplink_history` line (each
+//! failed attempt with why, replays, dead with the reason), and when it
+//! was delivered (`done_ms`). An older ferry wrote `stored` and
+//! `delivered` as history lines too; those are read as they are. Downlink: when ferry
 //! received the backend's publish (`down_message.received_ms`), then every
 //! `down_history` line of the message's delivery to the device (stored,
 //! delivered, read, expired or dead with why). A message stored before
@@ -45,20 +47,61 @@ pub fn event_name(state: &str, detail: Option<&str>) -> String {
     }
 }
 
+/// An uplink's own row, as the trace reads it.
+struct UplinkRow {
+    received_ms: Option<i64>,
+    seq: i64,
+    stored_ms: i64,
+    state: String,
+    done_ms: Option<i64>,
+    /// It has `stored` as a history line (an older ferry wrote one).
+    stored_line: bool,
+    /// It has `delivered` as a history line (an older ferry wrote one).
+    delivered_line: bool,
+}
+
 /// Everything known of `(device, msg_id)`, oldest first.
 pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceEvent>, OpsError> {
     let read = sqlite("cannot read the history");
     let mut out = Vec::new();
-    let received = conn
+    // The row: when it was received, stored and (if so) delivered. A
+    // normal life writes no history lines (see `store::uplink::history`),
+    // so `stored` and `delivered` come from here, unless an older ferry
+    // stored the message and wrote them as lines.
+    let row = conn
         .query_row(
-            "SELECT received_ms, seq FROM uplink WHERE device = ?1 AND msg_id = ?2 AND received_ms IS NOT NULL",
+            "SELECT u.received_ms, u.seq, u.stored_ms, u.state, u.done_ms,
+                 EXISTS (SELECT 1 FROM uplink_history h WHERE h.uplink_id = u.id AND h.state = 'stored' AND h.detail IS NULL),
+                 EXISTS (SELECT 1 FROM uplink_history h WHERE h.uplink_id = u.id AND h.state = 'delivered')
+             FROM uplink u WHERE u.device = ?1 AND u.msg_id = ?2",
             params![device, msg_id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| {
+                Ok(UplinkRow {
+                    received_ms: r.get(0)?,
+                    seq: r.get(1)?,
+                    stored_ms: r.get(2)?,
+                    state: r.get(3)?,
+                    done_ms: r.get(4)?,
+                    stored_line: r.get(5)?,
+                    delivered_line: r.get(6)?,
+                })
+            },
         )
         .optional()
         .map_err(&read)?;
-    if let Some((at_ms, seq)) = received {
-        out.push(received_line(Direction::Up, at_ms, Some(seq)));
+    if let Some(u) = &row {
+        if let Some(at_ms) = u.received_ms {
+            out.push(received_line(Direction::Up, at_ms, Some(u.seq)));
+        }
+        if !u.stored_line {
+            out.push(TraceEvent {
+                at_ms: u.stored_ms,
+                direction: Direction::Up,
+                event: "stored".into(),
+                seq: Some(u.seq),
+                detail: None,
+            });
+        }
     }
     let mut stmt = conn
         .prepare(
@@ -81,6 +124,17 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
         .map_err(&read)?;
     for e in up {
         out.push(e.map_err(&read)?);
+    }
+    if let Some(u) = &row {
+        if let (false, "delivered", Some(at_ms)) = (u.delivered_line, u.state.as_str(), u.done_ms) {
+            out.push(TraceEvent {
+                at_ms,
+                direction: Direction::Up,
+                event: event_name("delivered", None),
+                seq: Some(u.seq),
+                detail: None,
+            });
+        }
     }
     let mut stmt = conn
         .prepare(
@@ -200,5 +254,36 @@ mod tests {
     fn a_message_stored_before_schema_8_has_no_received_line() {
         let conn = store();
         assert_eq!(events(&conn, "old"), [("up", "stored".into(), 2000)]);
+    }
+
+    #[test]
+    fn stored_and_delivered_come_from_the_row_when_no_line_says_them() {
+        let conn = store();
+        conn.execute_batch(
+            "INSERT INTO uplink (id, device, msg_id, seq, stream, state, body, stored_ms, received_ms, done_ms)
+               VALUES (3, 'd', 'lean', 3, 't', 'delivered', '{}', 4000, 3999, 6000),
+                      (4, 'd', 'older', 4, 't', 'delivered', '{}', 7000, 7000, 8000);
+             INSERT INTO uplink_history VALUES (3, 5000, 'stored', 'attempt 1 failed: ack timeout');
+             INSERT INTO uplink_history VALUES (4, 7000, 'stored', NULL), (4, 8000, 'delivered', NULL);",
+        )
+        .unwrap();
+        assert_eq!(
+            events(&conn, "lean"),
+            [
+                ("up", "received".into(), 3999),
+                ("up", "stored".into(), 4000),
+                ("up", "attempt failed".into(), 5000),
+                ("up", "delivered (backend ack)".into(), 6000)
+            ]
+        );
+        // An older ferry's lines are read as they are, never twice.
+        assert_eq!(
+            events(&conn, "older"),
+            [
+                ("up", "received".into(), 7000),
+                ("up", "stored".into(), 7000),
+                ("up", "delivered (backend ack)".into(), 8000)
+            ]
+        );
     }
 }

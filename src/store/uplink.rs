@@ -111,8 +111,9 @@ pub fn intake(
             })?;
         return Ok(IntakeOutcome::Duplicate(dup));
     }
+    // No history row: the row itself says when it was stored (see
+    // [`history`]).
     let id = tx.last_insert_rowid();
-    history(tx, id, msg.stored_ms, MessageState::Stored, None)?;
     seqs.in_tx.insert(msg.device.clone(), seq.0);
     Ok(IntakeOutcome::Stored(PendingMessage {
         id,
@@ -161,6 +162,11 @@ pub(super) fn message_state(s: &str) -> Result<MessageState> {
     })
 }
 
+/// Appends a line to a message's history, for what its row cannot say:
+/// each counted failed attempt, a replay, and a dead end with its reason.
+/// A normal life, `stored` then `delivered`, writes none: `ferry trace`
+/// reads those two from the row's `stored_ms` and `done_ms`, so a
+/// delivered message costs one insert and one update.
 fn history(
     tx: &Transaction<'_>,
     id: i64,
@@ -192,7 +198,9 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition, store_ms: i64) -> Result
         )
         .optional()?;
     let Some(moved) = moved else { return Ok(None) };
-    history(tx, moved.id, t.at_ms, t.to, t.reason.as_deref())?;
+    if t.to != MessageState::Delivered || t.reason.is_some() {
+        history(tx, moved.id, t.at_ms, t.to, t.reason.as_deref())?;
+    }
     if t.to == MessageState::Dead {
         tx.prepare_cached(
             "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw, at_store_ms)

@@ -74,6 +74,13 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
             [],
         )
         .unwrap();
+        // A delivered message with a history line (a failed attempt): the
+        // prune takes the line with the row.
+        conn.execute(
+            "INSERT INTO uplink_history VALUES (1, 50, 'stored', 'attempt 1 failed: ack timeout')",
+            [],
+        )
+        .unwrap();
     }
 
     // Old by the store clock whatever it reads: the wall stamps decide.
