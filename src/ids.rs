@@ -5,6 +5,7 @@
 //! them again and never builds a topic out of an unchecked string.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Why an identifier was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,17 +34,21 @@ fn check(s: &str, max: usize, extra: &[char]) -> Result<(), IdError> {
     }
 }
 
+/// An id is held as `Arc<str>`: each message's device and msg_id are
+/// cloned into several places along its way (the scheduler's queues, the
+/// north tag, every receipt), and a clone is a count, not an allocation
+/// and a copy (issue 20's profile).
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $extra:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             pub fn new(s: impl Into<String>) -> Result<Self, IdError> {
                 let s = s.into();
                 check(&s, $max, $extra)?;
-                Ok(Self(s))
+                Ok(Self(Arc::from(s)))
             }
 
             pub fn as_str(&self) -> &str {

@@ -7,8 +7,11 @@
 //! the bytes in two steps instead ([`north_body`] before the store,
 //! [`with_seq`] in the writer), and a test holds the two to one another.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::envelope::{Envelope, WireEnvelope};
 use super::user_props::UserProps;
@@ -55,19 +58,24 @@ pub struct Stamp<'a> {
 /// Built before the store, so the writer thread only splices the seq in
 /// ([`with_seq`]).
 pub fn north_body(envelope: &Envelope, stamp: &Stamp<'_>) -> Vec<u8> {
-    let mut body: Map<String, Value> = envelope.fields.clone();
-    for f in GATEWAY_FIELDS {
-        body.remove(f);
-    }
-    body.insert("gateway".into(), stamp.gateway.into());
-    body.insert("device".into(), stamp.device.as_str().into());
-    body.insert("stream".into(), stamp.stream.into());
-    body.insert("stored_ts".into(), stamp.stored_ms.into());
+    // The device's fields are borrowed, not cloned: only the gateway's own
+    // are new values. A map by key, as serde_json's `Map` is, so the bytes
+    // are what serializing the merged `Map` gave.
+    let mut body: BTreeMap<&str, Cow<'_, Value>> = envelope
+        .fields
+        .iter()
+        .filter(|(k, _)| !GATEWAY_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), Cow::Borrowed(v)))
+        .collect();
+    body.insert("gateway", Cow::Owned(stamp.gateway.into()));
+    body.insert("device", Cow::Owned(stamp.device.as_str().into()));
+    body.insert("stream", Cow::Owned(stamp.stream.into()));
+    body.insert("stored_ts", Cow::Owned(stamp.stored_ms.into()));
     if !envelope.props.is_empty() {
-        body.insert("props".into(), envelope.props.to_value());
+        body.insert("props", Cow::Owned(envelope.props.to_value()));
     }
-    if !matches!(body.get("ts"), Some(Value::Number(_))) {
-        body.insert("ts".into(), stamp.stored_ms.into());
+    if !matches!(body.get("ts").map(|v| v.as_ref()), Some(Value::Number(_))) {
+        body.insert("ts", Cow::Owned(stamp.stored_ms.into()));
     }
     serde_json::to_vec(&body).expect("a JSON map serializes")
 }
@@ -112,6 +120,49 @@ mod tests {
         assert_eq!(body["extra"], "kept");
         assert_eq!(body["payload"]["t"], 1);
         assert_eq!(body["msg_id"], "a-1");
+    }
+
+    /// What `north_body` built before it borrowed the fields: the envelope's
+    /// map cloned, the gateway's fields set, serialized.
+    fn merged_map(envelope: &Envelope, stamp: &Stamp<'_>) -> Vec<u8> {
+        let mut body = envelope.fields.clone();
+        for f in GATEWAY_FIELDS {
+            body.remove(f);
+        }
+        body.insert("gateway".into(), stamp.gateway.into());
+        body.insert("device".into(), stamp.device.as_str().into());
+        body.insert("stream".into(), stamp.stream.into());
+        body.insert("stored_ts".into(), stamp.stored_ms.into());
+        if !envelope.props.is_empty() {
+            body.insert("props".into(), envelope.props.to_value());
+        }
+        if !matches!(body.get("ts"), Some(Value::Number(_))) {
+            body.insert("ts".into(), stamp.stored_ms.into());
+        }
+        serde_json::to_vec(&body).unwrap()
+    }
+
+    #[test]
+    fn the_borrowed_body_is_byte_for_byte_the_merged_map() {
+        let device = DeviceId::new("press-7").unwrap();
+        let stamp = Stamp {
+            gateway: "g1",
+            device: &device,
+            stream: "line3/temp",
+            stored_ms: 77,
+        };
+        for raw in [
+            r#"{"msg_id":"a-1","payload":{"t":1}}"#,
+            r#"{"msg_id":"a-2","payload":[1,"x",null],"zz":true,"aa":1.5}"#,
+            r#"{"msg_id":"a-3","ts":5,"seq":9,"gateway":"x","device":"y","stream":"s","stored_ts":1,"props":{},"payload":"\u00e9\"q"}"#,
+        ] {
+            let e = parse(raw);
+            assert_eq!(
+                String::from_utf8(north_body(&e, &stamp)).unwrap(),
+                String::from_utf8(merged_map(&e, &stamp)).unwrap(),
+                "{raw}"
+            );
+        }
     }
 
     #[test]
