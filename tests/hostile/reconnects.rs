@@ -130,11 +130,12 @@ async fn reconnect_rounds(mode: AuthMode, device: &str, session: Session) {
     }
     // Each round's receipt came once on its own connection, not DUP. A
     // second copy may come, marked DUP, on the very next connection of a
-    // kept session, and nowhere else: the device's PUBACK was still in its
-    // old socket when the broker saved the session (a takeover that
-    // reached the router before the old connection's last packets, or a
-    // reset socket, see the report of issue 15's audit). QoS 1 allows
-    // that; a copy later, a third, or one not marked DUP is a bug.
+    // kept session, and nowhere else: the broker saved the session before
+    // it had read the device's PUBACK (in a debug log, always a new
+    // CONNECT that reached the router before the old connection's last
+    // packets, so taken as a takeover even after a DISCONNECT; up to a
+    // quarter of the rounds without TLS). QoS 1 allows that; a copy later,
+    // a third, or one not marked DUP is a bug.
     let mut copies: HashMap<&str, usize> = HashMap::new();
     for (msg_id, dup, on) in &receipts {
         let Some(&round) = rounds.get(msg_id.as_str()) else {
