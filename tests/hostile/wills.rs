@@ -120,8 +120,9 @@ async fn a_will_on_a_topic_the_device_may_not_publish_on_refuses_the_connect(mod
         "every refused will counted"
     );
 
-    // W's own wills work: `online: false` on its own status is accepted,
-    // and a will on its own `up` is stored and delivered as W's.
+    // W's own wills work: `online: false` on its own status is accepted
+    // and published, and a will on its own `up` is stored and delivered as
+    // W's.
     let wt = device_topics("will-w");
     let mut connect = access.connect_packet("will-w");
     connect.last_will = Some(LastWill::new(
@@ -131,6 +132,23 @@ async fn a_will_on_a_topic_the_device_may_not_publish_on_refuses_the_connect(mod
         false,
     ));
     drop(access.connect(ferry.south_port, "will-w", connect).await);
+    // Published when W drops, it reaches the downlink as W's own status.
+    // `online: false` there forgets W, as the broker's own word that W's
+    // connection is gone already did, so nothing tells the two apart; a
+    // status the downlink cannot read is logged with the device it came
+    // from, which shows the will published and taken as W's.
+    let mut connect = access.connect_packet("will-w");
+    connect.last_will = Some(LastWill::new(
+        wt.status(),
+        r#"{"online":"unreadable-will"}"#,
+        QoS::AtLeastOnce,
+        false,
+    ));
+    drop(access.connect(ferry.south_port, "will-w", connect).await);
+    crate::support::receipts::eventually(SECS_30, "W's own status will read as W's", || {
+        logged(&ferry.log(), "device_control_malformed", "device=will-w") == 1
+    })
+    .await;
     let own = format!("{boot}-own-will");
     let mut connect = access.connect_packet("will-w");
     connect.last_will = Some(LastWill::new(
