@@ -66,6 +66,15 @@ impl FakeClock {
             .with_env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
     }
 
+    /// `opts` with ferry run under this clock for every clock it reads,
+    /// the monotonic ones included: a step forward is time passing at once
+    /// for every timer and window in ferry (a minute's window ends without
+    /// a minute's wait). Only for what a jump of the monotonic clock cannot
+    /// upset beyond the test's purpose; ferry's own timers fire at once.
+    pub fn on_every_clock(&self, opts: FerryOpts) -> FerryOpts {
+        self.on(opts).with_env("FAKETIME_DONT_FAKE_MONOTONIC", "0")
+    }
+
     /// The wall clock as a process under this clock reads it, in ms (also
     /// proves the library loads and fakes: `date` runs under it).
     pub fn read_ms(&self) -> i64 {
