@@ -259,7 +259,9 @@ pub struct Limits {
 /// second, not once per message, and the set holds only one second's
 /// senders.
 struct SeenThisSecond {
-    second: Instant,
+    /// When the current second began: at the first report after the last
+    /// one ended (none yet: the first report begins it).
+    second: Option<Instant>,
     devices: std::collections::HashSet<DeviceId>,
 }
 
@@ -278,7 +280,7 @@ impl Limits {
             limit,
             max_in_flight,
             seen: SeenThisSecond {
-                second: Instant::now(),
+                second: None,
                 devices: Default::default(),
             },
         }
@@ -288,8 +290,11 @@ impl Limits {
     /// first time in each second.
     pub fn report_seen(&mut self, device: &DeviceId, now: Instant) -> bool {
         let seen = &mut self.seen;
-        if now.saturating_duration_since(seen.second) >= std::time::Duration::from_secs(1) {
-            seen.second = now;
+        let over = seen.second.is_none_or(|second| {
+            now.saturating_duration_since(second) >= std::time::Duration::from_secs(1)
+        });
+        if over {
+            seen.second = Some(now);
             seen.devices.clear();
         }
         if seen.devices.contains(device) {
