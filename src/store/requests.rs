@@ -57,6 +57,22 @@ impl Store {
         self.call(move |cx| uplink::transition(cx.tx, &t, cx.store_ms))
     }
 
+    /// Moves several stored uplinks, in order, in one request: each
+    /// resolves as [`Store::transition`] would. One request, not one per
+    /// message, for the acks the engine applies in one turn.
+    pub fn transitions(
+        &self,
+        ts: Vec<Transition>,
+    ) -> impl Future<Output = Result<Vec<Result<Option<Moved>, StoreError>>, StoreError>> + Send + 'static
+    {
+        self.call(move |cx| {
+            ts.iter()
+                .map(|t| settle(uplink::transition(cx.tx, t, cx.store_ms)))
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(StoreError::Sqlite)
+        })
+    }
+
     /// Records a failed attempt (fire and forget: losing it in a crash only
     /// gives the message more attempts, never fewer).
     pub fn record_attempt(&self, rec: AttemptRecord) -> Result<(), StoreError> {

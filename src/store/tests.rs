@@ -151,6 +151,67 @@ async fn transitions_only_leave_stored_and_dead_letters_keep_the_body() {
 }
 
 #[tokio::test]
+async fn moves_asked_together_each_get_their_own_answer_and_write_no_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    for m in ["m1", "m2", "m3"] {
+        put(&store, "a", m).await;
+    }
+    let t = |msg: &str, to| Transition {
+        device: DeviceId::new("a").unwrap(),
+        msg_id: MsgId::new(msg).unwrap(),
+        to,
+        attempts: 1,
+        reason: None,
+        at_ms: 5,
+    };
+    let answers = store
+        .transitions(vec![
+            t("m1", MessageState::Delivered),
+            t("gone", MessageState::Delivered),
+            t("m3", MessageState::Stored),
+            t("m3", MessageState::Delivered),
+            t("m1", MessageState::Delivered),
+        ])
+        .await
+        .unwrap();
+    let seqs: Vec<_> = answers
+        .iter()
+        .map(|a| a.as_ref().map(|m| m.as_ref().map(|m| m.seq)))
+        .collect();
+    assert_eq!(seqs.len(), 5);
+    assert_eq!(seqs[0].as_ref().unwrap(), &Some(Seq(1)));
+    assert_eq!(
+        seqs[1].as_ref().unwrap(),
+        &None,
+        "an unknown message moves nothing"
+    );
+    assert!(
+        matches!(answers[2], Err(StoreError::IllegalMove(_))),
+        "an illegal move is refused alone: {:?}",
+        answers[2]
+    );
+    assert_eq!(
+        seqs[3].as_ref().unwrap(),
+        &Some(Seq(3)),
+        "and the rest go on"
+    );
+    assert_eq!(seqs[4].as_ref().unwrap(), &None, "delivered once");
+    drop(store);
+    let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(
+        count("SELECT count(*) FROM uplink WHERE state = 'delivered' AND done_ms = 5"),
+        2
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM uplink_history"),
+        0,
+        "a normal life is the row alone"
+    );
+}
+
+#[tokio::test]
 async fn a_reopened_store_resumes_seqs_and_pending_work() {
     let dir = tempfile::tempdir().unwrap();
     {

@@ -7,18 +7,57 @@ use tracing::{debug, info, warn};
 use super::{Done, Engine};
 use crate::clip::Clip;
 use crate::dead_letter::Direction;
+use crate::ids::{DeviceId, MsgId};
 use crate::metrics;
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
 use crate::state::MessageState;
+use crate::store::record::uplink::Moved;
 use crate::store::record::uplink::EXPIRED_REASON;
 use crate::store::StoreError;
 
 impl Engine {
+    /// A move to a final state committed (or not): the device's receipt.
+    async fn on_moved(
+        &mut self,
+        device: DeviceId,
+        msg_id: MsgId,
+        to: MessageState,
+        reason: Option<String>,
+        result: Result<Option<Moved>, StoreError>,
+    ) {
+        match result {
+            Ok(Some(moved)) => {
+                let receipt = match to {
+                    MessageState::Delivered => {
+                        metrics::delivered(Direction::Up, 1);
+                        metrics::delivery_took(Direction::Up, now_ms() - moved.stored_ms);
+                        Receipt::delivered(&msg_id, moved.seq)
+                    }
+                    _ => {
+                        metrics::dead_lettered(Direction::Up, 1);
+                        let reason = reason.unwrap_or_default();
+                        warn!(event = "uplink_dead_lettered", device = %device, msg_id = %msg_id, seq = moved.seq.0, attempts = moved.attempts, reason = %Clip(&reason), "uplink dead-lettered");
+                        Receipt::failed(&msg_id, moved.seq, reason)
+                    }
+                };
+                self.send_receipt(&device, receipt).await;
+            }
+            Ok(None) => {
+                debug!(device = %device, msg_id = %msg_id, to = %to, "no move: not stored (already final or unknown)")
+            }
+            Err(e) => {
+                warn!(event = "uplink_transition_not_committed", device = %device, msg_id = %msg_id, error = %e, "could not commit a transition; will read the device back");
+                self.scheduler.on_store_failed(&device);
+            }
+        }
+    }
+
     /// Applies a store answer; an error only once the store is gone.
     pub(super) async fn on_done(&mut self, done: Done) -> Result<(), StoreError> {
         let done = match done {
             Done::Moved { result: Err(e), .. }
+            | Done::Delivered { result: Err(e), .. }
             | Done::Loaded { result: Err(e), .. }
             | Done::Expired(Err(e))
             | Done::Replayed(Err(e))
@@ -36,29 +75,19 @@ impl Engine {
                 to,
                 reason,
                 result,
-            } => match result {
-                Ok(Some(moved)) => {
-                    let receipt = match to {
-                        MessageState::Delivered => {
-                            metrics::delivered(Direction::Up, 1);
-                            metrics::delivery_took(Direction::Up, now_ms() - moved.stored_ms);
-                            Receipt::delivered(&msg_id, moved.seq)
-                        }
-                        _ => {
-                            metrics::dead_lettered(Direction::Up, 1);
-                            let reason = reason.unwrap_or_default();
-                            warn!(event = "uplink_dead_lettered", device = %device, msg_id = %msg_id, seq = moved.seq.0, attempts = moved.attempts, reason = %Clip(&reason), "uplink dead-lettered");
-                            Receipt::failed(&msg_id, moved.seq, reason)
-                        }
-                    };
-                    self.send_receipt(&device, receipt).await;
-                }
-                Ok(None) => {
-                    debug!(device = %device, msg_id = %msg_id, to = %to, "no move: not stored (already final or unknown)")
+            } => self.on_moved(device, msg_id, to, reason, result).await,
+            Done::Delivered { moved, result } => match result {
+                Ok(results) => {
+                    for ((device, msg_id), result) in moved.into_iter().zip(results) {
+                        self.on_moved(device, msg_id, MessageState::Delivered, None, result)
+                            .await;
+                    }
                 }
                 Err(e) => {
-                    warn!(event = "uplink_transition_not_committed", device = %device, msg_id = %msg_id, error = %e, "could not commit a transition; will read the device back");
-                    self.scheduler.on_store_failed(&device);
+                    warn!(event = "uplink_transition_not_committed", messages = moved.len(), error = %e, "could not commit the moves to delivered; will read the devices back");
+                    for (device, _) in moved {
+                        self.scheduler.on_store_failed(&device);
+                    }
                 }
             },
             Done::LookedUp { device, result } => {

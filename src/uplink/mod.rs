@@ -66,6 +66,12 @@ enum Done {
         reason: Option<String>,
         result: Result<Option<Moved>, StoreError>,
     },
+    /// Acked messages moved to `delivered` in one request, each with its
+    /// own answer (a refused one does not hold back the rest).
+    Delivered {
+        moved: Vec<(DeviceId, MsgId)>,
+        result: Result<Vec<Result<Option<Moved>, StoreError>>, StoreError>,
+    },
     Loaded {
         device: DeviceId,
         limit: usize,
@@ -234,14 +240,28 @@ pub async fn run_engine(
         };
         let mut actions = actions;
         actions.extend(engine.scheduler.poll(Instant::now()));
+        // The acks of one turn go to the store as one request.
+        let mut delivers = Vec::new();
         for action in actions {
             if !phase.is_running() && matches!(action, Action::Refill { .. }) {
                 // The backlog stays in the store for the next run.
                 continue;
             }
+            if let Action::Deliver {
+                device,
+                msg_id,
+                attempts,
+            } = action
+            {
+                delivers.push((device, msg_id, attempts));
+                continue;
+            }
             if let Some(fut) = engine.execute(action).await? {
                 pending.push(fut);
             }
+        }
+        if !delivers.is_empty() {
+            pending.push(engine.deliver(delivers));
         }
         engine
             .backend
@@ -354,10 +374,7 @@ impl Engine {
                 device,
                 msg_id,
                 attempts,
-            } => self
-                .transition(device, msg_id, MessageState::Delivered, attempts, None)
-                .await
-                .map(Some),
+            } => Ok(Some(self.deliver(vec![(device, msg_id, attempts)]))),
             Action::Kill {
                 device,
                 msg_id,
@@ -401,6 +418,33 @@ impl Engine {
                 })))
             }
         }
+    }
+
+    /// Moves acked messages to `delivered`, in one store request.
+    fn deliver(&mut self, acked: Vec<(DeviceId, MsgId, u32)>) -> DoneFuture {
+        let at_ms = now_ms();
+        let mut moved = Vec::with_capacity(acked.len());
+        let ts = acked
+            .into_iter()
+            .map(|(device, msg_id, attempts)| {
+                moved.push((device.clone(), msg_id.clone()));
+                Transition {
+                    device,
+                    msg_id,
+                    to: MessageState::Delivered,
+                    attempts,
+                    reason: None,
+                    at_ms,
+                }
+            })
+            .collect();
+        let result = self.store.transitions(ts);
+        Box::pin(async move {
+            Done::Delivered {
+                moved,
+                result: result.await,
+            }
+        })
     }
 
     async fn transition(

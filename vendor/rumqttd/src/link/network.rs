@@ -373,7 +373,8 @@ impl<P: Protocol> Network<P> {
         Ok(())
     }
 
-    pub async fn writev(&mut self, packets: VecDeque<Packet>) -> Result<(), Error> {
+    /// ferry: takes any packets in order (patch 60), not a `VecDeque`.
+    pub async fn writev(&mut self, packets: impl IntoIterator<Item = Packet>) -> Result<(), Error> {
         for packet in packets {
             Protocol::write(&self.protocol, packet, &mut self.write)?;
         }

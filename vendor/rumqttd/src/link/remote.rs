@@ -308,17 +308,16 @@ impl<P: Protocol> RemoteLink<P> {
                 // due to previously received data request
                 o = self.link_rx.exchange(&mut self.notifications) => {
                     o?;
-                    let mut packets = VecDeque::new();
+                    // ferry: the notifications are encoded straight into
+                    // the write buffer (patch 60); upstream built a new
+                    // `VecDeque` of packets for every exchange and grew it
+                    // one push at a time.
                     let mut unscheduled = false;
-
-                    for notif in self.notifications.drain(..) {
-                        if let Some(packet) = notif.into() {
-                            packets.push_back(packet);
-                        } else {
-                            unscheduled = true;
-                        }
-
-                    }
+                    let packets = self.notifications.drain(..).filter_map(|notif| {
+                        let packet: Option<Packet> = notif.into();
+                        unscheduled |= packet.is_none();
+                        packet
+                    });
                     self.network.writev(packets).await?;
                     if unscheduled {
                         self.link_rx.wake().await?;
