@@ -4,7 +4,8 @@
 //! absent backend").
 
 use super::*;
-use crate::support::receipts::ids_with;
+use crate::support::receipts::{eventually, ids_with};
+use crate::support::BareClient;
 
 /// Small timeouts, few attempts: without the rule every message would be
 /// dead-lettered within about a second of the backend's absence.
@@ -271,5 +272,73 @@ async fn a_message_the_backend_never_acks_while_it_acks_the_rest_is_dead_lettere
         ferry.query_i64("SELECT count(*) FROM dead_letter", []),
         1,
         "only the ignored one"
+    );
+}
+
+/// Alerts from `ferry/{gw}/alerts` for `window`, `backend_silent` only.
+async fn silent_alerts(watcher: &mut BareClient, window: Duration) -> Vec<Value> {
+    let until = Instant::now() + window;
+    let mut got = Vec::new();
+    while let Some(a) = watcher
+        .next_json(until.saturating_duration_since(Instant::now()))
+        .await
+    {
+        if a["kind"] == "backend_silent" {
+            got.push(a);
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_acks_nothing_is_alerted_once_per_silence() {
+    let mq = Mosquitto::start();
+    let gw = "gw-silent-alert";
+    let ferry = Ferry::start(impatient(gw, &mq).with(|c| c.alerts.backend_silent_s = 2));
+    let mut watcher = BareClient::connect(
+        mq.port,
+        "silent-watcher",
+        vec![format!("ferry/{gw}/alerts")],
+    )
+    .await;
+    let paused = Backend::connect(mq.port, gw).await;
+    let device = Device::connect(ferry.south_port, "press-4").await;
+    let boot = boot_id();
+    device
+        .publish_envelope("t", &format!("{boot}-a"), json!(1))
+        .await;
+
+    // Silent from the first ack timeout (0.2 s); looked at every 5 s.
+    let first = silent_alerts(&mut watcher, SECS_10).await;
+    assert_eq!(first.len(), 1, "{first:?}\n{}", ferry.log_tail());
+    let detail = first[0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("alerts.backend_silent_s = 2"), "{detail}");
+    // Two more looks while the silence lasts: nothing new.
+    let again = silent_alerts(&mut watcher, Duration::from_secs(11)).await;
+    assert!(again.is_empty(), "once per silence: {again:?}");
+    let m = ferry.metrics();
+    assert_eq!(
+        m.value(r#"ferry_alerts_raised_total{kind="backend_silent"}"#),
+        1.0
+    );
+
+    // Heard again, then silent again: a second silence, a second alert.
+    drop(paused);
+    let backend = Backend::connect_auto_ack(mq.port, gw).await;
+    eventually(SECS_10, "the backend heard again", || {
+        ferry.metrics().value("ferry_backend_present") == 1.0
+    })
+    .await;
+    drop(backend);
+    device
+        .publish_envelope("t", &format!("{boot}-b"), json!(2))
+        .await;
+    let second = silent_alerts(&mut watcher, SECS_10).await;
+    assert_eq!(second.len(), 1, "{second:?}\n{}", ferry.log_tail());
+    assert_eq!(
+        ferry
+            .metrics()
+            .value(r#"ferry_alerts_raised_total{kind="backend_silent"}"#),
+        2.0
     );
 }
