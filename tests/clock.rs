@@ -85,13 +85,14 @@ async fn uplinks_stored_a_year_behind_with_a_ttl_are_all_delivered_once_the_cloc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wall_clock_stepped_back_an_hour_stops_no_retry_no_ttl_and_no_confirm_timeout() {
+async fn a_wall_clock_stepped_back_an_hour_stops_no_retry_no_ttl_no_confirm_timeout_and_no_alert() {
     let gw = "gw-clock-back";
     let clock = FakeClock::new("+0");
-    let mq = Mosquitto::start();
-    let ferry = Ferry::start(
-        clock.on(FerryOpts::new(gw, mq.port).with(|c| c.downlink.confirm_timeout_ms = 1000)),
-    );
+    let mut mq = Mosquitto::start();
+    let ferry = Ferry::start(clock.on(FerryOpts::new(gw, mq.port).with(|c| {
+        c.downlink.confirm_timeout_ms = 1000;
+        c.alerts.north_down_s = 2;
+    })));
     let mut backend = BackendClient::connect(BackendOptions::new("127.0.0.1", mq.port, gw));
     let mut events = Events::default();
     events
@@ -208,6 +209,22 @@ async fn a_wall_clock_stepped_back_an_hour_stops_no_retry_no_ttl_and_no_confirm_
             e.receipt("unconfirmed", "delivered")
         })
         .await;
+
+    // The upstream goes away: north_down is raised after
+    // alerts.north_down_s (2 s) and the next look (every 5 s), not an hour
+    // late.
+    assert_eq!(logged(&ferry.log(), "alert_raised", "north_down"), 0);
+    mq.stop();
+    let down = Instant::now();
+    eventually(Duration::from_secs(20), "north_down raised", || {
+        logged(&ferry.log(), "alert_raised", "north_down") == 1
+    })
+    .await;
+    assert!(
+        down.elapsed() < Duration::from_secs(12),
+        "raised {:?} after the upstream went away",
+        down.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

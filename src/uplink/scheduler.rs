@@ -15,6 +15,13 @@
 //!   the send and the timeout ([`backend`]); otherwise the message waits,
 //!   uncounted, and is sent again after the retry backoff, or as soon as
 //!   the backend is heard from.
+//! - While the backend is away, a device sends only its oldest message (a
+//!   probe). It sends its window again once an ack of its own comes, or
+//!   when the backend is heard from while none of its messages is in
+//!   flight or backing off (nothing of it can be missing at the backend
+//!   then). So a backend gets each device's messages in seq order,
+//!   whenever it subscribes (but for every `retry.max_attempts`-th probe
+//!   round, which carries the next message too: [`Scheduler::probe`]).
 //! - Memory holds at most `window` messages per device; the rest stay in the
 //!   store and are read back (`Refill`) in seq order as the window drains.
 //!   A message is dropped from memory only when a `Deliver`/`Kill` action
@@ -365,6 +372,33 @@ impl Scheduler {
         actions
     }
 
+    /// Which of a probing device's messages (in seq order: skip, take) may
+    /// go now: the oldest alone, nothing while it is out. But a backend
+    /// that is there and ignores that one message looks absent while
+    /// nothing else goes; so every `retry.max_attempts`-th silent round
+    /// the next message goes right behind it (instead of it with
+    /// `max_inflight` 1), and an ack of that shows the backend there.
+    fn probe(cfg: &SchedulerConfig, q: &mut DeviceQueue) -> (usize, usize) {
+        let inflight = q.inflight();
+        let Some(head) = q.entries.values_mut().next() else {
+            return (0, 0);
+        };
+        if inflight > 0 || head.status != Status::Ready {
+            return (0, 0);
+        }
+        let every = cfg.retry.max_attempts.max(2);
+        let widen = head.silent > 0 && head.silent % every == 0;
+        match (widen, cfg.max_inflight) {
+            (false, _) => (0, 1),
+            (true, 1) => {
+                // It goes next turn, after the one sent in its place.
+                head.silent += 1;
+                (1, 2)
+            }
+            (true, _) => (0, 2),
+        }
+    }
+
     /// Sends and refills for every device that changed since the last call.
     pub fn poll(&mut self, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -377,9 +411,18 @@ impl Scheduler {
                 continue;
             };
             if let Some(epoch) = up {
+                // While the backend is away a device sends only its oldest
+                // message (a probe), so a backend that subscribes at any
+                // moment gets each device's messages from the oldest on.
+                q.probing |= self.backend.absent();
+                let (skip, take) = if q.probing {
+                    Self::probe(&self.cfg, q)
+                } else {
+                    (0, usize::MAX)
+                };
                 let mut inflight = q.inflight();
                 let deadline = now + self.cfg.ack_timeout;
-                for entry in q.entries.values_mut() {
+                for entry in q.entries.values_mut().take(take).skip(skip) {
                     if inflight >= self.cfg.max_inflight {
                         break;
                     }

@@ -45,6 +45,13 @@ impl Backend {
     pub(super) fn silent_since(&self) -> Option<Instant> {
         self.silent_since
     }
+
+    /// Whether the backend is away: an ack timeout found it silent, and it
+    /// has not been heard from since. (Until a first such timeout ferry
+    /// takes it to be there.)
+    pub(super) fn absent(&self) -> bool {
+        self.silent_since.is_some()
+    }
 }
 
 #[cfg(test)]

@@ -50,6 +50,10 @@ pub(super) struct DeviceQueue {
     pub(super) loaded_upto: Seq,
     /// Where the device's messages past `loaded_upto` are.
     pub(super) refill: Refill,
+    /// Only the oldest message goes north, alone: it was sent while the
+    /// backend was away, and is not yet known to have reached it (see
+    /// `Scheduler::poll`).
+    pub(super) probing: bool,
 }
 
 /// Whether a device's stored messages are all in memory, and if not, how
@@ -72,6 +76,16 @@ impl DeviceQueue {
             .values()
             .filter(|e| matches!(e.status, Status::InFlight { .. }))
             .count()
+    }
+
+    /// Whether a message (other than `besides`) is in flight or backing
+    /// off after a counted failure: either may still be missing at the
+    /// backend.
+    pub(super) fn unsettled_besides(&self, besides: Option<Seq>) -> bool {
+        self.entries.iter().any(|(&s, e)| {
+            Some(s) != besides
+                && matches!(e.status, Status::InFlight { .. } | Status::Backoff { .. })
+        })
     }
 
     pub(super) fn remove(&mut self, seq: Seq) -> Option<Entry> {

@@ -21,9 +21,13 @@ fn dev() -> DeviceId {
 }
 
 fn msg(seq: u64) -> PendingMessage {
+    msg_of(&dev(), seq)
+}
+
+fn msg_of(device: &DeviceId, seq: u64) -> PendingMessage {
     PendingMessage {
         id: seq as i64,
-        device: dev(),
+        device: device.clone(),
         msg_id: MsgId::new(format!("m{seq}")).unwrap(),
         seq: Seq(seq),
         stream: "s".into(),

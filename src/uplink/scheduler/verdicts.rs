@@ -27,6 +27,14 @@ impl Scheduler {
                     any = true;
                 }
             }
+            // A probe in flight may have gone out before the backend
+            // subscribed: its window waits for its ack (or its counted
+            // timeout and resend). With none out, the window goes now,
+            // oldest first, to a backend that is there.
+            if q.probing && !q.unsettled_besides(None) {
+                q.probing = false;
+                any = true;
+            }
             if any {
                 self.dirty.insert(device.clone());
             }
@@ -36,7 +44,8 @@ impl Scheduler {
     /// A message of `q` sent at `since` timed out with no sign of the
     /// backend since: it and every other message of the device in flight
     /// since then (whose timeouts will find the same silence) wait for one
-    /// resend together, so they reach a returning backend in seq order.
+    /// resend round together, in which `Scheduler::poll` sends only the
+    /// oldest (the device is probing from now on).
     pub(super) fn wait_for_backend(
         cfg: &SchedulerConfig,
         timers: &mut Timers,
@@ -111,6 +120,12 @@ impl Scheduler {
             };
         };
         self.dirty.insert(device.clone());
+        // The backend has this device's probe: what it gets from now on
+        // comes after it, unless an earlier send (in flight, or backing off
+        // after a counted loss) may still be missing there.
+        if q.probing && !q.unsettled_besides(Some(seq)) {
+            q.probing = false;
+        }
         let entry = q.entries.get_mut(&seq).expect("by_id and entries agree");
         match verdict {
             Verdict::Ok => {

@@ -119,12 +119,15 @@ fn a_message_the_backend_ignores_while_it_acks_others_is_counted_and_dies() {
 }
 
 /// Without this, each message's own jittered backoff would send them to a
-/// returning backend in any order.
+/// returning backend in any order; and sending them all again each round
+/// would give a backend that subscribes mid-round a device's later
+/// messages first.
 #[test]
-fn a_devices_messages_waiting_on_the_backend_go_again_together_in_seq_order() {
+fn while_the_backend_is_away_a_device_sends_only_its_oldest_message_again() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(SchedulerConfig {
         max_inflight: 4,
+        window: 1000,
         retry: RetryConfig {
             jitter: 1.0,
             ..cfg().retry
@@ -135,14 +138,219 @@ fn a_devices_messages_waiting_on_the_backend_go_again_together_in_seq_order() {
     for i in 1..=4 {
         s.on_stored(msg(i), t0, 0);
     }
-    assert_eq!(published(&s.poll(t0)), vec![1, 2, 3, 4]);
-    for _ in 0..20 {
+    assert_eq!(
+        published(&s.poll(t0)),
+        vec![1, 2, 3, 4],
+        "the backend is taken to be there until a timeout finds it silent"
+    );
+    let mut rounds = Vec::new();
+    for n in 5..=40 {
         let t = s.next_deadline().expect("a timer");
-        assert!(s.on_tick(t).is_empty());
+        assert!(s.on_tick(t).is_empty(), "nothing counted");
+        // Stored meanwhile: it waits behind the probe too.
+        s.on_stored(msg(n), t, 0);
         let sent = published(&s.poll(t));
         if !sent.is_empty() {
-            assert_eq!(sent, vec![1, 2, 3, 4], "all again, in order");
+            rounds.push(sent);
         }
     }
-    assert_eq!(s.in_memory(), 4);
+    assert!(rounds.len() >= 10, "{rounds:?}");
+    for (k, sent) in rounds.iter().enumerate() {
+        // Every max_attempts-th (3rd) silent round carries the next one.
+        let want = if (k + 1) % 3 == 0 {
+            vec![1, 2]
+        } else {
+            vec![1]
+        };
+        assert_eq!(sent, &want, "round {}: {rounds:?}", k + 1);
+    }
+}
+
+#[test]
+fn the_probes_ack_sends_the_devices_window_in_seq_order() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_inflight: 3,
+        window: 1000,
+        ..cfg()
+    });
+    s.on_link_up(1);
+    s.on_stored(msg(1), t0, 0);
+    s.poll(t0);
+    let t1 = t0 + Duration::from_millis(1000);
+    s.on_tick(t1);
+    for i in 2..=5 {
+        s.on_stored(msg(i), t1, 0);
+    }
+    let t2 = s.next_deadline().expect("a resend");
+    s.on_tick(t2);
+    assert_eq!(published(&s.poll(t2)), vec![1], "the probe alone");
+    // The backend subscribed in time for it and acks it.
+    s.on_backend_heard(t2);
+    assert!(published(&s.poll(t2)).is_empty(), "its probe is out");
+    let acts = s.on_ack(&dev(), &id(1), Verdict::Ok, t2);
+    assert!(matches!(&acts[..], [Action::Deliver { attempts: 1, .. }]));
+    assert_eq!(
+        published(&s.poll(t2)),
+        vec![2, 3, 4],
+        "the window, in order"
+    );
+}
+
+/// Another device's ack shows the backend there, but this device's probe
+/// may have gone out before it subscribed: its window waits for that
+/// probe, which (lost) is counted once and sent again, alone.
+#[test]
+fn a_backend_heard_while_a_devices_probe_is_out_holds_that_devices_window_for_it() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_inflight: 3,
+        window: 1000,
+        ..cfg()
+    });
+    s.on_link_up(1);
+    for i in 1..=3 {
+        s.on_stored(msg(i), t0, 0);
+    }
+    s.poll(t0);
+    let t1 = t0 + Duration::from_millis(1000);
+    s.on_tick(t1);
+    let t2 = s.next_deadline().expect("a resend");
+    s.on_tick(t2);
+    assert_eq!(published(&s.poll(t2)), vec![1]);
+    let t3 = t2 + Duration::from_millis(10);
+    s.on_backend_heard(t3);
+    assert!(published(&s.poll(t3)).is_empty(), "held behind its probe");
+    let t4 = t2 + Duration::from_millis(1000);
+    let acts = s.on_tick(t4);
+    assert!(
+        matches!(&acts[..], [Action::RecordAttempt { attempts: 1, .. }]),
+        "the backend was there and did not get it: counted, as any loss: {acts:?}"
+    );
+    assert!(
+        published(&s.poll(t4)).is_empty(),
+        "backing off, still alone"
+    );
+    let t5 = s.next_deadline().expect("its backoff");
+    s.on_tick(t5);
+    assert_eq!(published(&s.poll(t5)), vec![1], "again, alone");
+    s.on_ack(&dev(), &id(1), Verdict::Ok, t5);
+    assert_eq!(published(&s.poll(t5)), vec![2, 3]);
+}
+
+#[test]
+fn a_backend_heard_while_nothing_of_a_device_is_out_gets_its_window_at_once_oldest_first() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_inflight: 3,
+        window: 1000,
+        ..cfg()
+    });
+    s.on_link_up(1);
+    for i in 1..=3 {
+        s.on_stored(msg(i), t0, 0);
+    }
+    s.poll(t0);
+    let t1 = t0 + Duration::from_millis(1000);
+    s.on_tick(t1);
+    assert!(s.poll(t1).is_empty(), "waiting out the backoff");
+    s.on_backend_heard(t1 + Duration::from_millis(10));
+    assert_eq!(published(&s.poll(t1)), vec![1, 2, 3]);
+}
+
+/// A backend that subscribes before any one of the scheduler's turns
+/// (each turn's publishes leave together, within microseconds) and acks
+/// what it gets at once: it gets each device's messages from its oldest
+/// on, each once, and they are delivered in seq order.
+#[test]
+fn a_backend_that_subscribes_at_any_turn_gets_each_devices_messages_in_seq_order_once() {
+    let devices = ["d1", "d2", "d3"].map(|d| DeviceId::new(d).unwrap());
+    for subscribe_at in 0..60 {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_inflight: 4,
+            window: 1000,
+            retry: RetryConfig {
+                jitter: 0.5,
+                max_attempts: 3,
+                ..cfg().retry
+            },
+            ..cfg()
+        });
+        s.on_link_up(1);
+        for (k, d) in devices.iter().enumerate() {
+            for seq in 1..=6 {
+                s.on_stored(msg_of(d, seq + k as u64), t0, 0);
+            }
+        }
+        let mut t = t0;
+        let mut turn = 0;
+        let mut arrived: Vec<(DeviceId, u64)> = Vec::new();
+        let mut delivered: Vec<(DeviceId, u64)> = Vec::new();
+        for _ in 0..1000 {
+            let mut acts = s.poll(t);
+            turn += 1;
+            let subscribed = turn > subscribe_at;
+            let mut heard = Vec::new();
+            for a in &acts {
+                if let Action::Publish(m) = a {
+                    if subscribed {
+                        arrived.push((m.device.clone(), m.seq.0));
+                        heard.push(m.clone());
+                    }
+                }
+            }
+            acts.clear();
+            let acked = !heard.is_empty();
+            for m in heard {
+                s.on_backend_heard(t);
+                acts.extend(s.on_ack(&m.device, &m.msg_id, Verdict::Ok, t));
+            }
+            for a in acts {
+                match a {
+                    Action::Deliver { device, msg_id, .. } => {
+                        let seq = msg_id.as_str()[1..].parse().unwrap();
+                        delivered.push((device, seq));
+                    }
+                    other => panic!("subscribe at turn {subscribe_at}: {other:?}"),
+                }
+            }
+            if s.in_memory() == 0 {
+                break;
+            }
+            if acked {
+                // Its acks may let more go now.
+                continue;
+            }
+            t = s.next_deadline().expect("a timer");
+            for a in s.on_tick(t) {
+                assert!(
+                    !matches!(a, Action::Kill { .. }),
+                    "subscribe at turn {subscribe_at}: {a:?}"
+                );
+            }
+        }
+        assert_eq!(
+            s.in_memory(),
+            0,
+            "subscribe at turn {subscribe_at}: all delivered"
+        );
+        for d in &devices {
+            let mine = |v: &[(DeviceId, u64)]| -> Vec<u64> {
+                v.iter().filter(|(x, _)| x == d).map(|(_, q)| *q).collect()
+            };
+            let got = mine(&arrived);
+            assert!(
+                got.windows(2).all(|w| w[0] < w[1]),
+                "subscribe at turn {subscribe_at}: {d} arrived once each, in order: {got:?}"
+            );
+            let done = mine(&delivered);
+            assert_eq!(
+                done.len(),
+                6,
+                "subscribe at turn {subscribe_at}: {d}: {done:?}"
+            );
+            assert!(done.windows(2).all(|w| w[0] < w[1]), "{d}: {done:?}");
+        }
+    }
 }
