@@ -126,7 +126,16 @@ impl NorthTopics {
 
     /// Uplink messages of one device and stream (gw → backend).
     pub fn up(&self, device: &DeviceId, stream: &str) -> String {
-        format!("{}/up/{device}/{stream}", self.base)
+        let mut topic = String::with_capacity(self.up_len(device, stream));
+        for part in [self.base.as_str(), "/up/", device.as_str(), "/", stream] {
+            topic.push_str(part);
+        }
+        topic
+    }
+
+    /// The length of [`NorthTopics::up`]'s topic, without making it.
+    pub fn up_len(&self, device: &DeviceId, stream: &str) -> usize {
+        self.base.len() + "/up/".len() + device.as_str().len() + 1 + stream.len()
     }
 
     /// `{base}/up/#`: every uplink message.
@@ -350,6 +359,11 @@ impl Topics {
 
     pub fn north_up(&self, device: &DeviceId, stream: &str) -> String {
         self.north.up(device, stream)
+    }
+
+    /// The length of [`Topics::north_up`]'s topic, without making it.
+    pub fn north_up_len(&self, device: &DeviceId, stream: &str) -> usize {
+        self.north.up_len(device, stream)
     }
 
     pub fn north_ack(&self) -> String {

@@ -486,8 +486,8 @@ fn reject(
 fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
     /// `"seq":` plus a u64 and a comma, in place of nothing.
     const SEQ_FIELD: usize = 7 + 20;
-    let topic = topics.north_up(&intake.device, &intake.stream);
-    publish_packet_len(topic.len(), intake.body.len() + SEQ_FIELD)
+    let topic_len = topics.north_up_len(&intake.device, &intake.stream);
+    publish_packet_len(topic_len, intake.body.len() + SEQ_FIELD)
 }
 
 /// The second topic level as written, for the dead-letter row of a bad topic.

@@ -181,3 +181,15 @@ fn a_backend_and_the_gateway_name_the_same_topics() {
         assert_eq!(n.parse(other), None, "{other}");
     }
 }
+
+#[test]
+fn the_north_uplink_topics_length_is_known_without_making_it() {
+    let d = DeviceId::new("press-7").unwrap();
+    for stream in ["t", "line3/temp", "a/b/c/dé"] {
+        assert_eq!(
+            t().north_up_len(&d, stream),
+            t().north_up(&d, stream).len(),
+            "{stream}"
+        );
+    }
+}
