@@ -41,7 +41,7 @@ use crate::dead_letter::Direction;
 use crate::deadlines::sleep_until;
 use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics;
+use crate::metrics::{self, Stage};
 use crate::north::{Link, NorthSender, Tag, UplinkEvent};
 use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
@@ -257,10 +257,11 @@ impl Engine {
     /// A message intake stored, or a duplicate for the engine to answer.
     async fn on_intake(&mut self, msg: ToEngine, pending: &mut FuturesUnordered<DoneFuture>) {
         match msg {
-            ToEngine::Stored(msg) => {
+            ToEngine::Stored { msg, committed } => {
                 let clock = self.store.clock();
+                let committed = Some(Instant::from_std(committed));
                 self.scheduler
-                    .on_stored(msg, Instant::now(), clock.store_ms())
+                    .on_stored(msg, committed, Instant::now(), clock.store_ms())
             }
             // Not acked yet: its final receipt comes later, from here.
             ToEngine::Duplicate {
@@ -334,7 +335,7 @@ impl Engine {
     /// Carries out one action; returns what to wait for, if anything.
     async fn execute(&mut self, action: Action) -> Result<Option<DoneFuture>, StoreError> {
         match action {
-            Action::Publish(msg) => {
+            Action::Publish { msg, committed } => {
                 let topic = self.topics.north_up(&msg.device, &msg.stream);
                 let tag = Tag::Uplink {
                     device: msg.device.clone(),
@@ -347,6 +348,8 @@ impl Engine {
                 if !sent {
                     self.scheduler
                         .on_publish_refused(&msg.device, msg.seq, Instant::now());
+                } else if let Some(committed) = committed {
+                    metrics::stage_took(Stage::NorthPublish, committed.elapsed());
                 }
                 Ok(None)
             }
@@ -354,10 +357,15 @@ impl Engine {
                 device,
                 msg_id,
                 attempts,
-            } => self
-                .transition(device, msg_id, MessageState::Delivered, attempts, None)
-                .await
-                .map(Some),
+                sent,
+            } => {
+                if let Some(sent) = sent {
+                    metrics::stage_took(Stage::BackendAck, sent.elapsed());
+                }
+                self.transition(device, msg_id, MessageState::Delivered, attempts, None)
+                    .await
+                    .map(Some)
+            }
             Action::Kill {
                 device,
                 msg_id,

@@ -7,7 +7,7 @@ fn ack_timeouts_with_no_sign_of_the_backend_wait_uncounted_and_resend_with_backo
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     assert_eq!(published(&s.poll(t0)), vec![1]);
     // Far more timeouts than max_attempts (3): none counts.
     let mut t = t0;
@@ -44,7 +44,7 @@ fn the_backend_heard_from_again_releases_what_waited_at_once() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
     assert!(s.on_tick(t1).is_empty());
@@ -70,7 +70,7 @@ fn a_message_the_backend_ignores_while_it_acks_others_is_counted_and_dies() {
     });
     s.on_link_up(1);
     for i in 1..=4 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     let mut t = t0;
     let mut killed = None;
@@ -110,7 +110,7 @@ fn a_message_the_backend_ignores_while_it_acks_others_is_counted_and_dies() {
             break;
         }
         stored += 1;
-        s.on_stored(msg(stored), t, 0);
+        s.on_stored(msg(stored), None, t, 0);
     }
     assert!(next_ok > 5, "the others delivered meanwhile: {next_ok}");
     let (msg_id, attempts, reason) = killed.expect("message 1 dead-lettered");
@@ -133,7 +133,7 @@ fn a_devices_messages_waiting_on_the_backend_go_again_together_in_seq_order() {
     });
     s.on_link_up(1);
     for i in 1..=4 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     assert_eq!(published(&s.poll(t0)), vec![1, 2, 3, 4]);
     for _ in 0..20 {
