@@ -21,8 +21,9 @@
 //! msgs/s in total). The table: saturated end-to-end throughput; the
 //! paced phase's end-to-end and first-hop latency p50/p99/p999; CPU per
 //! message of every broker and gateway process; their peak RSS; each
-//! figure also as a ratio to (b). The consumer counts every message id:
-//! one missing or duplicated fails the run (exit 1).
+//! figure also as a ratio to (b); for ferry, its uplink stages in the
+//! paced phase (`support::stages`). The consumer counts every message
+//! id: one missing or duplicated fails the run (exit 1).
 //!
 //! ```text
 //! cargo bench --bench compare -- [--quick] [--publishers 100] [--per 2000]
@@ -45,6 +46,7 @@ use support::cpu::{wait_for_quiet_machine, CpuSnapshot};
 use support::load::{Fleet, PhaseCtx};
 use support::paths::{Path, Setup};
 use support::plain::PlainFleet;
+use support::report::with_ratio;
 use support::{cores, vm_kib, CargoBench};
 
 /// The gateway's id in this bench.
@@ -308,14 +310,6 @@ fn q_ms(h: &Histogram<u64>, q: f64) -> f64 {
 
 const QS: [f64; 3] = [0.50, 0.99, 0.999];
 
-/// `x`, and its ratio to (b)'s figure when there is one.
-fn with_ratio(x: f64, b: Option<f64>, digits: usize) -> String {
-    match b.filter(|b| *b > 0.0) {
-        Some(b) => format!("{x:.digits$} (×{:.2})", x / b),
-        None => format!("{x:.digits$}"),
-    }
-}
-
 fn latencies(h: &Histogram<u64>, b: Option<&Histogram<u64>>) -> String {
     if h.is_empty() {
         return "n/a".into();
@@ -447,6 +441,7 @@ async fn bench(args: Args, sizes: Sizes) -> Result<bool, String> {
         let setup = Setup::start(path, GATEWAY, lifetime, |c| args.configure(c)).await?;
         let saturated = run_phase(&setup, &args, sizes.publishers, sizes.per, None).await?;
         println!("  saturated: {:.0} msgs/s end to end", saturated.e2e_rate());
+        let stages_before = setup.ferry_metrics();
         let paced = run_phase(
             &setup,
             &args,
@@ -460,6 +455,7 @@ async fn bench(args: Args, sizes: Sizes) -> Result<bool, String> {
             q_ms(&paced.arrived.latency_us, 0.5),
             q_ms(&paced.arrived.latency_us, 0.99)
         );
+        support::stages::print_phase("paced", stages_before, setup.ferry_metrics());
         let rss_kib = setup
             .watched
             .iter()

@@ -32,6 +32,7 @@ use prometheus_client::registry::Registry;
 
 pub use count::Count;
 use labels::{dir, Dir, DirReason, Kind, REJECT_REASONS};
+pub use stages::Stage;
 
 use crate::dead_letter::Direction;
 use crate::protocol::alert::AlertKind;
@@ -111,6 +112,7 @@ pub struct Metrics {
     commit_seconds: Histogram,
     stored_receipt_seconds: Histogram,
     delivery_seconds: PerDir<Histogram>,
+    stages: stages::Stages,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -147,6 +149,7 @@ impl Metrics {
             delivery_seconds: PerDir::new(Family::new_with_constructor(
                 slow_buckets as fn() -> Histogram,
             )),
+            stages: stages::Stages::new(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -266,12 +269,17 @@ impl Metrics {
             "Time from a message's commit to its delivery: the backend's ack (up), the device's confirm (down)",
             m.delivery_seconds.family.clone(),
         );
+        r.register(
+            "uplink_stage_seconds",
+            "An uplink's life by stage: queued (handed to the store writer → its batch begins), commit (the batch's apply and fsync), receipt (commit → `stored` receipt handed to the south broker), north_publish (commit → first publish handed to the north session), backend_ack (publish → the backend's ok applied)",
+            m.stages.family.clone(),
+        );
         r.register_collector(Box::new(count::Counts(m.counts.clone())));
         r.register_collector(Box::new(broker::Broker));
         // Every series from the start, at 0: a rate over a series that
         // appears only with its first event misses that event.
         // (The per-direction counters and histograms made theirs in
-        // `PerDir::new`.)
+        // `PerDir::new`, the stages theirs in `Stages::new`.)
         for d in Direction::ALL {
             let _ = m.backlog.get_or_create(&dir(d));
             let _ = m.oldest_age.get_or_create(&dir(d));
@@ -354,6 +362,11 @@ pub fn commit_took(t: Duration) {
 
 pub fn stored_receipt_took(t: Duration) {
     get().stored_receipt_seconds.observe(t.as_secs_f64());
+}
+
+/// One uplink spent `t` in `stage`.
+pub fn stage_took(stage: Stage, t: Duration) {
+    get().stages.of(stage).observe(t.as_secs_f64());
 }
 
 /// A delivery `ms` milliseconds after the message's commit.
@@ -464,5 +477,6 @@ pub fn render() -> String {
 mod broker;
 mod count;
 mod labels;
+mod stages;
 #[cfg(test)]
 mod tests;

@@ -151,6 +151,8 @@ async fn probe(port: u16) -> Result<(), String> {
 pub struct SiteClient {
     pub gateway: String,
     pub log_path: PathBuf,
+    /// The admin server's port (its `/metrics`).
+    pub admin_port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -163,6 +165,10 @@ impl SiteClient {
             .map_err(|e| format!("temp dir for ferry: {e}"))?;
         // Unused in external mode; a free port rather than 1883.
         config.south.listen = format!("127.0.0.1:{}", free_port());
+        let admin_port = std::iter::repeat_with(free_port)
+            .find(|p| !config.south.listen.ends_with(&format!(":{p}")))
+            .expect("a free port");
+        config.admin.listen = format!("127.0.0.1:{admin_port}");
         config.gateway.data_dir = dir.path().join(&config.gateway.data_dir);
         let config_path = dir.path().join("ferry.toml");
         fs::write(&config_path, to_toml(&config)).map_err(|e| format!("write ferry.toml: {e}"))?;
@@ -185,6 +191,7 @@ impl SiteClient {
         Ok(SiteClient {
             gateway: config.gateway.id.clone(),
             log_path,
+            admin_port,
             dir,
             child: Some(child),
         })

@@ -15,7 +15,8 @@
 //!   counts downlink receipts);
 //! - [`procfs`], [`cpu`]: readings from /proc and CPU use over a phase;
 //! - [`timeline`]: the storm's per-second timeline, sampled on a thread;
-//! - [`report`]: how figures are printed;
+//! - [`report`]: how figures are printed; [`stages`]: ferry's uplink
+//!   stage histograms over a phase, from two scrapes of its `/metrics`;
 //! - the pieces of the benches' clap flags that are alike.
 //!
 //! No bench polls an MQTT event loop of its own: every client is a
@@ -32,6 +33,7 @@ pub mod paths;
 pub mod plain;
 pub mod procfs;
 pub mod report;
+pub mod stages;
 pub mod timeline;
 
 use std::time::Duration;

@@ -21,6 +21,7 @@ use super::arrivals::Arrivals;
 use super::backend::AckingBackend;
 use super::cpu::Watched;
 use super::external::ExternalEnv;
+use super::harness::admin::try_get;
 use super::harness::Mosquitto;
 use super::plain::{probe_path, Consumer, TOPIC_ROOT};
 use super::Env;
@@ -209,6 +210,22 @@ impl Setup {
             }
         };
         Ok(setup)
+    }
+
+    /// ferry's `/metrics` now (c, d); `None` for the brokers' paths.
+    pub fn ferry_metrics(&self) -> Option<Result<String, String>> {
+        let url = match &self.running {
+            Running::Embedded(env) => env.ferry.admin_url("/metrics"),
+            Running::External(env) => {
+                format!("http://127.0.0.1:{}/metrics", env.ferry.admin_port)
+            }
+            Running::Direct(_) | Running::Bridge { .. } => return None,
+        };
+        Some(match try_get(&url) {
+            Ok((200, body)) => Ok(body),
+            Ok((code, body)) => Err(format!("GET {url}: {code} {body}")),
+            Err(e) => Err(format!("GET {url}: {e}")),
+        })
     }
 
     pub fn log_tail(&self) -> String {

@@ -84,6 +84,14 @@ pub fn tcp_ext_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u6
         .join(", ")
 }
 
+/// `x`, and its ratio to `b` (the compare bench's path (b)) when there is one.
+pub fn with_ratio(x: f64, b: Option<f64>, digits: usize) -> String {
+    match b.filter(|b| *b > 0.0) {
+        Some(b) => format!("{x:.digits$} (×{:.2})", x / b),
+        None => format!("{x:.digits$}"),
+    }
+}
+
 pub fn pass(ok: bool) -> &'static str {
     if ok {
         "PASS"

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::budget::Budget;
 use super::clock::{Now, StoreClock};
 use super::error::StoreError;
-use super::op::{Asked, Cx, Op, Told};
+use super::op::{Asked, Cx, Op, Timing, Told};
 use crate::health::Heartbeat;
 
 /// A cheap, cloneable handle to the writer thread.
@@ -65,12 +65,23 @@ impl Store {
         &self,
         apply: impl FnMut(&mut Cx<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let timed = self.call_timed(apply);
+        async move { timed.await.map(|(value, _)| value) }
+    }
+
+    /// [`Store::call`], resolving also to the request's [`Timing`]
+    /// through the writer.
+    pub(super) fn call_timed<T: Send + 'static>(
+        &self,
+        apply: impl FnMut(&mut Cx<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<(T, Timing), StoreError>> + Send + 'static {
         let (reply, rx) = oneshot::channel();
         // A refused send drops the request and its reply: the wait below fails.
         let _ = self.tx.send(Box::new(Asked {
             apply,
             reply,
             outcome: None,
+            queued: std::time::Instant::now(),
         }));
         let stopped = self.stopped.clone();
         async move { rx.await.unwrap_or_else(|_| Err(closed(&stopped))) }

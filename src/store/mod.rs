@@ -60,6 +60,7 @@ mod writer;
 pub use error::StoreError;
 pub use figures::{AlertScan, Backlog, DeadSummary};
 pub use handle::Store;
+pub use op::Timing;
 pub use open::DB_FILE;
 
 /// The schema version this build writes (`PRAGMA user_version`).

@@ -13,6 +13,8 @@
 //! - A request told without a reply (fire and forget) says nothing when
 //!   its batch fails: it is lost, as a crash would lose it.
 
+use std::time::Instant;
+
 use rusqlite::Transaction;
 use tokio::sync::oneshot;
 
@@ -38,22 +40,43 @@ pub(super) struct Cx<'a> {
     pub pruned: &'a mut bool,
 }
 
+/// When the batch that committed a request began (its attempt that
+/// committed) and when its commit returned, on the monotonic clock.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Batch {
+    pub started: Instant,
+    pub committed: Instant,
+}
+
+/// A request's way through the writer, on the monotonic clock: when it was
+/// queued, when the batch that committed it began, when that commit
+/// returned (for the stage histograms, `crate::metrics::Stage`).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub queued: Instant,
+    pub started: Instant,
+    pub committed: Instant,
+}
+
 /// One queued request, whatever its answer's type.
 pub(super) trait Queued: Send {
     /// Applies the request in the batch's transaction and keeps its
     /// outcome; an `Err` fails the batch.
     fn apply(&mut self, cx: &mut Cx<'_>) -> rusqlite::Result<()>;
-    /// Sends the kept outcome: called after the commit, in queue order.
-    fn answer(self: Box<Self>);
+    /// Sends the kept outcome: called after the commit of `batch`, in
+    /// queue order.
+    fn answer(self: Box<Self>, batch: Batch);
     /// Answers with `e` instead: the batch failed or the store stopped.
     fn fail(self: Box<Self>, e: &StoreError);
 }
 
-/// A request whose caller waits for its answer.
+/// A request whose caller waits for its answer (and its [`Timing`]).
 pub(super) struct Asked<F, T> {
     pub apply: F,
-    pub reply: oneshot::Sender<Result<T, StoreError>>,
+    pub reply: oneshot::Sender<Result<(T, Timing), StoreError>>,
     pub outcome: Option<Result<T, StoreError>>,
+    /// When it was queued.
+    pub queued: Instant,
 }
 
 impl<F, T> Queued for Asked<F, T>
@@ -68,9 +91,14 @@ where
         Ok(())
     }
 
-    fn answer(self: Box<Self>) {
+    fn answer(self: Box<Self>, batch: Batch) {
         if let Some(outcome) = self.outcome {
-            let _ = self.reply.send(outcome);
+            let timing = Timing {
+                queued: self.queued,
+                started: batch.started,
+                committed: batch.committed,
+            };
+            let _ = self.reply.send(outcome.map(|value| (value, timing)));
         }
     }
 
@@ -90,7 +118,7 @@ where
         (self.0)(cx)
     }
 
-    fn answer(self: Box<Self>) {}
+    fn answer(self: Box<Self>, _: Batch) {}
 
     fn fail(self: Box<Self>, _: &StoreError) {}
 }

@@ -13,7 +13,7 @@ use super::error::StoreError;
 use super::figures::Backlog;
 use super::figures::{self, AlertScan};
 use super::handle::Store;
-use super::op::settle;
+use super::op::{settle, Timing};
 use super::record::downlink::{
     BatchRead, CursorMove, Cursors, DownIntake, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
 };
@@ -37,7 +37,17 @@ impl Store {
         &self,
         msg: Intake,
     ) -> impl Future<Output = Result<IntakeOutcome, StoreError>> + Send + 'static {
-        self.call(move |cx| uplink::intake(cx.tx, cx.seqs, &msg, cx.store_ms))
+        let timed = self.intake_timed(msg);
+        async move { timed.await.map(|(outcome, _)| outcome) }
+    }
+
+    /// [`Store::intake`], with the request's way through the writer (for
+    /// the uplink stage histograms).
+    pub fn intake_timed(
+        &self,
+        msg: Intake,
+    ) -> impl Future<Output = Result<(IntakeOutcome, Timing), StoreError>> + Send + 'static {
+        self.call_timed(move |cx| uplink::intake(cx.tx, cx.seqs, &msg, cx.store_ms))
     }
 
     /// Writes a dead letter for a rejected message; resolves to its id.

@@ -21,7 +21,7 @@ use tracing::{debug, error, info, warn};
 use super::budget::{self, Budget, Change};
 use super::clock::{self, StoreClock};
 use super::error::StoreError;
-use super::op::{clone_err, Cx, Op};
+use super::op::{clone_err, Batch, Cx, Op};
 use super::uplink;
 use crate::health::Heartbeat;
 use crate::metrics::{self, Count};
@@ -173,7 +173,11 @@ impl Writer {
             let started = Instant::now();
             match self.apply(batch) {
                 Ok(()) => {
-                    crate::metrics::commit_took(started.elapsed());
+                    let done = Batch {
+                        started,
+                        committed: Instant::now(),
+                    };
+                    crate::metrics::commit_took(done.committed - started);
                     self.seqs.committed();
                     if let Some(since) = failing_since {
                         info!(
@@ -191,7 +195,7 @@ impl Writer {
                     // tries again).
                     let pruned = std::mem::take(&mut self.rows_pruned) && self.budget.over();
                     for op in batch.drain(..) {
-                        op.answer();
+                        op.answer(done);
                     }
                     if pruned {
                         if let Err(e) =

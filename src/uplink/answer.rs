@@ -14,20 +14,20 @@ use super::limits::{Lines, Sender};
 use crate::clip::Clip;
 use crate::dead_letter::Direction;
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics;
+use crate::metrics::{self, Stage};
 use crate::protocol::envelope::Rejection;
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
 use crate::south::{Ack, SouthSender};
 use crate::state::MessageState;
 use crate::store::record::uplink::{IntakeOutcome, ToEngine};
-use crate::store::StoreError;
+use crate::store::{StoreError, Timing};
 
 /// A store answer and who it is for.
 pub(super) enum Answer {
     Stored {
         device: DeviceId,
-        result: Result<IntakeOutcome, StoreError>,
+        result: Result<(IntakeOutcome, Timing), StoreError>,
     },
     Rejected {
         device: Option<DeviceId>,
@@ -86,15 +86,20 @@ async fn answer_device(
     let (device, receipt, new) = match answer {
         Answer::Stored {
             device,
-            result: Ok(IntakeOutcome::Stored(msg)),
-        } => (
-            device,
-            Receipt::stored(&msg.msg_id, msg.seq),
-            Some(ToEngine::Stored(msg)),
-        ),
+            result: Ok((IntakeOutcome::Stored(msg), timing)),
+        } => {
+            metrics::stage_took(Stage::Queued, timing.started - timing.queued);
+            metrics::stage_took(Stage::Commit, timing.committed - timing.started);
+            let receipt = Receipt::stored(&msg.msg_id, msg.seq);
+            let new = ToEngine::Stored {
+                msg,
+                committed: timing.committed,
+            };
+            (device, receipt, Some(new))
+        }
         Answer::Stored {
             device,
-            result: Ok(IntakeOutcome::Duplicate(dup)),
+            result: Ok((IntakeOutcome::Duplicate(dup), _)),
         } => {
             if dup.state == MessageState::Stored {
                 // The engine answers it (see `ToEngine::Duplicate`).
@@ -166,7 +171,12 @@ async fn answer_device(
         )
         .await;
     Ok(match new {
-        Some(new) => engine.send(new).await.is_ok(),
+        Some(new) => {
+            if let ToEngine::Stored { committed, .. } = &new {
+                metrics::stage_took(Stage::Receipt, committed.elapsed());
+            }
+            engine.send(new).await.is_ok()
+        }
         None => true,
     })
 }

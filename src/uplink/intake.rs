@@ -435,7 +435,7 @@ fn judge(
                 };
                 return reject(store, Some(device), rejection, msg);
             }
-            let stored = store.intake(intake);
+            let stored = store.intake_timed(intake);
             Box::pin(async move {
                 Answer::Stored {
                     device,

@@ -41,7 +41,7 @@ use crate::dead_letter::Direction;
 use crate::deadlines::sleep_until;
 use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
-use crate::metrics;
+use crate::metrics::{self, Stage};
 use crate::north::{Link, NorthSender, Tag, UplinkEvent};
 use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
@@ -251,8 +251,10 @@ pub async fn run_engine(
                 device,
                 msg_id,
                 attempts,
+                sent,
             } = action
             {
+                backend_acked(sent);
                 delivers.push((device, msg_id, attempts));
                 continue;
             }
@@ -273,14 +275,23 @@ pub async fn run_engine(
     }
 }
 
+/// The backend's ack of a message sent at `sent` (if it was timed) is
+/// applied now.
+fn backend_acked(sent: Option<Instant>) {
+    if let Some(sent) = sent {
+        metrics::stage_took(Stage::BackendAck, sent.elapsed());
+    }
+}
+
 impl Engine {
     /// A message intake stored, or a duplicate for the engine to answer.
     async fn on_intake(&mut self, msg: ToEngine, pending: &mut FuturesUnordered<DoneFuture>) {
         match msg {
-            ToEngine::Stored(msg) => {
+            ToEngine::Stored { msg, committed } => {
                 let clock = self.store.clock();
+                let committed = Some(Instant::from_std(committed));
                 self.scheduler
-                    .on_stored(msg, Instant::now(), clock.store_ms())
+                    .on_stored(msg, committed, Instant::now(), clock.store_ms())
             }
             // Not acked yet: its final receipt comes later, from here.
             ToEngine::Duplicate {
@@ -354,7 +365,7 @@ impl Engine {
     /// Carries out one action; returns what to wait for, if anything.
     async fn execute(&mut self, action: Action) -> Result<Option<DoneFuture>, StoreError> {
         match action {
-            Action::Publish(msg) => {
+            Action::Publish { msg, committed } => {
                 let topic = self.topics.north_up(&msg.device, &msg.stream);
                 let tag = Tag::Uplink {
                     device: msg.device.clone(),
@@ -367,6 +378,8 @@ impl Engine {
                 if !sent {
                     self.scheduler
                         .on_publish_refused(&msg.device, msg.seq, Instant::now());
+                } else if let Some(committed) = committed {
+                    metrics::stage_took(Stage::NorthPublish, committed.elapsed());
                 }
                 Ok(None)
             }
@@ -374,7 +387,11 @@ impl Engine {
                 device,
                 msg_id,
                 attempts,
-            } => Ok(Some(self.deliver(vec![(device, msg_id, attempts)]))),
+                sent,
+            } => {
+                backend_acked(sent);
+                Ok(Some(self.deliver(vec![(device, msg_id, attempts)])))
+            }
             Action::Kill {
                 device,
                 msg_id,

@@ -68,13 +68,19 @@ impl SchedulerConfig {
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Publish north (QoS 1).
-    Publish(PendingMessage),
-    /// Commit `DELIVERED`, then send a `delivered` receipt.
+    /// Publish north (QoS 1). `committed`: on its first publish, when its
+    /// commit returned (the `north_publish` stage).
+    Publish {
+        msg: PendingMessage,
+        committed: Option<Instant>,
+    },
+    /// Commit `DELIVERED`, then send a `delivered` receipt. `sent`: when
+    /// the publish the backend acked was made (the `backend_ack` stage).
     Deliver {
         device: DeviceId,
         msg_id: MsgId,
         attempts: u32,
+        sent: Option<Instant>,
     },
     /// Commit `DEAD` with a dead letter, then send a `failed` receipt.
     Kill {
@@ -154,8 +160,15 @@ impl Scheduler {
         self.dirty.insert(device);
     }
 
-    /// A message was committed; messages of one device arrive in seq order.
-    pub fn on_stored(&mut self, msg: PendingMessage, now: Instant, now_ms: i64) {
+    /// A message was committed (at `committed`, when known); messages of
+    /// one device arrive in seq order.
+    pub fn on_stored(
+        &mut self,
+        msg: PendingMessage,
+        committed: Option<Instant>,
+        now: Instant,
+        now_ms: i64,
+    ) {
         let device = msg.device.clone();
         let q = self.devices.entry(device.clone()).or_default();
         if msg.seq <= q.loaded_upto {
@@ -167,7 +180,7 @@ impl Scheduler {
             Refill::InMemory if q.entries.len() >= self.cfg.window => Refill::InStore,
             Refill::InMemory => {
                 q.loaded_upto = msg.seq;
-                Self::insert(&mut self.timers, q, msg, now, now_ms);
+                Self::insert(&mut self.timers, q, msg, committed, now, now_ms);
                 Refill::InMemory
             }
         };
@@ -195,7 +208,7 @@ impl Scheduler {
         for msg in msgs {
             if msg.seq > q.loaded_upto {
                 q.loaded_upto = msg.seq;
-                Self::insert(&mut self.timers, q, msg, now, now_ms);
+                Self::insert(&mut self.timers, q, msg, None, now, now_ms);
             }
         }
         self.dirty.insert(device.clone());
@@ -219,7 +232,7 @@ impl Scheduler {
             }
             q.loaded_upto = msg.seq;
         }
-        Self::insert(&mut self.timers, q, msg, now, now_ms);
+        Self::insert(&mut self.timers, q, msg, None, now, now_ms);
         self.dirty.insert(device);
     }
 
@@ -235,6 +248,7 @@ impl Scheduler {
         timers: &mut Timers,
         q: &mut DeviceQueue,
         msg: PendingMessage,
+        committed: Option<Instant>,
         now: Instant,
         now_ms: i64,
     ) {
@@ -247,6 +261,7 @@ impl Scheduler {
             expires_at,
             silent: 0,
             unanswered_since: None,
+            committed,
         };
         arm(timers, &entry);
         q.by_id.insert(entry.msg.msg_id.clone(), entry.msg.seq);
@@ -433,7 +448,10 @@ impl Scheduler {
                             epoch,
                         };
                         arm(&mut self.timers, entry);
-                        actions.push(Action::Publish(entry.msg.clone()));
+                        actions.push(Action::Publish {
+                            msg: entry.msg.clone(),
+                            committed: entry.committed.take(),
+                        });
                         inflight += 1;
                     }
                 }

@@ -24,6 +24,7 @@ mod fairness;
 mod props;
 mod restarts;
 mod retries;
+mod stages;
 
 const SECS_5: Duration = Duration::from_secs(5);
 const SECS_10: Duration = Duration::from_secs(10);

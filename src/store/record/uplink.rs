@@ -117,8 +117,12 @@ impl Duplicate {
 /// What intake hands the uplink engine.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToEngine {
-    /// Newly stored; its `stored` receipt is out.
-    Stored(PendingMessage),
+    /// Newly stored; its `stored` receipt is out. `committed`: when its
+    /// commit returned (monotonic), for the stage histograms.
+    Stored {
+        msg: PendingMessage,
+        committed: std::time::Instant,
+    },
     /// A duplicate of a message that was still `stored` when intake looked.
     /// The engine answers it: it alone knows whether a `delivered` or
     /// `failed` for it is already out, and a receipt must never go back

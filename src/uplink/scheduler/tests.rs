@@ -42,7 +42,7 @@ fn published(actions: &[Action]) -> Vec<u64> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Publish(m) => Some(m.seq.0),
+            Action::Publish { msg: m, .. } => Some(m.seq.0),
             _ => None,
         })
         .collect()
@@ -58,7 +58,7 @@ fn first_attempts_go_in_seq_order_within_max_inflight() {
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
     for i in 1..=4 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     assert_eq!(published(&s.poll(t0)), vec![1, 2]);
     assert_eq!(
@@ -75,7 +75,7 @@ fn first_attempts_go_in_seq_order_within_max_inflight() {
 fn nothing_goes_north_while_the_link_is_down() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     assert!(s.poll(t0).is_empty());
     s.on_link_up(1);
     assert_eq!(published(&s.poll(t0)), vec![1]);
@@ -86,7 +86,7 @@ fn an_ack_timeout_counts_and_backs_off_then_exhausts() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     assert_eq!(published(&s.poll(t0)), vec![1]);
     // The backend acks other messages meanwhile: it is there.
     s.on_backend_heard(t0);
@@ -124,7 +124,7 @@ fn a_link_drop_does_not_count_an_attempt() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     s.poll(t0);
     s.on_link_down();
     // Hours pass with the link down: nothing counts, nothing is sent.
@@ -143,7 +143,7 @@ fn a_timeout_from_an_earlier_connection_is_not_counted() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     s.poll(t0);
     s.on_link_down();
     s.on_link_up(2);
@@ -163,8 +163,8 @@ fn nacks_retry_or_kill_as_told() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
-    s.on_stored(msg(2), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
+    s.on_stored(msg(2), None, t0, 0);
     s.poll(t0);
     let acts = s.on_ack(
         &dev(),
@@ -203,6 +203,7 @@ fn a_no_retry_message_dies_on_its_first_failure() {
             no_retry: true,
             ..msg(1)
         },
+        None,
         t0,
         0,
     );
@@ -218,6 +219,7 @@ fn a_no_retry_message_dies_on_its_first_failure() {
             no_retry: true,
             ..msg(2)
         },
+        None,
         t0,
         0,
     );
@@ -243,6 +245,7 @@ fn ttl_expires_even_while_the_link_is_down() {
             expires_ms: Some(10_000 + 5_000),
             ..msg(1)
         },
+        None,
         t0,
         10_000,
     );
@@ -273,7 +276,7 @@ fn a_backlog_beyond_the_window_is_refilled_in_order() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     for i in 1..=6 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     assert_eq!(s.in_memory(), 4, "window of 4");
     s.on_link_up(1);
@@ -289,7 +292,7 @@ fn a_backlog_beyond_the_window_is_refilled_in_order() {
     });
     assert_eq!(refill, Some((Seq(4), 2)));
     // Seq 7 is committed while the refill is being read.
-    s.on_stored(msg(7), t0, 0);
+    s.on_stored(msg(7), None, t0, 0);
     s.on_loaded(&dev(), vec![msg(5), msg(6)], 2, t0, 0);
     for i in 3..=4 {
         s.on_ack(&dev(), &id(i), Verdict::Ok, t0);
@@ -322,8 +325,8 @@ fn on_backlog_starts_with_a_refill() {
 fn a_message_the_store_expired_is_forgotten() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
-    s.on_stored(msg(1), t0, 0);
-    s.on_stored(msg(2), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
+    s.on_stored(msg(2), None, t0, 0);
     s.forget(&dev(), &id(1));
     s.on_link_up(1);
     assert_eq!(published(&s.poll(t0)), vec![2]);
@@ -334,8 +337,8 @@ fn a_refusal_by_the_upstream_counts_as_an_attempt_while_other_messages_flow() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
-    s.on_stored(msg(2), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
+    s.on_stored(msg(2), None, t0, 0);
     assert_eq!(published(&s.poll(t0)), vec![1, 2]);
     let acts = s.on_refused(&dev(), Seq(1), t0);
     assert!(
@@ -398,7 +401,7 @@ fn one_refill_is_out_at_a_time_and_a_short_one_means_all_is_in_memory() {
     s.on_loaded(&dev(), vec![], 2, t0, 0);
     assert!(refills(&s.poll(t0)).is_empty());
     // All in memory again: the next message goes straight in.
-    s.on_stored(msg(3), t0, 0);
+    s.on_stored(msg(3), None, t0, 0);
     s.on_link_up(1);
     assert_eq!(published(&s.poll(t0)), vec![1, 2]);
 }
@@ -418,7 +421,7 @@ fn a_device_with_nothing_left_is_forgotten() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     assert_eq!(published(&s.poll(t0)), vec![1]);
     s.on_ack(&dev(), &id(1), Verdict::Ok, t0);
     s.poll(t0);
@@ -431,8 +434,8 @@ fn a_replayed_message_behind_the_loaded_seqs_is_sent_again_and_only_once() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
-    s.on_stored(msg(2), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
+    s.on_stored(msg(2), None, t0, 0);
     assert_eq!(published(&s.poll(t0)), vec![1, 2]);
     let acts = s.on_ack(
         &dev(),
@@ -470,3 +473,4 @@ fn a_replayed_message_past_a_backlog_in_the_store_is_left_to_the_refill() {
 }
 
 mod backend;
+mod stages;

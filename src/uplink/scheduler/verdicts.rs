@@ -106,6 +106,7 @@ impl Scheduler {
                     device: device.clone(),
                     msg_id: msg_id.clone(),
                     attempts: 0,
+                    sent: None,
                 }],
                 Verdict::Nack {
                     reason,
@@ -131,10 +132,15 @@ impl Scheduler {
             Verdict::Ok => {
                 let e = q.remove(seq).expect("present");
                 self.timers.remove(&(device.clone(), seq));
+                let sent = match e.status {
+                    Status::InFlight { sent, .. } => Some(sent),
+                    _ => None,
+                };
                 vec![Action::Deliver {
                     device: device.clone(),
                     msg_id: msg_id.clone(),
                     attempts: e.msg.attempts + 1,
+                    sent,
                 }]
             }
             Verdict::Nack { reason, retry } => {

@@ -7,7 +7,7 @@ fn ack_timeouts_with_no_sign_of_the_backend_wait_uncounted_and_resend_with_backo
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     assert_eq!(published(&s.poll(t0)), vec![1]);
     // Far more timeouts than max_attempts (3): none counts.
     let mut t = t0;
@@ -44,7 +44,7 @@ fn the_backend_heard_from_again_releases_what_waited_at_once() {
     let t0 = Instant::now();
     let mut s = Scheduler::new(cfg());
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
     assert!(s.on_tick(t1).is_empty());
@@ -70,7 +70,7 @@ fn a_message_the_backend_ignores_while_it_acks_others_is_counted_and_dies() {
     });
     s.on_link_up(1);
     for i in 1..=4 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     let mut t = t0;
     let mut killed = None;
@@ -110,7 +110,7 @@ fn a_message_the_backend_ignores_while_it_acks_others_is_counted_and_dies() {
             break;
         }
         stored += 1;
-        s.on_stored(msg(stored), t, 0);
+        s.on_stored(msg(stored), None, t, 0);
     }
     assert!(next_ok > 5, "the others delivered meanwhile: {next_ok}");
     let (msg_id, attempts, reason) = killed.expect("message 1 dead-lettered");
@@ -136,7 +136,7 @@ fn while_the_backend_is_away_a_device_sends_only_its_oldest_message_again() {
     });
     s.on_link_up(1);
     for i in 1..=4 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     assert_eq!(
         published(&s.poll(t0)),
@@ -148,7 +148,7 @@ fn while_the_backend_is_away_a_device_sends_only_its_oldest_message_again() {
         let t = s.next_deadline().expect("a timer");
         assert!(s.on_tick(t).is_empty(), "nothing counted");
         // Stored meanwhile: it waits behind the probe too.
-        s.on_stored(msg(n), t, 0);
+        s.on_stored(msg(n), None, t, 0);
         let sent = published(&s.poll(t));
         if !sent.is_empty() {
             rounds.push(sent);
@@ -175,12 +175,12 @@ fn the_probes_ack_sends_the_devices_window_in_seq_order() {
         ..cfg()
     });
     s.on_link_up(1);
-    s.on_stored(msg(1), t0, 0);
+    s.on_stored(msg(1), None, t0, 0);
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
     s.on_tick(t1);
     for i in 2..=5 {
-        s.on_stored(msg(i), t1, 0);
+        s.on_stored(msg(i), None, t1, 0);
     }
     let t2 = s.next_deadline().expect("a resend");
     s.on_tick(t2);
@@ -210,7 +210,7 @@ fn a_backend_heard_while_a_devices_probe_is_out_holds_that_devices_window_for_it
     });
     s.on_link_up(1);
     for i in 1..=3 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
@@ -248,7 +248,7 @@ fn a_backend_heard_while_nothing_of_a_device_is_out_gets_its_window_at_once_olde
     });
     s.on_link_up(1);
     for i in 1..=3 {
-        s.on_stored(msg(i), t0, 0);
+        s.on_stored(msg(i), None, t0, 0);
     }
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
@@ -280,7 +280,7 @@ fn a_backend_that_subscribes_at_any_turn_gets_each_devices_messages_in_seq_order
         s.on_link_up(1);
         for (k, d) in devices.iter().enumerate() {
             for seq in 1..=6 {
-                s.on_stored(msg_of(d, seq + k as u64), t0, 0);
+                s.on_stored(msg_of(d, seq + k as u64), None, t0, 0);
             }
         }
         let mut t = t0;
@@ -293,7 +293,7 @@ fn a_backend_that_subscribes_at_any_turn_gets_each_devices_messages_in_seq_order
             let subscribed = turn > subscribe_at;
             let mut heard = Vec::new();
             for a in &acts {
-                if let Action::Publish(m) = a {
+                if let Action::Publish { msg: m, .. } = a {
                     if subscribed {
                         arrived.push((m.device.clone(), m.seq.0));
                         heard.push(m.clone());
