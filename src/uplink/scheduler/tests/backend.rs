@@ -2,6 +2,21 @@
 
 use super::*;
 
+/// A scheduler with `max_inflight` and room for everything, its link up,
+/// holding the device's messages `1..=stored`, stored at `t0`.
+fn holding(max_inflight: usize, stored: u64, t0: Instant) -> Scheduler {
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_inflight,
+        window: 1000,
+        ..cfg()
+    });
+    s.on_link_up(1);
+    for i in 1..=stored {
+        s.on_stored(msg(i), None, t0, 0);
+    }
+    s
+}
+
 #[test]
 fn ack_timeouts_with_no_sign_of_the_backend_wait_uncounted_and_resend_with_backoff() {
     let t0 = Instant::now();
@@ -63,15 +78,7 @@ fn the_backend_heard_from_again_releases_what_waited_at_once() {
 #[test]
 fn a_message_the_backend_ignores_while_it_acks_others_is_counted_and_dies() {
     let t0 = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_inflight: 1,
-        window: 1000,
-        ..cfg()
-    });
-    s.on_link_up(1);
-    for i in 1..=4 {
-        s.on_stored(msg(i), None, t0, 0);
-    }
+    let mut s = holding(1, 4, t0);
     let mut t = t0;
     let mut killed = None;
     let mut next_ok = 2;
@@ -169,13 +176,7 @@ fn while_the_backend_is_away_a_device_sends_only_its_oldest_message_again() {
 #[test]
 fn the_probes_ack_sends_the_devices_window_in_seq_order() {
     let t0 = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_inflight: 3,
-        window: 1000,
-        ..cfg()
-    });
-    s.on_link_up(1);
-    s.on_stored(msg(1), None, t0, 0);
+    let mut s = holding(3, 1, t0);
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
     s.on_tick(t1);
@@ -203,15 +204,7 @@ fn the_probes_ack_sends_the_devices_window_in_seq_order() {
 #[test]
 fn a_backend_heard_while_a_devices_probe_is_out_holds_that_devices_window_for_it() {
     let t0 = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_inflight: 3,
-        window: 1000,
-        ..cfg()
-    });
-    s.on_link_up(1);
-    for i in 1..=3 {
-        s.on_stored(msg(i), None, t0, 0);
-    }
+    let mut s = holding(3, 3, t0);
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
     s.on_tick(t1);
@@ -241,15 +234,7 @@ fn a_backend_heard_while_a_devices_probe_is_out_holds_that_devices_window_for_it
 #[test]
 fn a_backend_heard_while_nothing_of_a_device_is_out_gets_its_window_at_once_oldest_first() {
     let t0 = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_inflight: 3,
-        window: 1000,
-        ..cfg()
-    });
-    s.on_link_up(1);
-    for i in 1..=3 {
-        s.on_stored(msg(i), None, t0, 0);
-    }
+    let mut s = holding(3, 3, t0);
     s.poll(t0);
     let t1 = t0 + Duration::from_millis(1000);
     s.on_tick(t1);
