@@ -125,6 +125,10 @@ impl Setup {
     ) -> Result<Setup, String> {
         let arrivals = Arc::new(Arrivals::new());
         let pid = |m: &Mosquitto| m.pid().unwrap_or(0);
+        // Ferry's far end (c, d): the acking backend on the upstream at
+        // `port`, recording into this path's arrivals.
+        let backend =
+            |port| AckingBackend::start_recording(port, gateway, lifetime, Some(arrivals.clone()));
         let setup = match path {
             Path::A => {
                 let m = Mosquitto::start();
@@ -167,13 +171,7 @@ impl Setup {
             }
             Path::C => {
                 let env = Env::start(gateway, configure);
-                let far = AckingBackend::start_recording(
-                    env.mosquitto.port,
-                    gateway,
-                    lifetime,
-                    Some(arrivals.clone()),
-                )
-                .await?;
+                let far = backend(env.mosquitto.port).await?;
                 Setup {
                     path,
                     port: env.ferry.south_port,
@@ -188,13 +186,7 @@ impl Setup {
             }
             Path::D => {
                 let env = ExternalEnv::start(gateway, &[], configure).await?;
-                let far = AckingBackend::start_recording(
-                    env.upstream.port,
-                    gateway,
-                    lifetime,
-                    Some(arrivals.clone()),
-                )
-                .await?;
+                let far = backend(env.upstream.port).await?;
                 Setup {
                     path,
                     port: env.site.port,
