@@ -197,6 +197,13 @@ async fn the_gateway_makes_only_system_calls_and_sockets_the_units_sandbox_allow
     std::fs::set_permissions(&notify_path, std::fs::Permissions::from_mode(0o777)).unwrap();
     notify.set_nonblocking(true).unwrap();
 
+    // The binary is copied beside the config, where the user can reach
+    // it: a checkout under a private directory (`mktemp -d` is 0700) would
+    // leave the user unable to run it in place.
+    let binary = dir.path().join("ferry");
+    std::fs::copy(support::ferry_binary(), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+
     let trace = data.join("trace");
     let log = dir.path().join("ferry.log");
     let strace = Command::new("setpriv")
@@ -205,7 +212,7 @@ async fn the_gateway_makes_only_system_calls_and_sockets_the_units_sandbox_allow
         .arg("--clear-groups")
         .args(["strace", "-f", "-qq", "-o"])
         .arg(&trace)
-        .arg(support::ferry_binary())
+        .arg(&binary)
         .args(["run", "--config"])
         .arg(&config_path)
         .env("NOTIFY_SOCKET", &notify_path)
