@@ -52,6 +52,7 @@ mod ops;
 mod ops_edges;
 mod package;
 mod passwd_file;
+mod power_loss;
 mod quickstart;
 mod robust;
 mod sandbox;

@@ -28,6 +28,7 @@ pub mod config;
 pub mod faketime;
 pub mod ferry;
 pub mod mosquitto;
+pub mod powercut;
 pub mod proc;
 pub mod raw_mqtt;
 pub mod raw_v5;
