@@ -289,34 +289,20 @@ static mode_t mode_arg(int flags, va_list ap) {
     return (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
 }
 
-int open(const char *path, int flags, ...) {
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    return after_open(real_open(path, flags, mode), AT_FDCWD, path, flags);
-}
-int open64(const char *path, int flags, ...) {
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    return after_open(real_open(path, flags, mode), AT_FDCWD, path, flags);
-}
-int openat(int dirfd, const char *path, int flags, ...) {
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    return after_open(real_openat(dirfd, path, flags, mode), dirfd, path, flags);
-}
-int openat64(int dirfd, const char *path, int flags, ...) {
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    return after_open(real_openat(dirfd, path, flags, mode), dirfd, path, flags);
-}
+/* open, open64, openat and openat64 differ only in the directory. */
+#define COMMA ,
+#define WRAP_OPEN(fn, dirfd_param, dirfd)                                             \
+    int fn(dirfd_param const char *path, int flags, ...) {                            \
+        va_list ap;                                                                   \
+        va_start(ap, flags);                                                          \
+        mode_t mode = mode_arg(flags, ap);                                            \
+        va_end(ap);                                                                   \
+        return after_open(real_openat(dirfd, path, flags, mode), dirfd, path, flags); \
+    }
+WRAP_OPEN(open, , AT_FDCWD)
+WRAP_OPEN(open64, , AT_FDCWD)
+WRAP_OPEN(openat, int at_dir COMMA, at_dir)
+WRAP_OPEN(openat64, int at_dir COMMA, at_dir)
 int creat(const char *path, mode_t mode) { return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
 int creat64(const char *path, mode_t mode) { return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
 
