@@ -33,6 +33,7 @@ pub mod proc;
 pub mod raw_mqtt;
 pub mod raw_v5;
 pub mod session;
+pub mod traffic;
 
 use std::fs::{self, File};
 use std::io::Write;
