@@ -41,6 +41,7 @@ mod examples_c;
 mod examples_python;
 mod external;
 mod external_v5;
+mod faults;
 mod hostile;
 mod isolation;
 mod lifecycle;

@@ -95,7 +95,7 @@ static void *next(const char *symbol) {
     return f;
 }
 
-__attribute__((constructor)) static void init(void) {
+static void init_once(void) {
     real_open = next("open64");
     real_openat = next("openat64");
     real_close = next("close");
@@ -126,6 +126,14 @@ __attribute__((constructor)) static void init(void) {
         dir[--dir_len] = 0;
     snprintf(shadow, sizeof shadow, "%s", s);
 }
+
+static pthread_once_t initialized = PTHREAD_ONCE_INIT;
+
+/* Another preloaded library's constructor (libfaketime's) may call into
+ * this one before its own constructor ran: every entry point makes sure. */
+static void init(void) { pthread_once(&initialized, init_once); }
+
+__attribute__((constructor)) static void init_at_load(void) { init(); }
 
 /* The tracked name `path` (relative to `dirfd`) stands for, or NULL. */
 static const char *tracked_name(int dirfd, const char *path, char *buf) {
@@ -293,6 +301,7 @@ static mode_t mode_arg(int flags, va_list ap) {
 #define COMMA ,
 #define WRAP_OPEN(fn, dirfd_param, dirfd)                                             \
     int fn(dirfd_param const char *path, int flags, ...) {                            \
+        init();                                                                       \
         va_list ap;                                                                   \
         va_start(ap, flags);                                                          \
         mode_t mode = mode_arg(flags, ap);                                            \
@@ -303,10 +312,10 @@ WRAP_OPEN(open, , AT_FDCWD)
 WRAP_OPEN(open64, , AT_FDCWD)
 WRAP_OPEN(openat, int at_dir COMMA, at_dir)
 WRAP_OPEN(openat64, int at_dir COMMA, at_dir)
-int creat(const char *path, mode_t mode) { return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
-int creat64(const char *path, mode_t mode) { return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
+int creat(const char *path, mode_t mode) { init(); return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
+int creat64(const char *path, mode_t mode) { init(); return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
 
-int close(int fd) {
+int close(int fd) { init();
     if (fd >= 0 && fd < MAX_FD)
         __atomic_store_n(&fd_name[fd], 0, __ATOMIC_RELEASE);
     return real_close(fd);
@@ -331,27 +340,27 @@ static ssize_t after_write(int fd, ssize_t n, off_t at, const struct iovec *iov,
 /* The store has one writing thread: a write and its record are not made
  * atomic together (two threads writing one file at once could be logged
  * in the other order). */
-ssize_t write(int fd, const void *buf, size_t len) {
+ssize_t write(int fd, const void *buf, size_t len) { init();
     if (!tracked_fd(fd))
         return real_write(fd, buf, len);
     struct iovec v = {(void *)buf, len};
     return after_write(fd, real_write(fd, buf, len), -1, &v, 1);
 }
-ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt) { init();
     return after_write(fd, real_writev(fd, iov, iovcnt), -1, iov, iovcnt);
 }
-ssize_t pwrite(int fd, const void *buf, size_t len, off_t at) {
+ssize_t pwrite(int fd, const void *buf, size_t len, off_t at) { init();
     struct iovec v = {(void *)buf, len};
     return after_write(fd, real_pwrite64(fd, buf, len, at), at, &v, 1);
 }
-ssize_t pwrite64(int fd, const void *buf, size_t len, off_t at) {
+ssize_t pwrite64(int fd, const void *buf, size_t len, off_t at) { init();
     struct iovec v = {(void *)buf, len};
     return after_write(fd, real_pwrite64(fd, buf, len, at), at, &v, 1);
 }
-ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t at) {
+ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t at) { init();
     return after_write(fd, real_pwritev64(fd, iov, iovcnt, at), at, iov, iovcnt);
 }
-ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off_t at) {
+ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off_t at) { init();
     return after_write(fd, real_pwritev64(fd, iov, iovcnt, at), at, iov, iovcnt);
 }
 
@@ -363,8 +372,8 @@ static int after_truncate(int t, int rc, off_t len) {
     }
     return rc;
 }
-int ftruncate(int fd, off_t len) { return after_truncate(tracked_fd(fd), real_ftruncate64(fd, len), len); }
-int ftruncate64(int fd, off_t len) { return after_truncate(tracked_fd(fd), real_ftruncate64(fd, len), len); }
+int ftruncate(int fd, off_t len) { init(); return after_truncate(tracked_fd(fd), real_ftruncate64(fd, len), len); }
+int ftruncate64(int fd, off_t len) { init(); return after_truncate(tracked_fd(fd), real_ftruncate64(fd, len), len); }
 
 static int truncate_path(const char *path, off_t len) {
     char buf[NAME_MAX + 1];
@@ -377,8 +386,8 @@ static int truncate_path(const char *path, off_t len) {
     }
     return rc;
 }
-int truncate(const char *path, off_t len) { return truncate_path(path, len); }
-int truncate64(const char *path, off_t len) { return truncate_path(path, len); }
+int truncate(const char *path, off_t len) { init(); return truncate_path(path, len); }
+int truncate64(const char *path, off_t len) { init(); return truncate_path(path, len); }
 
 static int after_sync(int fd, int rc) {
     int t = tracked_fd(fd);
@@ -391,8 +400,8 @@ static int after_sync(int fd, int rc) {
     }
     return rc;
 }
-int fsync(int fd) { return after_sync(fd, real_fsync(fd)); }
-int fdatasync(int fd) { return after_sync(fd, real_fdatasync(fd)); }
+int fsync(int fd) { init(); return after_sync(fd, real_fsync(fd)); }
+int fdatasync(int fd) { init(); return after_sync(fd, real_fdatasync(fd)); }
 
 static void all_durable(void) {
     pthread_mutex_lock(&lock);
@@ -400,11 +409,11 @@ static void all_durable(void) {
         make_durable(i);
     pthread_mutex_unlock(&lock);
 }
-void sync(void) {
+void sync(void) { init();
     real_sync();
     all_durable();
 }
-int syncfs(int fd) {
+int syncfs(int fd) { init();
     int rc = real_syncfs(fd);
     if (rc == 0)
         all_durable();
@@ -434,8 +443,8 @@ static int after_unlink(int dirfd, const char *path, int rc) {
     }
     return rc;
 }
-int unlink(const char *path) { return after_unlink(AT_FDCWD, path, real_unlink(path)); }
-int unlinkat(int dirfd, const char *path, int flags) {
+int unlink(const char *path) { init(); return after_unlink(AT_FDCWD, path, real_unlink(path)); }
+int unlinkat(int dirfd, const char *path, int flags) { init();
     return after_unlink(dirfd, path, real_unlinkat(dirfd, path, flags));
 }
 
@@ -486,12 +495,12 @@ static int after_rename(int olddir, const char *from, int newdir, const char *to
     pthread_mutex_unlock(&lock);
     return rc;
 }
-int rename(const char *from, const char *to) {
+int rename(const char *from, const char *to) { init();
     return after_rename(AT_FDCWD, from, AT_FDCWD, to, real_rename(from, to));
 }
-int renameat(int olddir, const char *from, int newdir, const char *to) {
+int renameat(int olddir, const char *from, int newdir, const char *to) { init();
     return after_rename(olddir, from, newdir, to, real_renameat(olddir, from, newdir, to));
 }
-int renameat2(int olddir, const char *from, int newdir, const char *to, unsigned flags) {
+int renameat2(int olddir, const char *from, int newdir, const char *to, unsigned flags) { init();
     return after_rename(olddir, from, newdir, to, real_renameat2(olddir, from, newdir, to, flags));
 }

@@ -49,7 +49,14 @@ fn shim() -> &'static Path {
         let lib = dir.join("libpowercut.so");
         fs::write(&source, SOURCE).expect("write powercut.c");
         let out = Command::new("gcc")
-            .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
+            .args([
+                "-shared",
+                "-fPIC",
+                "-O2",
+                "-Wall",
+                "-Wno-format-truncation",
+                "-o",
+            ])
             .arg(&lib)
             .arg(&source)
             .args(["-ldl", "-lpthread"])
@@ -95,11 +102,18 @@ pub struct PowerLoss {
 
 impl PowerLoss {
     pub fn new() -> PowerLoss {
+        PowerLoss::at(None)
+    }
+
+    /// The model on `data_dir` (a directory to be made, on a disk of the
+    /// test's choosing: a small tmpfs that fills); its image is kept
+    /// elsewhere. `None`: a data directory of its own.
+    pub fn at(data_dir: Option<PathBuf>) -> PowerLoss {
         let root = tempfile::Builder::new()
             .prefix("ferry-power-")
             .tempdir()
             .expect("temp dir for the power-loss model");
-        let data_dir = root.path().join("data");
+        let data_dir = data_dir.unwrap_or_else(|| root.path().join("data"));
         let shadow = root.path().join("shadow");
         fs::create_dir(&data_dir).expect("data dir");
         fs::create_dir(&shadow).expect("shadow dir");
@@ -110,11 +124,16 @@ impl PowerLoss {
         }
     }
 
-    /// `opts` with ferry's store in this data directory, under the shim.
+    /// `opts` with ferry's store in this data directory, under the shim
+    /// (before any library `opts` already preloads, as libfaketime).
     pub fn on(&self, opts: FerryOpts) -> FerryOpts {
         let data_dir = self.data_dir.clone();
+        let mut preload = shim().to_string_lossy().into_owned();
+        if let Some((_, other)) = opts.env.iter().rev().find(|(k, _)| k == "LD_PRELOAD") {
+            preload = format!("{preload}:{other}");
+        }
         opts.with(|c| c.gateway.data_dir = data_dir)
-            .with_env("LD_PRELOAD", &shim().to_string_lossy())
+            .with_env("LD_PRELOAD", &preload)
             .with_env("POWERCUT_DIR", &self.data_dir.to_string_lossy())
             .with_env("POWERCUT_SHADOW", &self.shadow.to_string_lossy())
     }

@@ -35,7 +35,7 @@ pub struct Seen {
     pub north: HashMap<Key, Vec<u64>>,
     /// Downlinks sent.
     pub down_sent: Vec<Key>,
-    /// Downlinks the backend has a `stored` receipt for.
+    /// Downlinks the backend has a `stored` (or later) receipt for.
     pub down_stored: HashSet<Key>,
     /// Inbox entries as each device's application took them: (seq, msg_id).
     pub inbox: HashMap<String, Vec<(u64, String)>>,
@@ -130,6 +130,12 @@ impl Traffic {
 
     pub fn stop_sending(&self) {
         self.sending.send_replace(false);
+    }
+
+    /// Messages sent so far, uplinks and downlinks.
+    pub fn sent(&self) -> usize {
+        let s = self.seen.lock().unwrap();
+        s.up_sent.values().map(Vec::len).sum::<usize>() + s.down_sent.len()
     }
 
     /// What has been answered `stored` so far: (uplinks, downlinks).
@@ -381,7 +387,9 @@ impl Peer {
                             c.ack_message(&m);
                         }
                     }
-                    Some(BackendEvent::Receipt(r)) if r.status == "stored" => {
+                    // A resent downlink the device already took is
+                    // answered with where it stands: `delivered` or `read`.
+                    Some(BackendEvent::Receipt(r)) if matches!(r.status, "stored" | "delivered" | "read") => {
                         if let (Some(device), Some(msg_id)) = (r.device, r.msg_id) {
                             self.seen.lock().unwrap().down_stored.insert((device, msg_id));
                         }
