@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::support::faketime::FakeClock;
 use crate::support::powercut::{Cut, PowerLoss};
-use crate::support::traffic::{Pace, Traffic};
+use crate::support::traffic::{one_at_a_time, Pace, Traffic};
 use crate::support::{Ferry, FerryOpts, Mode, Mosquitto, Tmpfs};
 
 const DEVICES: usize = 6;
@@ -84,6 +84,7 @@ async fn nothing_answered_stored_is_lost_under_random_faults(mode: Mode) {
     let seed: u64 = env_or("FERRY_FAULT_SEED", rand::random());
     eprintln!("{mode:?}: {faults} faults, {messages} messages, FERRY_FAULT_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
+    let _alone = one_at_a_time().await;
     let gateway = "gw-faults";
     let mut mq = Mosquitto::start();
     let disk = Tmpfs::mount(env_or("FERRY_FAULT_DISK_MIB", 256));
@@ -157,7 +158,8 @@ async fn nothing_answered_stored_is_lost_under_random_faults(mode: Mode) {
     }
     traffic.stop_sending();
     let faulted_for = started.elapsed();
-    traffic.wait_all_arrived(Duration::from_secs(60)).await;
+    let stalled = traffic.wait_all_arrived(Duration::from_secs(60)).await;
+    eprintln!("longest wait with nothing new arriving: {stalled:?}");
 
     let mut table = traffic.summary();
     for (fault, count) in &done {

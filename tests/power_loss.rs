@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::support::powercut::{Cut, PowerLoss};
-use crate::support::traffic::{Key, Pace, Traffic};
+use crate::support::traffic::{one_at_a_time, Key, Pace, Traffic};
 use crate::support::{Ferry, FerryOpts, Mosquitto};
 
 const DEVICES: usize = 4;
@@ -95,6 +95,7 @@ async fn every_message_answered_stored_survives_power_cuts_and_reaches_its_recei
     let seed: u64 = env_or("FERRY_POWER_SEED", rand::random());
     eprintln!("power cuts: {cuts}, FERRY_POWER_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
+    let _alone = one_at_a_time().await;
     let (_mq, power, mut ferry, traffic) = start("gw-power", "full");
 
     let kinds = [Cut::Clean, Cut::Torn, Cut::Scrambled];
@@ -126,7 +127,8 @@ async fn every_message_answered_stored_survives_power_cuts_and_reaches_its_recei
         ferry.restart();
     }
     traffic.stop_sending();
-    traffic.wait_all_arrived(Duration::from_secs(30)).await;
+    let stalled = traffic.wait_all_arrived(Duration::from_secs(60)).await;
+    eprintln!("longest wait with nothing new arriving: {stalled:?}");
     eprintln!("{}", traffic.summary());
     eprintln!("writes after the last fsync kept whole {kept_writes}, torn {torn_writes}");
     let again = traffic.check_order();
@@ -143,6 +145,7 @@ async fn every_message_answered_stored_survives_power_cuts_and_reaches_its_recei
 /// commit) a cut loses messages that were answered `stored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_fsync_per_commit_a_cut_loses_messages_answered_stored() {
+    let _alone = one_at_a_time().await;
     let (_mq, power, mut ferry, traffic) = start("gw-power-normal", "normal");
     let deadline = Instant::now() + Duration::from_secs(20);
     while traffic.stored().0.len() < 50 {

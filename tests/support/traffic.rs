@@ -24,6 +24,14 @@ use tokio::sync::watch;
 /// (device, msg_id).
 pub type Key = (String, String);
 
+/// The fault runs each load the machine with traffic, restarts and
+/// copies; taken first, this makes them run one at a time (other tests
+/// still run beside them).
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
+
 /// What the peers saw.
 #[derive(Default)]
 pub struct Seen {
@@ -150,9 +158,11 @@ impl Traffic {
     /// Waits until everything sent has reached its receiver: every uplink
     /// answered and at the backend, every downlink `stored` and taken by its
     /// device. A long run leaves a backlog, so the wait is for progress: it
-    /// fails when nothing new arrives for `quiet`.
-    pub async fn wait_all_arrived(&self, quiet: Duration) {
+    /// fails when nothing new arrives for `quiet`. Returns the longest
+    /// time nothing new arrived.
+    pub async fn wait_all_arrived(&self, quiet: Duration) -> Duration {
         let mut last = (Instant::now(), 0);
+        let mut longest = Duration::ZERO;
         loop {
             let (done, progress) = {
                 let s = self.seen.lock().unwrap();
@@ -171,8 +181,9 @@ impl Traffic {
                     progress,
                 )
             };
+            longest = longest.max(last.0.elapsed());
             if done {
-                return;
+                return longest;
             }
             if progress > last.1 {
                 last = (Instant::now(), progress);
