@@ -68,6 +68,7 @@ pub struct Pace {
 pub struct Traffic {
     pub seen: Shared,
     pub devices: Vec<String>,
+    south_port: u16,
     sending: watch::Sender<bool>,
     reconnects: watch::Sender<u64>,
     backend_up: watch::Sender<bool>,
@@ -119,6 +120,7 @@ impl Traffic {
         Traffic {
             seen,
             devices: ids,
+            south_port,
             sending,
             reconnects,
             backend_up,
@@ -190,8 +192,10 @@ impl Traffic {
             }
             assert!(
                 last.0.elapsed() < quiet,
-                "nothing more arrived for {quiet:?} after the faults: {}",
-                self.summary()
+                "nothing more arrived for {quiet:?} after the faults: {}\n{}\n{}",
+                self.summary(),
+                self.waiting(),
+                self.sockets()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -243,6 +247,48 @@ impl Traffic {
             );
         }
         s.north.values().map(|seqs| seqs.len() - 1).sum()
+    }
+
+    /// Per device, what it still waits for: uplinks with no answer, and
+    /// downlinks `stored` it has not taken.
+    fn waiting(&self) -> String {
+        let s = self.seen.lock().unwrap();
+        let taken = taken(&s);
+        let mut out =
+            String::from("waiting, per device (uplinks unanswered, downlinks not taken):");
+        for d in &self.devices {
+            let up = s
+                .up_sent
+                .get(d)
+                .into_iter()
+                .flatten()
+                .filter(|m| !s.up_stored.contains_key(&(d.clone(), (*m).clone())))
+                .count();
+            let down = s
+                .down_sent
+                .iter()
+                .filter(|k| k.0 == *d && !taken.contains(*k))
+                .count();
+            out.push_str(&format!(" {d} {up}/{down};"));
+        }
+        out
+    }
+
+    /// The TCP sockets to and from the devices' port, with their queues
+    /// (`ss`): which side of a stalled connection is not reading.
+    fn sockets(&self) -> String {
+        let port = self.south_port;
+        let out = std::process::Command::new("ss")
+            .args(["-tnpi", "state", "established"])
+            .arg(format!("( sport = :{port} or dport = :{port} )"))
+            .output();
+        match out {
+            Ok(out) => format!(
+                "--- ss (port {port}) ---\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            ),
+            Err(e) => format!("ss not run: {e}"),
+        }
     }
 
     /// The run's counts as a Markdown table.
