@@ -51,7 +51,16 @@ pub struct Seen {
     pub cursor: HashMap<String, u64>,
     /// Entries the device client dropped as already taken.
     pub inbox_duplicates: usize,
+    /// Devices whose application connected anew after hearing nothing
+    /// for [`WATCHDOG`] with uplinks unanswered, one entry each time.
+    pub watchdog_reconnects: Vec<String>,
 }
+
+/// A device application that has heard nothing from the gateway for this
+/// long while it has uplinks unanswered connects anew. The MQTT session
+/// of `ferry::client` was seen to sit silent after a CONNACK under heavy
+/// load (docs/RELIABILITY.md); the count is in every run's table.
+pub const WATCHDOG: Duration = Duration::from_secs(20);
 
 type Shared = Arc<Mutex<Seen>>;
 
@@ -314,7 +323,8 @@ impl Traffic {
              | downlinks answered `stored` to the backend | {} |\n\
              | downlinks taken by their device (distinct) | {} |\n\
              | answered `stored`, never taken by the device | {lost_down} |\n\
-             | inbox entries dropped by devices as already taken | {} |",
+             | inbox entries dropped by devices as already taken | {} |\n\
+             | device watchdog reconnects (nothing heard for {WATCHDOG:?}) | {:?} |",
             s.up_stored.len(),
             s.north.len(),
             arrivals - s.north.len(),
@@ -322,6 +332,7 @@ impl Traffic {
             s.down_stored.len(),
             taken.len(),
             s.inbox_duplicates,
+            s.watchdog_reconnects,
         )
     }
 }
@@ -358,18 +369,23 @@ impl Peer {
             DeviceClient::connect(opts)
         };
         let mut client = connect(0);
+        // When the application last heard from the gateway.
+        let mut heard = Instant::now();
+        let mut watchdog = tokio::time::interval(Duration::from_secs(1));
         let mut tick = tokio::time::interval(every);
         let mut n = 0u64;
         loop {
             tokio::select! {
                 event = client.events.recv() => match event {
                     Some(DeviceEvent::Receipt(r)) => {
+                        heard = Instant::now();
                         let (Some(msg_id), Some(seq)) = (r.msg_id, r.seq) else { continue };
                         if matches!(r.status, ReceiptStatus::Stored | ReceiptStatus::Delivered) {
                             self.seen.lock().unwrap().up_stored.insert((id.clone(), msg_id.to_string()), seq.0);
                         }
                     }
                     Some(DeviceEvent::Inbox { messages, duplicates, .. }) => {
+                        heard = Instant::now();
                         let last = messages.last().map(|m| m.seq);
                         let mut s = self.seen.lock().unwrap();
                         s.inbox_duplicates += duplicates;
@@ -388,19 +404,27 @@ impl Peer {
                     if changed.is_err() {
                         return;
                     }
-                    let (cursor, unanswered) = {
-                        let s = self.seen.lock().unwrap();
-                        let unanswered: Vec<String> = s.up_sent.get(&id).into_iter().flatten()
-                            .filter(|m| !s.up_stored.contains_key(&(id.clone(), (*m).clone())))
-                            .cloned()
-                            .collect();
-                        (s.cursor.get(&id).copied().unwrap_or(0), unanswered)
-                    };
                     drop(client);
+                    let (cursor, unanswered) = self.to_resume(&id);
                     client = connect(cursor);
                     for msg_id in unanswered {
                         client.send("t", &msg_id, json!({"again": true})).expect("msg_id");
                     }
+                    heard = Instant::now();
+                }
+                // The application's watchdog: nothing heard for a while
+                // with uplinks unanswered, it connects anew (counted).
+                _ = watchdog.tick(), if heard.elapsed() >= WATCHDOG => {
+                    let (cursor, unanswered) = self.to_resume(&id);
+                    if !unanswered.is_empty() {
+                        drop(client);
+                        self.seen.lock().unwrap().watchdog_reconnects.push(id.clone());
+                        client = connect(cursor);
+                        for msg_id in unanswered {
+                            client.send("t", &msg_id, json!({"again": true})).expect("msg_id");
+                        }
+                    }
+                    heard = Instant::now();
                 }
                 _ = tick.tick(), if *self.sending.borrow() => {
                     n += 1;
@@ -410,6 +434,20 @@ impl Peer {
                 }
             }
         }
+    }
+
+    /// Where device `id` resumes: its cursor, and its uplinks never answered.
+    fn to_resume(&self, id: &str) -> (u64, Vec<String>) {
+        let s = self.seen.lock().unwrap();
+        let unanswered = s
+            .up_sent
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter(|m| !s.up_stored.contains_key(&(id.to_string(), (*m).clone())))
+            .cloned()
+            .collect();
+        (s.cursor.get(id).copied().unwrap_or(0), unanswered)
     }
 
     /// The backend: acks every uplink once recorded, sends a downlink to
