@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::support::faketime::FakeClock;
 use crate::support::powercut::{Cut, PowerLoss};
-use crate::support::traffic::{one_at_a_time, Pace, Traffic};
+use crate::support::traffic::{env_or, one_at_a_time, Pace, Traffic};
 use crate::support::{Ferry, FerryOpts, Mode, Mosquitto, Tmpfs};
 
 const DEVICES: usize = 6;
@@ -34,13 +34,6 @@ const PACE: Pace = Pace {
     up_every: Duration::from_millis(5),
     down_every: Duration::from_millis(10),
 };
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::support::powercut::{Cut, PowerLoss};
-use crate::support::traffic::{one_at_a_time, Key, Pace, Traffic};
+use crate::support::traffic::{env_or, one_at_a_time, Key, Pace, Traffic};
 use crate::support::{Ferry, FerryOpts, Mosquitto};
 
 const DEVICES: usize = 4;
@@ -28,13 +28,6 @@ const PACE: Pace = Pace {
     up_every: Duration::from_millis(4),
     down_every: Duration::from_millis(15),
 };
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The image after a cut, opened on a copy: SQLite's integrity check, and
 /// which of `up` and `down` it holds none of.

@@ -184,6 +184,27 @@ static void shadow_path(char *out, const char *name, const char *suffix) {
     snprintf(out, PATH_MAX, "%s/%s%s", shadow, name, suffix);
 }
 
+/* A log left by a process killed mid-record (a SIGKILL, not a power cut:
+ * the writes it logged are still in the file, and still unsynced) ends in
+ * a torn record; it is cut there before this process appends to it. */
+static void cut_torn_record(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        die("stat a pending log");
+    off_t at = 0;
+    while (at + 16 <= st.st_size) {
+        uint64_t head[2];
+        if (pread(fd, head, sizeof head, at) != (ssize_t)sizeof head)
+            die("read a pending log");
+        off_t next = at + 16 + (head[1] == TRUNCATE ? 0 : (off_t)head[1]);
+        if (next > st.st_size)
+            break;
+        at = next;
+    }
+    if (at < st.st_size && real_ftruncate64(fd, at) != 0)
+        die("cut a pending log");
+}
+
 static int pending_fd(int i) {
     if (names[i].pending < 0) {
         char p[PATH_MAX];
@@ -191,6 +212,7 @@ static int pending_fd(int i) {
         names[i].pending = real_open(p, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (names[i].pending < 0)
             die(p);
+        cut_torn_record(names[i].pending);
     }
     return names[i].pending;
 }
@@ -228,8 +250,10 @@ static void get_all(int fd, void *buf, size_t len, off_t at) {
         ssize_t n = pread(fd, p, len, at);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n == 0)
+            errno = EIO;
         if (n <= 0)
-            die("read a pending log");
+            die("read a pending log (short)");
         p += n;
         at += n;
         len -= (size_t)n;

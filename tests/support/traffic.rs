@@ -24,6 +24,15 @@ use tokio::sync::watch;
 /// (device, msg_id).
 pub type Key = (String, String);
 
+/// `key` from the environment, parsed; `default` when unset or unreadable
+/// (the fault runs' sizes and seeds).
+pub fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The fault runs each load the machine with traffic, restarts and
 /// copies; taken first, this makes them run one at a time (other tests
 /// still run beside them).
