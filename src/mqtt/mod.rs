@@ -46,6 +46,8 @@
 //! to tracked publishes in the order rumqttc writes them.
 
 pub mod acks;
+#[cfg(test)]
+mod by_hand;
 pub mod endpoints;
 pub mod failure;
 pub mod flow;

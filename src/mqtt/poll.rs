@@ -95,6 +95,44 @@ impl Loop {
         }
     }
 
+    /// Ends a packet-id collision left by the failed connection. rumqttc
+    /// keeps the publish that collided (its id still held by one the
+    /// broker never acknowledged) and reads no further requests until that
+    /// id is acknowledged, which no later connection does: after a
+    /// reconnect the link would carry only pings, never a SUBSCRIBE or a
+    /// publish, until its collision timeout failed it, again and again.
+    /// With `replay` the publish joins what is resent, after the
+    /// unacknowledged ones and under a new packet id; without, it is
+    /// dropped with the rest (its owner sends it again).
+    fn end_collision(&mut self, replay: bool) {
+        match self {
+            Loop::V4(l) => {
+                l.state.collision_ping_count = 0;
+                if let Some(mut publish) = l.state.collision.take().filter(|_| replay) {
+                    publish.pkid = 0;
+                    let at = first_unsent(&l.pending, |r| match r {
+                        rumqttc::Request::Publish(p) => p.pkid != 0,
+                        rumqttc::Request::PubRel(_) => true,
+                        _ => false,
+                    });
+                    l.pending.insert(at, rumqttc::Request::Publish(publish));
+                }
+            }
+            Loop::V5(l) => {
+                l.state.collision_ping_count = 0;
+                if let Some(mut publish) = l.state.collision.take().filter(|_| replay) {
+                    publish.pkid = 0;
+                    let at = first_unsent(&l.pending, |r| match r {
+                        rumqttc::v5::Request::Publish(p) => p.pkid != 0,
+                        rumqttc::v5::Request::PubRel(_) => true,
+                        _ => false,
+                    });
+                    l.pending.insert(at, rumqttc::v5::Request::Publish(publish));
+                }
+            }
+        }
+    }
+
     /// Drops what rumqttc would replay, and the events it read but has
     /// not reported yet.
     fn forget(&mut self) {
@@ -183,6 +221,18 @@ pub(super) async fn accepts(endpoint: Endpoint, within: Duration) -> bool {
     )
 }
 
+/// Where requests never written begin in rumqttc's `pending`: after the
+/// unacknowledged ones it moved there (`was_written`), which lead.
+fn first_unsent<R>(
+    pending: &std::collections::VecDeque<R>,
+    was_written: impl Fn(&R) -> bool,
+) -> usize {
+    pending
+        .iter()
+        .position(|r| !was_written(r))
+        .unwrap_or(pending.len())
+}
+
 /// The session's answer to an error: wait `delay`, then connect to `to`.
 pub(super) struct Resume {
     pub delay: Duration,
@@ -209,6 +259,7 @@ pub(super) async fn run(mut eventloop: Loop, session: mpsc::Sender<Polled>, opts
                 }
             }
             Err(e) => {
+                eventloop.end_collision(replay);
                 // The pipeline sends again what it needs; rumqttc must not
                 // replay the old connection's publishes on its own (one of
                 // them may be what the upstream chokes on), nor report
@@ -253,6 +304,7 @@ impl Drop for PollerGuard {
 
 #[cfg(test)]
 mod tests {
+    use super::super::by_hand::ByHand;
     use super::*;
 
     /// rumqttc connects to `format!("{host}:{port}")` and names the TLS
@@ -275,5 +327,82 @@ mod tests {
         assert!(accepts(open.clone(), Duration::from_secs(2)).await);
         drop(listener);
         assert!(!accepts(open, Duration::from_secs(2)).await);
+    }
+
+    /// Takes the poller's events until one matches; the test plays the
+    /// session, answering an error with "reconnect at once".
+    async fn until(
+        polled: &mut mpsc::Receiver<Polled>,
+        to: &Endpoint,
+        want: impl Fn(&Wire) -> bool,
+    ) {
+        let wait = async {
+            loop {
+                match polled.recv().await.expect("the poller runs") {
+                    Polled::Event(event) if want(&event) => return,
+                    Polled::Event(_) => {}
+                    Polled::Error(_, resume) => {
+                        let _ = resume.send(Resume {
+                            delay: Duration::ZERO,
+                            to: to.clone(),
+                        });
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the event came");
+    }
+
+    /// Publishes t/1 and t/2 (window 2), the broker acknowledges t/2 only,
+    /// t/3 collides on t/1's packet id, the connection drops; then what
+    /// the next connection carries of t/1, t/3 and t/4 (published on it).
+    async fn after_a_collision(replay: bool) -> Vec<String> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = Endpoint::new("127.0.0.1", listener.local_addr().unwrap().port());
+        let mut opts = super::super::Options::new("test", "127.0.0.1", endpoint.port, "collider");
+        opts.inflight = 2;
+        opts.replay = replay;
+        let (client, eventloop) = client(&opts);
+        let (tx, mut polled) = mpsc::channel(64);
+        let _poller = PollerGuard(tokio::spawn(run(eventloop, tx, opts)));
+
+        let mut first = ByHand::accept(&listener, false).await;
+        for topic in ["t/1", "t/2"] {
+            assert!(client.try_publish(topic.into(), false, b"x".to_vec()));
+        }
+        assert_eq!(first.topics_until("t/2", false).await, ["t/1", "t/2"]);
+        first.write(|b| rumqttc::PubAck::new(2).write(b)).await;
+        assert!(client.try_publish("t/3".into(), false, b"x".to_vec()));
+        until(&mut polled, &endpoint, |e| matches!(e, Wire::AwaitAck(1))).await;
+        drop(first);
+
+        // With replay, the broker keeps the session: rumqttc resends.
+        let mut second = tokio::select! {
+            b = ByHand::accept(&listener, replay) => b,
+            _ = until(&mut polled, &endpoint, |_| false) => unreachable!(),
+        };
+        until(&mut polled, &endpoint, |e| {
+            matches!(e, Wire::ConnAck { .. })
+        })
+        .await;
+        assert!(client.try_publish("t/4".into(), false, b"x".to_vec()));
+        let drain = tokio::spawn(async move { until(&mut polled, &endpoint, |_| false).await });
+        let topics = second.topics_until("t/4", true).await;
+        drain.abort();
+        topics
+    }
+
+    #[tokio::test]
+    async fn a_collision_on_a_lost_connection_does_not_stall_the_next_one() {
+        // Without replay the pipeline resends; the next connection must
+        // carry new publishes at all (it carried nothing but pings).
+        assert_eq!(after_a_collision(false).await, ["t/4"]);
+    }
+
+    #[tokio::test]
+    async fn with_replay_the_publish_that_collided_is_resent_in_order() {
+        assert_eq!(after_a_collision(true).await, ["t/1", "t/3", "t/4"]);
     }
 }

@@ -22,9 +22,14 @@ use crate::deadlines::sleep_until;
 mod failover;
 mod incoming;
 mod outgoing;
+#[cfg(test)]
+mod tests;
 
 /// Events the poller may be ahead of the session.
 const POLLED_QUEUE: usize = 1024;
+/// How soon acks or a SUBSCRIBE that found rumqttc's request queue full
+/// try again (any event of the poller tries sooner).
+const QUEUE_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 /// Events the session may be ahead of its owner.
 const EVENT_QUEUE: usize = 4096;
 pub(super) enum Command {
@@ -59,6 +64,9 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
         client: client.clone(),
         events: events_tx,
         acks: OrderedAcks::default(),
+        unqueued: Default::default(),
+        ack_waits_logged: false,
+        subscribe_waiting: false,
         epoch: 0,
         closed: closed.clone(),
         probed: None,
@@ -89,6 +97,13 @@ struct Task<T> {
     /// A check of the first endpoint under way (`prefer_first`).
     first_check: Option<oneshot::Receiver<bool>>,
     acks: OrderedAcks<Received>,
+    /// Acks released, in order, that rumqttc's request queue had no room
+    /// for yet (`incoming.rs`).
+    unqueued: std::collections::VecDeque<Received>,
+    /// Whether the wait of the acks in `unqueued` was logged.
+    ack_waits_logged: bool,
+    /// The SUBSCRIBE of this connection found no room yet.
+    subscribe_waiting: bool,
     epoch: u64,
     closed: Arc<Notify>,
     /// Pings to answer, once the owner asked.
@@ -143,6 +158,14 @@ impl<T: Tag> Task<T> {
             if connected && self.hand_over().await.is_none() {
                 return;
             }
+            if !self.unqueued.is_empty() {
+                self.queue_acks();
+            }
+            if self.subscribe_waiting {
+                self.subscribe_all();
+            }
+            let retry = (!self.unqueued.is_empty() || self.subscribe_waiting)
+                .then(|| Instant::now() + QUEUE_RETRY);
             let probe_deadline = self.flow.probe_deadline();
             let check_at = self
                 .endpoints
@@ -205,6 +228,8 @@ impl<T: Tag> Task<T> {
                     link = self.checked_first(accepts, link);
                     continue;
                 }
+                // Acks or the SUBSCRIBE wait for room: the next turn tries again.
+                _ = sleep_until(retry), if retry.is_some() => continue,
                 _ = sleep_until(probe_deadline), if probe_deadline.is_some() => {
                     if let Some(tag) = self.flow.expire_probe(Instant::now()) {
                         warn!(event = "link_probe_unanswered", link = %self.opts.name, tag = ?tag, "probe neither acknowledged nor refused; resuming");
@@ -304,6 +329,8 @@ impl<T: Tag> Task<T> {
         // What was received on the lost connection the broker sends again;
         // its acks must not go out on the next one.
         self.acks.lost();
+        self.unqueued.clear();
+        self.subscribe_waiting = false;
         let strike = self.flow.lost(Instant::now());
         let accepted_for = match &link {
             Link::Connected { at, .. } => Some(at.elapsed()),
@@ -439,12 +466,15 @@ impl<T: Tag> Task<T> {
         self.events.send(event).await.ok()
     }
 
-    fn subscribe_all(&self) {
+    /// Queues the SUBSCRIBE; if rumqttc's queue has no room, the loop
+    /// tries again (`subscribe_waiting`) until it does or the link drops.
+    fn subscribe_all(&mut self) {
         // Every time: rumqttc does not restore subscriptions, and a repeat
         // is harmless.
-        if let Err(e) = self.client.try_subscribe_many(&self.opts.subscriptions) {
-            warn!(event = "link_subscribe_not_queued", link = %self.opts.name, error = %e, "subscribe could not be queued");
-        }
+        self.subscribe_waiting = self
+            .client
+            .try_subscribe_many(&self.opts.subscriptions)
+            .is_err();
     }
 
     /// The farewell, ahead of anything held, then DISCONNECT.

@@ -115,11 +115,13 @@ impl Client {
     }
 
     /// Queues the acknowledgement of `received`.
-    pub fn try_ack(&self, received: &Received) -> Result<(), String> {
+    pub fn try_ack(&self, received: &Received) -> Result<(), AckError> {
         match (self, received) {
-            (Client::V4(c), Received::V4(p)) => c.try_ack(p).map_err(|e| e.to_string()),
-            (Client::V5(c), Received::V5(p)) => c.try_ack(p).map_err(|e| e.to_string()),
-            _ => Err("a publish of the other protocol version".into()),
+            (Client::V4(c), Received::V4(p)) => c.try_ack(p).map_err(AckError::v4),
+            (Client::V5(c), Received::V5(p)) => c.try_ack(p).map_err(AckError::v5),
+            _ => Err(AckError::Other(
+                "a publish of the other protocol version".into(),
+            )),
         }
     }
 
@@ -128,6 +130,31 @@ impl Client {
         match self {
             Client::V4(c) => c.try_disconnect().is_ok(),
             Client::V5(c) => c.try_disconnect().is_ok(),
+        }
+    }
+}
+
+/// Why an ack was not queued.
+#[derive(Debug)]
+pub(super) enum AckError {
+    /// The request queue took nothing (full; or closed, when the event
+    /// loop is gone and the session with it): try again later.
+    Full,
+    Other(String),
+}
+
+impl AckError {
+    fn v4(e: rumqttc::ClientError) -> AckError {
+        match e {
+            rumqttc::ClientError::TryRequest(_) => AckError::Full,
+            e => AckError::Other(e.to_string()),
+        }
+    }
+
+    fn v5(e: rumqttc::v5::ClientError) -> AckError {
+        match e {
+            rumqttc::v5::ClientError::TryRequest(_) => AckError::Full,
+            e => AckError::Other(e.to_string()),
         }
     }
 }

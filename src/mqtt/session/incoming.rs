@@ -1,10 +1,10 @@
 //! The session's side of incoming publishes: each handed to the owner,
 //! and its acknowledgement sent in receive order on its own connection.
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::super::acks::AckToken;
-use super::super::wire::Incoming;
+use super::super::wire::{AckError, Incoming};
 use super::super::{Message, OVERSIZE_HEAD};
 use super::{Event, Tag, Task};
 
@@ -34,11 +34,42 @@ impl<T: Tag> Task<T> {
         self.emit(Event::Message(message)).await
     }
 
+    /// The acks `token` releases, in receive order, behind any still
+    /// waiting for room.
     pub(super) fn ready(&mut self, token: AckToken) {
-        for received in self.acks.ready(token) {
-            if let Err(e) = self.client.try_ack(&received) {
-                warn!(event = "link_ack_not_queued", link = %self.opts.name, error = %e, "ack could not be queued");
+        let released = self.acks.ready(token);
+        self.unqueued.extend(released);
+        self.queue_acks();
+    }
+
+    /// Queues the acks waiting for room in rumqttc's request queue, in
+    /// order, as far as it takes them. Never dropped: an ack lost here
+    /// would hold one of the broker's inflight slots for this client
+    /// until the connection ends (enough of them, and the broker sends
+    /// nothing more). rumqttc reads its queue only while its own window
+    /// of publishes has room, so under a burst of outgoing publishes acks
+    /// can find it full for a while.
+    pub(super) fn queue_acks(&mut self) {
+        while let Some(received) = self.unqueued.front() {
+            match self.client.try_ack(received) {
+                Ok(()) => {
+                    self.unqueued.pop_front();
+                }
+                Err(AckError::Full) => {
+                    if !self.ack_waits_logged {
+                        self.ack_waits_logged = true;
+                        info!(event = "link_acks_waiting", link = %self.opts.name, waiting = self.unqueued.len(), "acks wait for room in the client's request queue (its own publishes fill it)");
+                    }
+                    return;
+                }
+                Err(AckError::Other(e)) => {
+                    // The loop is gone, or the publish is of another
+                    // version: no later try would do better.
+                    warn!(event = "link_ack_not_queued", link = %self.opts.name, error = %e, "ack could not be queued");
+                    self.unqueued.pop_front();
+                }
             }
         }
+        self.ack_waits_logged = false;
     }
 }
