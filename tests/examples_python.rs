@@ -167,6 +167,16 @@ impl Script {
             .collect()
     }
 
+    /// Every event printed so far, read now without waiting (those read
+    /// before included).
+    pub(crate) fn events_now(&mut self) -> Vec<Value> {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen
+                .push(serde_json::from_str(&line).unwrap_or(Value::String(line)));
+        }
+        self.seen.clone()
+    }
+
     /// SIGKILL: nothing of its shutdown runs (no `online: false` but the will).
     pub(crate) fn kill(&mut self) {
         kill_and_reap(&mut self.child);

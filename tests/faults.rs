@@ -14,7 +14,8 @@
 //! CI runs 16 faults per mode (each kind at least once). `FERRY_FAULTS=N` runs N;
 //! `FERRY_FAULT_MESSAGES=M` keeps the faults coming until M messages (up
 //! and down) were sent; `FERRY_FAULT_DISK_MIB` sizes the tmpfs (256; a
-//! store of a million messages wants about 2048); `FERRY_FAULT_SEED=S`
+//! store of a million messages wants about 2048); `FERRY_FAULT_START_S`
+//! bounds each restart until devices are served (120); `FERRY_FAULT_SEED=S`
 //! repeats a run (printed). Mounting the tmpfs needs root, as `.ci/run`
 //! has.
 
@@ -85,6 +86,8 @@ async fn nothing_answered_stored_is_lost_under_random_faults(mode: Mode) {
     let clock = FakeClock::new("+0");
     let opts = power.on(clock.on(FerryOpts::new(gateway, mq.port)));
     let mut ferry = Ferry::start_in(mode, opts);
+    ferry.start_timeout = Duration::from_secs(env_or("FERRY_FAULT_START_S", 120));
+    let mut slowest_start = ferry.last_start;
     let traffic = Traffic::start(ferry.south_port, mq.port, gateway, "fd", DEVICES, PACE);
 
     let mut kinds = vec![
@@ -146,6 +149,9 @@ async fn nothing_answered_stored_is_lost_under_random_faults(mode: Mode) {
                 clock.set(steps[rng.gen_range(0..steps.len())]);
             }
         }
+        if matches!(fault, Fault::Kill | Fault::PowerCut) {
+            slowest_start = slowest_start.max(ferry.last_start);
+        }
         *done.entry(fault).or_default() += 1;
         n += 1;
     }
@@ -155,6 +161,10 @@ async fn nothing_answered_stored_is_lost_under_random_faults(mode: Mode) {
     eprintln!("longest wait with nothing new arriving: {stalled:?}");
 
     let mut table = traffic.summary();
+    table.push_str(&format!(
+        "\n| slowest restart until devices served (ms) | {} |",
+        slowest_start.as_millis()
+    ));
     for (fault, count) in &done {
         table.push_str(&format!("\n| faults: {fault:?} | {count} |"));
     }

@@ -42,6 +42,7 @@ mod examples_python;
 mod external;
 mod external_v5;
 mod faults;
+mod fleet;
 mod hostile;
 mod isolation;
 mod lifecycle;

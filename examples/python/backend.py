@@ -1,7 +1,7 @@
 """A backend behind ferry, on the upstream broker (docs/PROTOCOL.md, "North").
 
-    python3 backend.py --gateway edge-01 [--port 1884] [--db backend.db]
-                       [--share GROUP] [--send DEVICE JSON ...]
+    python3 backend.py --gateway edge-01 [--gateway edge-02 ...] [--port 1884]
+                       [--db backend.db] [--share GROUP] [--send DEVICE JSON ...]
 
 The protocol points it shows:
 
@@ -12,7 +12,9 @@ The protocol points it shows:
   resends what it has no ack for) is acked again and not stored twice.
 - Several instances can share the work: `--share GROUP` subscribes to
   `$share/GROUP/ferry/{gateway}/up/#`, so the broker hands each message
-  to one of them. They must share the dedup too (the same `--db` here, one
+  to one of them. One instance may serve several gateways (`--gateway`
+  repeated: a fleet of boxes on one broker); each uplink is acked to the
+  gateway it came from. They must share the dedup too (the same `--db` here, one
   database in production): a resend may reach another instance than the
   first send did. One device's messages are spread over the instances;
   `seq` (contiguous per device) orders them where order matters.
@@ -68,7 +70,9 @@ CREATE TABLE IF NOT EXISTS receipt (
 class Backend:
     def __init__(self, args):
         self.args = args
-        self.base = f"{args.prefix}/{args.gateway}"
+        # Topic base -> gateway id; downlinks go through the first.
+        self.bases = {f"{args.prefix}/{g}": g for g in args.gateway}
+        self.base = f"{args.prefix}/{args.gateway[0]}"
         self.id = args.client_id or f"backend-{os.getpid()}"
         # Several instances may share the file: WAL, and wait for the lock.
         self.db = sqlite3.connect(args.db, timeout=10, check_same_thread=False)
@@ -89,11 +93,13 @@ class Backend:
         if code(rc) != 0:
             emit("refused", rc=str(rc))
             return
-        up = f"{self.base}/up/#"
-        if self.args.share:
-            up = f"$share/{self.args.share}/{up}"
-        client.subscribe([(up, 1), (f"{self.base}/receipts", 1),
-                          (f"{self.base}/status", 1)])
+        filters = []
+        for base in self.bases:
+            up = f"{base}/up/#"
+            if self.args.share:
+                up = f"$share/{self.args.share}/{up}"
+            filters += [(up, 1), (f"{base}/receipts", 1), (f"{base}/status", 1)]
+        client.subscribe(filters)
 
     def on_subscribe(self, client, userdata, mid, granted, *rest):
         if any(code(g) >= 0x80 for g in granted):
@@ -120,18 +126,24 @@ class Backend:
 
     def handle(self, msg):
         body = parse_json(msg.payload)
-        if msg.topic.startswith(f"{self.base}/up/"):
-            self.on_uplink(body)
-        elif msg.topic == f"{self.base}/receipts":
+        for base, gateway in self.bases.items():
+            if msg.topic.startswith(f"{base}/"):
+                rest = msg.topic[len(base) + 1:]
+                break
+        else:
+            return
+        if rest.startswith("up/"):
+            self.on_uplink(gateway, body)
+        elif rest == "receipts":
             for r in as_list(body):
                 if isinstance(r, dict):
                     self.on_receipt(r)
-        elif msg.topic == f"{self.base}/status" and isinstance(body, dict):
-            emit("gateway_status", online=body.get("online") is True)
+        elif rest == "status" and isinstance(body, dict):
+            emit("gateway_status", gateway=gateway, online=body.get("online") is True)
 
     # Uplinks: commit (dedup), then ack.
 
-    def on_uplink(self, m):
+    def on_uplink(self, gateway, m):
         if not (isinstance(m, dict) and isinstance(m.get("device"), str)
                 and isinstance(m.get("msg_id"), str)):
             emit("ignored", body=shown(m))  # nothing to ack it by
@@ -139,12 +151,12 @@ class Backend:
         with self.lock, self.db:
             new = self.db.execute(
                 "INSERT OR IGNORE INTO uplink VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.args.gateway, m["device"], m["msg_id"], m.get("seq"),
+                (gateway, m["device"], m["msg_id"], m.get("seq"),
                  str(m.get("stream")), json.dumps(m), self.id, now_ms())).rowcount
         # Committed: now, and only now, the ack.
         ack = {"device": m["device"], "msg_id": m["msg_id"], "status": "ok"}
-        self.client.publish(f"{self.base}/ack", json.dumps(ack), qos=1)
-        emit("uplink", device=shown(m["device"]), msg_id=shown(m["msg_id"]),
+        self.client.publish(f"{self.args.prefix}/{gateway}/ack", json.dumps(ack), qos=1)
+        emit("uplink", gateway=gateway, device=shown(m["device"]), msg_id=shown(m["msg_id"]),
              seq=m.get("seq"), duplicate=not new, payload=shown(m.get("payload")))
 
     # Downlinks: journal, publish, resend until stored; record receipts.
@@ -216,7 +228,8 @@ class Backend:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--gateway", default="edge-01", help="gateway.id")
+    p.add_argument("--gateway", action="append", help="gateway.id (repeatable; "
+                   "default edge-01); downlinks go through the first")
     add_connection_args(p, 1884, "default: the client id")
     p.add_argument("--prefix", default="ferry", help="north.topic_prefix")
     p.add_argument("--client-id",
@@ -229,9 +242,10 @@ def main():
                    metavar=("DEVICE", "JSON"), help="send a downlink (repeatable)")
     p.add_argument("--receipt-timeout", type=float, default=5.0)
     args = p.parse_args()
+    args.gateway = args.gateway or ["edge-01"]
     if args.receipt_timeout <= 0:
         p.error("--receipt-timeout must be > 0")
-    for name in [args.gateway] + [device for device, _ in args.send]:
+    for name in args.gateway + [device for device, _ in args.send]:
         if not ID.fullmatch(name):
             p.error(f"{name!r} is not an id: [A-Za-z0-9._-]{{1,64}}")
     stop = threading.Event()

@@ -15,7 +15,8 @@ use super::proc::{kill_and_reap, signal, wait_exit};
 use super::Mode;
 use super::{blocking, file_tail, free_port, port_accepts};
 
-/// How long `Ferry::start` waits for the south listener.
+/// How long `Ferry::start` waits for the south listener, unless the
+/// test set [`Ferry::start_timeout`].
 const FERRY_START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Path of the binary under test.
@@ -93,6 +94,12 @@ pub struct Ferry {
     pub log_path: PathBuf,
     /// The config it runs on, as written to `config_path`.
     pub config: RawConfig,
+    /// How long a restart may take until devices are served (the fault
+    /// runs allow more: behind a site broker's deep backlog, ferry's
+    /// subscription is granted only after the backlog is handed over).
+    pub start_timeout: Duration,
+    /// How long the last start or restart took until devices were served.
+    pub last_start: Duration,
     env: Vec<(String, String)>,
     /// What `ferry run` runs: the binary under test, or a copy of it.
     binary: PathBuf,
@@ -184,6 +191,8 @@ impl Ferry {
             binary: opts.binary.unwrap_or_else(ferry_binary),
             dir,
             child: None,
+            start_timeout: FERRY_START_TIMEOUT,
+            last_start: Duration::ZERO,
         };
         ferry.spawn();
         ferry
@@ -302,8 +311,10 @@ impl Ferry {
     fn wait_ready(&mut self, ups_before: usize) {
         let port = self.south_port;
         let started = Instant::now();
+        let limit = self.start_timeout;
         blocking(|| loop {
             if self.south_ready(ups_before) {
+                self.last_start = started.elapsed();
                 return;
             }
             let child = self.child.as_mut().expect("child");
@@ -315,9 +326,9 @@ impl Ferry {
                     self.log_tail()
                 );
             }
-            if started.elapsed() > FERRY_START_TIMEOUT {
+            if started.elapsed() > limit {
                 panic!(
-                    "ferry's south side on port {port} was not ready within {FERRY_START_TIMEOUT:?}\n\
+                    "ferry's south side on port {port} was not ready within {limit:?}\n\
                      --- ferry log tail ---\n{}",
                     self.log_tail()
                 );

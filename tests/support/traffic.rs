@@ -104,6 +104,32 @@ impl Traffic {
         devices: usize,
         pace: Pace,
     ) -> Traffic {
+        Traffic::with(
+            south_port,
+            Some((north_port, gateway)),
+            prefix,
+            devices,
+            pace,
+        )
+    }
+
+    /// The devices of [`Traffic::start`] alone, sending uplinks only: the
+    /// backend is someone else's (the fleet run's Python backends).
+    pub fn devices_only(south_port: u16, prefix: &str, devices: usize, every: Duration) -> Traffic {
+        let pace = Pace {
+            up_every: every,
+            down_every: Duration::MAX,
+        };
+        Traffic::with(south_port, None, prefix, devices, pace)
+    }
+
+    fn with(
+        south_port: u16,
+        backend: Option<(u16, &str)>,
+        prefix: &str,
+        devices: usize,
+        pace: Pace,
+    ) -> Traffic {
         let seen = Shared::default();
         let (sending, sending_rx) = watch::channel(true);
         let (reconnects, reconnects_rx) = watch::channel(0);
@@ -123,18 +149,20 @@ impl Traffic {
                 reconnects_rx.clone(),
             ));
         }
-        let backend = Peer {
-            seen: seen.clone(),
-            boot,
-            sending: sending_rx,
-        };
-        tokio::spawn(backend.backend(
-            north_port,
-            gateway.to_string(),
-            ids.clone(),
-            pace.down_every,
-            backend_up_rx,
-        ));
+        if let Some((north_port, gateway)) = backend {
+            let backend = Peer {
+                seen: seen.clone(),
+                boot,
+                sending: sending_rx,
+            };
+            tokio::spawn(backend.backend(
+                north_port,
+                gateway.to_string(),
+                ids.clone(),
+                pace.down_every,
+                backend_up_rx,
+            ));
+        }
         Traffic {
             seen,
             devices: ids,
