@@ -10,8 +10,9 @@
 //! While the backlog drains, device `alarm` publishes one message every
 //! `--alarm-every-ms`; an observer on the upstream stamps when each alarm
 //! arrives and how many bulk messages arrived between its publish and its
-//! arrival. It prints the drain rate, ferry's peak RSS, and the alarms'
-//! latency.
+//! arrival. It prints the start-up time on that store (until the south
+//! listener accepts, and until the first device is connected), the drain
+//! rate, ferry's peak RSS, and the alarms' latency.
 //!
 //! cargo bench --bench backlog -- [--uplinks 1000000] [--devices 1]
 //!     [--alarm-every-ms 1000]
@@ -73,10 +74,13 @@ async fn bench(args: Args) {
     let written = started.elapsed();
     // The outage: ferry starts with its upstream gone.
     env.mosquitto.stop();
+    let restarted = Instant::now();
     env.ferry.restart();
+    let listening = restarted.elapsed();
     let pid = env.ferry.pid().expect("ferry runs");
     reset_peak_rss(pid);
     let alarm = Device::connect(env.ferry.south_port, "alarm").await;
+    let accepted = restarted.elapsed();
     env.mosquitto.restart();
 
     let arrivals = backlog::Arrivals::watch(env.mosquitto.port, GATEWAY).await;
@@ -132,6 +136,11 @@ async fn bench(args: Args) {
         args.uplinks,
         args.devices,
         written.as_secs_f64()
+    );
+    println!(
+        "  start-up on that store: south listening {:.2} s after the start, first device connected (CONNACK) {:.2} s",
+        listening.as_secs_f64(),
+        accepted.as_secs_f64()
     );
     println!(
         "  drained {} of {} in {:.1} s after north returned: {:.0} msgs/s; ferry peak RSS {}",

@@ -59,6 +59,7 @@ mod quickstart;
 mod robust;
 mod sandbox;
 mod sessions;
+mod soak;
 mod source_install;
 mod tls;
 mod tls_recipe;

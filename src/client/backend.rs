@@ -17,7 +17,7 @@ use crate::ids::{DeviceId, GatewayId, IdError, MsgId};
 use crate::mqtt::{self, Event, Session};
 use crate::protocol::ack::{encode_acks, BackendAck};
 use crate::protocol::control::Status;
-use crate::protocol::envelope::{WireDownlink, WireEnvelope};
+use crate::protocol::envelope::{RejectCode, WireDownlink, WireEnvelope};
 use crate::protocol::north::NorthMessage;
 use crate::protocol::receipt::{NorthReceipt, NorthStatus};
 use crate::protocol::topics::{NorthTopic, NorthTopics};
@@ -339,7 +339,10 @@ impl Task {
 }
 
 /// A `stored` (or any later status, or `rejected`) answers a downlink for
-/// that device; a downlink answered for every named device is done.
+/// that device; a downlink answered for every named device is done. A
+/// retryable rejection (`disk_budget`, `rate`: the gateway cannot take it
+/// now) answers nothing: it is sent again after `resend_after`, as the
+/// protocol says a sender does.
 fn on_receipt(downs: &mut Resends<HashSet<String>>, r: &NorthReceipt) {
     let Some(msg_id) = &r.msg_id else {
         return;
@@ -348,6 +351,11 @@ fn on_receipt(downs: &mut Resends<HashSet<String>>, r: &NorthReceipt) {
         return;
     };
     if r.kind() == Some(NorthStatus::Rejected) {
+        let code = r.reason.as_deref().and_then(|r| r.split(':').next());
+        let for_now = [RejectCode::DiskBudget, RejectCode::Rate].map(RejectCode::as_str);
+        if code.is_some_and(|c| for_now.contains(&c)) {
+            return;
+        }
         downs.remove(msg_id);
         return;
     }
@@ -394,5 +402,19 @@ mod tests {
             &receipt(r#"{"msg_id":"n-2","status":"rejected","ts":1,"reason":"malformed: x"}"#),
         );
         assert!(downs.waiting_mut("n-2").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_downlink_refused_for_now_is_sent_again() {
+        let mut downs = Resends::new(Duration::from_secs(5));
+        let to = ["a"].map(String::from).into_iter().collect();
+        downs.insert("n-3".into(), "t".into(), Bytes::from_static(b"{}"), to);
+        on_receipt(
+            &mut downs,
+            &receipt(
+                r#"{"msg_id":"n-3","status":"rejected","ts":1,"reason":"disk_budget: the store is at store.max_db_bytes; resend later"}"#,
+            ),
+        );
+        assert_eq!(downs.waiting_mut("n-3").map(|w| w.len()), Some(1));
     }
 }

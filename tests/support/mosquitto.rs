@@ -126,7 +126,7 @@ impl Mosquitto {
     }
 
     /// A site broker for external mode, as docs/EXTERNAL.md sets one up:
-    /// persistence on, no queue limit, ferry a user (`SITE_USER`) in a
+    /// persistence on, no queue limit, 200 in flight, ferry a user (`SITE_USER`) in a
     /// password file with read on every device topic and write on receipts
     /// and inboxes, and devices (anonymous here) held to their own topics
     /// by `pattern` lines on their client id.
@@ -165,6 +165,11 @@ impl Mosquitto {
             let mut lines = vec![
                 format!("password_file {}", passwd.display()),
                 format!("acl_file {}", acl.display()),
+                // EXTERNAL.md's window (the last setting wins). Unlimited,
+                // the broker writes ferry's whole backlog ahead of the
+                // SUBACK after a restart, and ferry is not ready until it
+                // has taken all of it.
+                "max_inflight_messages 200".into(),
             ];
             if !devices.is_empty() {
                 lines.push("allow_anonymous false".into());
