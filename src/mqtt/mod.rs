@@ -47,7 +47,7 @@
 
 pub mod acks;
 #[cfg(test)]
-mod by_hand;
+pub(crate) mod by_hand;
 pub mod endpoints;
 pub mod failure;
 pub mod flow;

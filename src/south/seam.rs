@@ -24,6 +24,22 @@ pub(super) const OVERSIZE_HEAD: usize = mqtt::OVERSIZE_HEAD;
 /// under it; a longer one is cut short like an oversized payload).
 pub(super) const TOPIC_ALLOWANCE: usize = 1024;
 
+/// How long a publish to a device waits for room towards the site broker
+/// before it is dropped (the protocol repairs it: the device resends, or
+/// pulls).
+const SITE_SEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Publishes to devices dropped for want of room towards the site broker.
+static SITE_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Logs a drop: the first ones and then every power of two.
+fn site_publish_dropped(device: &DeviceId) {
+    let n = SITE_DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
+    if n <= 3 || n.is_power_of_two() {
+        tracing::warn!(event = "site_publish_dropped", device = %device, dropped = n, "the link to the site broker took nothing for 1 s: a receipt or inbox batch for a device was dropped (it resends, or pulls)");
+    }
+}
+
 /// The filters ferry reads device traffic from, one per topic kind.
 pub(super) fn device_filters(topics: &Topics) -> impl Iterator<Item = String> {
     topics.device_filters().into_iter()
@@ -131,7 +147,21 @@ impl SouthSender {
                 };
                 tx.send(publish).await.is_ok()
             }
-            Outbound::External(session) => session.send_wait(topic, payload.to_vec(), false).await,
+            Outbound::External(session) => {
+                // Bounded: waiting for good could deadlock. rumqttc takes
+                // requests only while its window has room, and the window
+                // frees only as the session hands on the broker's PUBACKs;
+                // the session hands events on only as the pipeline (this
+                // caller) reads them.
+                let send = session.send_wait(topic, payload.to_vec(), false);
+                match tokio::time::timeout(SITE_SEND_WAIT, send).await {
+                    Ok(sent) => sent,
+                    Err(_) => {
+                        site_publish_dropped(device);
+                        true
+                    }
+                }
+            }
         }
     }
 
@@ -215,7 +245,59 @@ pub struct DeviceControl {
 
 #[cfg(test)]
 mod tests {
-    use super::PublishProps;
+    use std::time::{Duration, Instant};
+
+    use super::{Outbound, PublishProps, SouthSender};
+    use crate::ids::DeviceId;
+    use crate::mqtt::by_hand::ByHand;
+    use crate::mqtt::{Options, Session};
+
+    /// The site broker acknowledges none of ferry's publishes and keeps
+    /// sending device messages; the pipeline publishes receipts and reads
+    /// nothing meanwhile. Every publish returns within the bounded wait:
+    /// none blocks the pipeline for good (which would block the session
+    /// behind it, and the PUBACKs that would free room).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_publish_towards_a_stuck_site_broker_never_blocks_for_good() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut opts = Options::new("south", "127.0.0.1", port, "ferry");
+        opts.auto_ack = false;
+        opts.replay = false;
+        opts.inflight = 4;
+        let (session, _events) = Session::<()>::start(opts);
+        let broker = tokio::spawn(async move {
+            let mut broker = ByHand::accept(&listener, false).await;
+            // Read (and never acknowledge) whatever comes, until aborted
+            // (`read` gives up after 2 s of silence; the broker does not).
+            loop {
+                broker.read().await;
+            }
+        });
+        let sender = SouthSender(Outbound::External(session));
+        let device = DeviceId::new("d-1").unwrap();
+        let started = Instant::now();
+        let mut waits = Vec::new();
+        // Until the window and rumqttc's request queue are full, and then
+        // a few more.
+        let mut n = 0;
+        while waits.len() < 3 && n < 100_000 && started.elapsed() < Duration::from_secs(30) {
+            let at = Instant::now();
+            let publish = sender.publish(&device, "d-1/ack".into(), "{}".into());
+            let returned = tokio::time::timeout(Duration::from_secs(10), publish).await;
+            assert_eq!(returned, Ok(true), "publish {n} blocked for 10 s");
+            if at.elapsed() >= Duration::from_millis(500) {
+                waits.push(at.elapsed());
+            }
+            n += 1;
+        }
+        assert_eq!(waits.len(), 3, "the queue filled after {n} publishes");
+        assert!(
+            waits.iter().all(|w| *w < Duration::from_secs(3)),
+            "{waits:?}"
+        );
+        broker.abort();
+    }
 
     #[test]
     fn a_v5_publish_brings_its_user_properties_and_expiry_without_ferrys_own() {
