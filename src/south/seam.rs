@@ -24,19 +24,15 @@ pub(super) const OVERSIZE_HEAD: usize = mqtt::OVERSIZE_HEAD;
 /// under it; a longer one is cut short like an oversized payload).
 pub(super) const TOPIC_ALLOWANCE: usize = 1024;
 
-/// How long a publish to a device waits for room towards the site broker
-/// before it is dropped (the protocol repairs it: the device resends, or
-/// pulls).
-const SITE_SEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Publishes to devices dropped for want of room towards the site broker.
+/// Publishes to devices dropped for want of room towards the site broker
+/// (the protocol repairs them: the device resends, or pulls).
 static SITE_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Logs a drop: the first ones and then every power of two.
 fn site_publish_dropped(device: &DeviceId) {
     let n = SITE_DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
     if n <= 3 || n.is_power_of_two() {
-        tracing::warn!(event = "site_publish_dropped", device = %device, dropped = n, "the link to the site broker took nothing for 1 s: a receipt or inbox batch for a device was dropped (it resends, or pulls)");
+        tracing::warn!(event = "site_publish_dropped", device = %device, dropped = n, "the queue towards the site broker is full: a receipt or inbox batch for a device was dropped (it resends, or pulls)");
     }
 }
 
@@ -148,19 +144,16 @@ impl SouthSender {
                 tx.send(publish).await.is_ok()
             }
             Outbound::External(session) => {
-                // Bounded: waiting for good could deadlock. rumqttc takes
-                // requests only while its window has room, and the window
-                // frees only as the session hands on the broker's PUBACKs;
-                // the session hands events on only as the pipeline (this
-                // caller) reads them.
-                let send = session.send_wait(topic, payload.to_vec(), false);
-                match tokio::time::timeout(SITE_SEND_WAIT, send).await {
-                    Ok(sent) => sent,
-                    Err(_) => {
-                        site_publish_dropped(device);
-                        true
-                    }
+                // Never waits. rumqttc takes requests only while its window
+                // has room, the window frees only as the session hands on
+                // the broker's PUBACKs, and the session hands events on only
+                // as the pipeline (this caller) reads them: a wait here for
+                // room deadlocks, and even a short one per publish slows the
+                // pipeline to a crawl while the queue is full.
+                if !session.send(topic, payload.to_vec(), false) {
+                    site_publish_dropped(device);
                 }
+                true
             }
         }
     }
@@ -252,13 +245,13 @@ mod tests {
     use crate::mqtt::by_hand::ByHand;
     use crate::mqtt::{Options, Session};
 
-    /// The site broker acknowledges none of ferry's publishes and keeps
-    /// sending device messages; the pipeline publishes receipts and reads
-    /// nothing meanwhile. Every publish returns within the bounded wait:
-    /// none blocks the pipeline for good (which would block the session
+    /// The site broker acknowledges none of ferry's publishes; the
+    /// pipeline publishes receipts and reads nothing meanwhile. Every
+    /// publish returns at once, also once the window and rumqttc's queue
+    /// are full: none blocks the pipeline (which would block the session
     /// behind it, and the PUBACKs that would free room).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_publish_towards_a_stuck_site_broker_never_blocks_for_good() {
+    async fn a_publish_towards_a_stuck_site_broker_never_waits() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let mut opts = Options::new("south", "127.0.0.1", port, "ferry");
@@ -276,26 +269,17 @@ mod tests {
         });
         let sender = SouthSender(Outbound::External(session));
         let device = DeviceId::new("d-1").unwrap();
-        let started = Instant::now();
-        let mut waits = Vec::new();
-        // Until the window and rumqttc's request queue are full, and then
-        // a few more.
-        let mut n = 0;
-        while waits.len() < 3 && n < 100_000 && started.elapsed() < Duration::from_secs(30) {
+        let mut slowest = Duration::ZERO;
+        // Past the window and rumqttc's request queue (65,536).
+        for n in 0..70_000 {
             let at = Instant::now();
             let publish = sender.publish(&device, "d-1/ack".into(), "{}".into());
             let returned = tokio::time::timeout(Duration::from_secs(10), publish).await;
             assert_eq!(returned, Ok(true), "publish {n} blocked for 10 s");
-            if at.elapsed() >= Duration::from_millis(500) {
-                waits.push(at.elapsed());
-            }
-            n += 1;
+            slowest = slowest.max(at.elapsed());
         }
-        assert_eq!(waits.len(), 3, "the queue filled after {n} publishes");
-        assert!(
-            waits.iter().all(|w| *w < Duration::from_secs(3)),
-            "{waits:?}"
-        );
+        assert!(slowest < Duration::from_millis(500), "{slowest:?}");
+        assert!(super::SITE_DROPPED.load(std::sync::atomic::Ordering::Relaxed) > 0);
         broker.abort();
     }
 
