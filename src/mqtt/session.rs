@@ -24,6 +24,7 @@ mod incoming;
 mod outgoing;
 #[cfg(test)]
 mod tests;
+mod wedge;
 
 /// Events the poller may be ahead of the session.
 const POLLED_QUEUE: usize = 1024;
@@ -148,7 +149,7 @@ impl<T: Tag> Task<T> {
     ) {
         let mut link = Link::Down { failures: 0 };
         let mut handles = true;
-        let wedge_at = test_wedge(&self.opts.name);
+        let wedge_at = wedge::test_wedge(&self.opts.name);
         loop {
             if wedge_at.is_some_and(|at| Instant::now() >= at) {
                 warn!(event = "link_session_wedged", link = %self.opts.name, "session task wedged on purpose (TEST_FERRY_WEDGE_*_AFTER_MS)");
@@ -495,22 +496,4 @@ impl<T: Tag> Task<T> {
             self.closed.notify_waiters();
         }
     }
-}
-
-/// `TEST_FERRY_WEDGE_NORTH_AFTER_MS=N` (`TEST_FERRY_WEDGE_SOUTH_AFTER_MS`:
-/// the external south session) makes that session's task stop for good at
-/// its first turn N ms after it started, as a task stuck in an await
-/// would. Not `FERRY_*`: those are config keys. Release builds never read
-/// it.
-fn test_wedge(name: &str) -> Option<Instant> {
-    let var = match name {
-        "north" => "TEST_FERRY_WEDGE_NORTH_AFTER_MS",
-        "south" => "TEST_FERRY_WEDGE_SOUTH_AFTER_MS",
-        _ => return None,
-    };
-    if !cfg!(debug_assertions) {
-        return None;
-    }
-    let ms: u64 = std::env::var(var).ok()?.parse().ok()?;
-    Some(Instant::now() + std::time::Duration::from_millis(ms))
 }
