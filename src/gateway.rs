@@ -327,8 +327,11 @@ impl SideTasks {
             clock_keeper: tokio::spawn(store.clone().keep_clock()),
             pruner: tokio::spawn(crate::retention::run(
                 store.clone(),
-                cfg.store.retention,
-                cfg.store.dead_letter_retention,
+                crate::retention::Retention {
+                    delivered: cfg.store.retention,
+                    dead: cfg.store.dead_letter_retention,
+                    min_dedup: cfg.store.min_dedup,
+                },
                 shutdown,
             )),
             trimmer: tokio::spawn(crate::memory::trim_periodically()),

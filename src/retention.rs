@@ -32,7 +32,7 @@ const UNDER_PRESSURE_EVERY: Duration = Duration::from_secs(1);
 /// What a pass deletes before, `now` being now on both clocks: the
 /// retention back from it on each (a row must be that old on both, see
 /// [`crate::store::prune`]).
-pub fn cutoffs(now: Now, retention: Duration, dead_retention: Duration, pressure: bool) -> Cutoffs {
+pub fn cutoffs(now: Now, retention: Retention, pressure: bool) -> Cutoffs {
     let before = |d: Duration| {
         let d = d.as_millis().min(i64::MAX as u128) as i64;
         Now {
@@ -41,27 +41,40 @@ pub fn cutoffs(now: Now, retention: Duration, dead_retention: Duration, pressure
         }
     };
     Cutoffs {
-        // Under pressure: everything delivered, whatever either clock says.
+        // Under pressure: everything delivered, whatever either clock says,
+        // leaving its dedup key for `min_dedup`.
         delivered: if pressure {
             Now {
                 wall_ms: i64::MAX,
                 store_ms: i64::MAX,
             }
         } else {
-            before(retention)
+            before(retention.delivered)
         },
-        dead: before(dead_retention),
+        dead: before(retention.dead),
+        keys: before(if pressure {
+            retention.min_dedup.min(retention.delivered)
+        } else {
+            retention.delivered
+        }),
+        keep_keys: pressure,
         limit: BATCH,
     }
 }
 
+/// How long what is finished is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// `store.retention_days`: delivered messages, and their dedup keys.
+    pub delivered: Duration,
+    /// `store.dead_letter_retention_days`.
+    pub dead: Duration,
+    /// `store.min_dedup_s`: a dedup key under the disk budget, at least.
+    pub min_dedup: Duration,
+}
+
 /// Runs until shutdown begins or the store stops.
-pub async fn run(
-    store: Store,
-    retention: Duration,
-    dead_retention: Duration,
-    mut shutdown: Shutdown,
-) {
+pub async fn run(store: Store, retention: Retention, mut shutdown: Shutdown) {
     // Woken every second: a pass is due every EVERY, and at once (and
     // then every second) while the store is at its disk budget.
     let mut last_pass: Option<tokio::time::Instant> = None;
@@ -80,12 +93,13 @@ pub async fn run(
         let pressure = store.budget().over();
         let mut total = Pruned::default();
         loop {
-            let c = cutoffs(store.now(), retention, dead_retention, pressure);
+            let c = cutoffs(store.now(), retention, pressure);
             match store.prune(c).await {
                 Ok(p) => {
                     total.uplinks += p.uplinks;
                     total.downlinks += p.downlinks;
                     total.dead_letters += p.dead_letters;
+                    total.keys += p.keys;
                     if !p.more(BATCH) {
                         break;
                     }
@@ -106,6 +120,7 @@ pub async fn run(
                 uplinks = total.uplinks,
                 downlinks = total.downlinks,
                 dead_letters = total.dead_letters,
+                dedup_keys = total.keys,
                 disk_budget_pressure = pressure,
                 "pruned past retention"
             );
@@ -134,6 +149,14 @@ mod tests {
 
     const DAY: Duration = Duration::from_secs(86_400);
 
+    fn kept(delivered_days: u32, dead_days: u32) -> Retention {
+        Retention {
+            delivered: delivered_days * DAY,
+            dead: dead_days * DAY,
+            min_dedup: Duration::from_secs(3600),
+        }
+    }
+
     #[test]
     fn cutoffs_are_the_retentions_before_now_on_both_clocks() {
         let day = 86_400_000;
@@ -142,25 +165,36 @@ mod tests {
             wall_ms: 465 * day,
             store_ms: 100 * day,
         };
-        let c = cutoffs(now, 30 * DAY, 90 * DAY, false);
+        let c = cutoffs(now, kept(30, 90), false);
         assert_eq!(c.delivered.wall_ms, 435 * day);
         assert_eq!(c.delivered.store_ms, 70 * day);
         assert_eq!(c.dead.wall_ms, 375 * day);
         assert_eq!(c.dead.store_ms, 10 * day);
+        // Keys go with their retention; a message past it leaves none.
+        assert_eq!(c.keys, c.delivered);
+        assert!(!c.keep_keys);
         assert_eq!(c.limit, BATCH);
         // A retention past the epoch, or past the store's age, does not wrap.
-        let c = cutoffs(Now::at(5), 36_500 * DAY, 36_500 * DAY, false);
+        let c = cutoffs(Now::at(5), kept(36_500, 36_500), false);
         assert!(c.dead.wall_ms < 0 && c.dead.store_ms < 0);
     }
 
     #[test]
-    fn under_pressure_anything_delivered_goes_and_dead_letters_keep_their_retention() {
-        let c = cutoffs(Now::at(100 * 86_400_000), 30 * DAY, 90 * DAY, true);
+    fn under_pressure_anything_delivered_goes_leaving_its_key_and_dead_letters_keep_their_retention(
+    ) {
+        let now = Now::at(100 * 86_400_000);
+        let c = cutoffs(now, kept(30, 90), true);
         assert_eq!(c.delivered.wall_ms, i64::MAX);
         assert_eq!(c.delivered.store_ms, i64::MAX);
-        assert_eq!(
-            c.dead,
-            cutoffs(Now::at(100 * 86_400_000), 30 * DAY, 90 * DAY, false).dead
-        );
+        assert!(c.keep_keys);
+        assert_eq!(c.keys.wall_ms, now.wall_ms - 3_600_000);
+        assert_eq!(c.keys.store_ms, now.store_ms - 3_600_000);
+        assert_eq!(c.dead, cutoffs(now, kept(30, 90), false).dead);
+        // A key is never kept past the retention itself.
+        let short = Retention {
+            delivered: Duration::from_secs(60),
+            ..kept(30, 90)
+        };
+        assert_eq!(cutoffs(now, short, true).keys.wall_ms, now.wall_ms - 60_000);
     }
 }

@@ -134,6 +134,7 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
 
     // Fill the store with undelivered messages until the first refusal.
     let mut stored = Vec::new();
+    let mut first_seq = None;
     let mut refused = None;
     for i in 0..1000 {
         let id = format!("{boot}-{i:04}");
@@ -143,7 +144,10 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
         let (r, _) = device.next_receipt_for(&id, Duration::from_secs(10)).await;
         let r = r.unwrap_or_else(|| panic!("no receipt for {id}\n{}", ferry.log_tail()));
         match r["status"].as_str() {
-            Some("stored") => stored.push(id),
+            Some("stored") => {
+                first_seq.get_or_insert(r["seq"].clone());
+                stored.push(id)
+            }
             Some("rejected") => {
                 assert!(reason(&r).starts_with("disk_budget: "), "{r}");
                 refused = Some(id);
@@ -291,6 +295,29 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
         ferry.admin_get("/readyz").0 == 200
     })
     .await;
+    // The first message was pruned early, its dedup key kept: sent again
+    // (its `delivered` receipt lost, say), it is answered with its
+    // original seq and not stored a second time.
+    let first = &stored[0];
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM uplink WHERE msg_id = ?1", [first]),
+        0,
+        "pruned"
+    );
+    device
+        .publish_envelope("blob", first, json!({ "again": true }))
+        .await;
+    let (r, _) = device
+        .next_receipt_for(first, Duration::from_secs(10))
+        .await;
+    let r = r.expect("a receipt for the pruned message");
+    assert_eq!(r["status"], "delivered", "{r}");
+    assert_eq!(Some(&r["seq"]), first_seq.as_ref(), "{r}");
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM uplink WHERE msg_id = ?1", [first]),
+        0,
+        "stored again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

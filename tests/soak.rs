@@ -5,7 +5,8 @@
 //! fds and store size every `FERRY_SOAK_SAMPLE_S`. The store is bounded by
 //! `store.max_db_bytes` (`FERRY_SOAK_DB_MIB`): retention is counted in
 //! days, so over hours the budget is what holds it, delivered rows pruned
-//! to make room. Afterwards: nothing lost (the traffic's checks), nothing
+//! to make room, each leaving its dedup key for `store.min_dedup_s`
+//! (`FERRY_SOAK_DEDUP_S`, 600). Afterwards: nothing lost or stored twice (the traffic's checks), nothing
 //! dead-lettered, and the three figures flat: after a warm-up (the first
 //! quarter), the later half's peak RSS within 10 % + 4 MiB of the earlier
 //! half's, fds within 8, the store within its budget.
@@ -71,6 +72,9 @@ async fn a_long_run_under_churn_keeps_memory_fds_and_the_store_flat() {
     let mq = Mosquitto::start();
     let mut opts = FerryOpts::new("gw-soak", mq.port);
     opts.config.store.max_db_bytes = budget;
+    // Keys of what the budget pruned: long enough for every resend the
+    // churn makes, short enough for hours of them in a small budget.
+    opts.config.store.min_dedup_s = env_or("FERRY_SOAK_DEDUP_S", 600);
     let ferry = Ferry::start(opts);
     let traffic = Traffic::start(ferry.south_port, mq.port, "gw-soak", "sk", DEVICES, PACE);
 

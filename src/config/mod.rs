@@ -127,6 +127,9 @@ pub struct StoreConfig {
     pub retention: Duration,
     /// `store.dead_letter_retention_days`.
     pub dead_letter_retention: Duration,
+    /// `store.min_dedup_s`: how long a dedup key outlives a message pruned
+    /// at the disk budget, at least.
+    pub min_dedup: Duration,
 }
 
 impl Config {
@@ -205,6 +208,12 @@ impl Config {
             raw.store.retention_days,
             1,
             36_500,
+        ));
+        p.take(in_range(
+            "store.min_dedup_s",
+            raw.store.min_dedup_s,
+            1,
+            31_536_000,
         ));
         p.take(in_range(
             "alerts.north_down_s",
@@ -293,6 +302,7 @@ impl Config {
                 max_db_bytes: raw.store.max_db_bytes,
                 retention: days(raw.store.retention_days),
                 dead_letter_retention: days(raw.store.dead_letter_retention_days),
+                min_dedup: Duration::from_secs(raw.store.min_dedup_s),
             },
             downlink: DownlinkConfig {
                 batch_size: raw.downlink.batch_size,

@@ -330,6 +330,10 @@ pub struct RawStore {
     pub retention_days: u32,
     /// Dead letters are pruned after this many days.
     pub dead_letter_retention_days: u32,
+    /// At the disk budget delivered messages are pruned at once; their
+    /// dedup keys (what a resend is answered with) are kept at least this
+    /// many seconds.
+    pub min_dedup_s: u64,
 }
 
 impl Default for RawStore {
@@ -340,6 +344,7 @@ impl Default for RawStore {
             max_db_bytes: 8 << 30,
             retention_days: 30,
             dead_letter_retention_days: 90,
+            min_dedup_s: 3600,
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::store::record::downlink::{
     DownIntakeOutcome, Swept,
 };
 
+mod known;
 mod replay;
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -84,25 +85,16 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake, store_ms: i64) -> Result<D
         .prepare_cached("SELECT id FROM down_message WHERE msg_id = ?1")?
         .query_row([msg.msg_id.as_str()], |r| r.get(0))
         .optional()?;
-    let message_id = match existing {
-        Some(id) => id,
-        None => {
-            tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms, received_ms, stored_store_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
-                .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms, msg.received_ms, store_ms])?;
-            tx.last_insert_rowid()
-        }
+    // A message pruned under the disk budget left a key per delivery:
+    // its devices are answered from those, never queued it again.
+    let kept = match existing {
+        Some(_) => Vec::new(),
+        None => super::keys::downlink(tx, &msg.msg_id)?,
     };
+    let mut message_id = existing;
     let mut out = DownIntakeOutcome::default();
     for device in &msg.to {
-        let current: Option<(i64, String)> = tx
-            .prepare_cached(
-                "SELECT seq, state FROM down_delivery WHERE message_id = ?1 AND device = ?2",
-            )?
-            .query_row(params![message_id, device.as_str()], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?;
-        if let Some((s, st)) = current {
+        if let Some((s, st)) = known::delivery(tx, message_id, &kept, device)? {
             let event = DeliveryEvent {
                 device: device.clone(),
                 seq: seq(s),
@@ -113,6 +105,16 @@ pub fn intake(tx: &Transaction<'_>, msg: &DownIntake, store_ms: i64) -> Result<D
             out.queued.push((event, false));
             continue;
         }
+        let message_id = match message_id {
+            Some(id) => id,
+            None => {
+                tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms, received_ms, stored_store_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
+                    .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms, msg.received_ms, store_ms])?;
+                let id = tx.last_insert_rowid();
+                message_id = Some(id);
+                id
+            }
+        };
         tx.prepare_cached(
             "INSERT INTO devices (device) VALUES (?1) ON CONFLICT (device) DO NOTHING",
         )?

@@ -47,6 +47,7 @@ mod downlink;
 mod error;
 pub mod figures;
 mod handle;
+mod keys;
 mod op;
 mod open;
 mod outbox;

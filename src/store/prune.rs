@@ -13,6 +13,15 @@
 //!   uplink row they refer to and its history (never early: a dead letter
 //!   is not delivered data).
 //!
+//! - dedup keys (`uplink_key`, `down_key`) older than their cutoff.
+//!
+//! Under pressure a message goes at once, but its dedup key stays: a
+//! device resending an uplink whose receipt it never got (or the backend
+//! a downlink) is answered with the original seq, not stored a second
+//! time. A key is a few dozen bytes where the message was its body and
+//! history; keys go after `store.min_dedup_s` under pressure, after the
+//! retention otherwise.
+//!
 //! Never: a stored (undelivered) uplink, a delivery still waiting for its
 //! device, the `devices` rows (their sequence counters and cursors), or a
 //! receipt in the outbox.
@@ -38,6 +47,11 @@ pub struct Cutoffs {
     pub delivered: Now,
     /// Dead letters written before this are deleted.
     pub dead: Now,
+    /// Dedup keys of messages finished before this are deleted.
+    pub keys: Now,
+    /// Whether a deleted message leaves its dedup key (under pressure:
+    /// it goes before its retention, and a resend must still be known).
+    pub keep_keys: bool,
     /// Rows of each kind per call, at most.
     pub limit: usize,
 }
@@ -48,21 +62,29 @@ pub struct Pruned {
     pub uplinks: usize,
     pub downlinks: usize,
     pub dead_letters: usize,
+    /// Dedup keys, of both directions.
+    pub keys: usize,
 }
 
 impl Pruned {
     /// Whether some kind filled its batch: there may be more to delete.
     pub fn more(&self, limit: usize) -> bool {
-        self.uplinks >= limit || self.downlinks >= limit || self.dead_letters >= limit
+        self.uplinks >= limit
+            || self.downlinks >= limit
+            || self.dead_letters >= limit
+            || self.keys >= limit
     }
 
     pub fn any(&self) -> bool {
-        self.uplinks + self.downlinks + self.dead_letters > 0
+        self.uplinks + self.downlinks + self.dead_letters + self.keys > 0
     }
 }
 
 pub fn prune(tx: &Transaction<'_>, c: &Cutoffs) -> Result<Pruned> {
     let limit = c.limit as i64;
+    // Keys first: one a message leaves below is judged from the next pass.
+    let old_keys = prune_keys(tx, c)?;
+    let mut keys = Vec::new();
     // Each kind in two seeks of its index: the rows without a store stamp
     // by their wall stamp, then the others by their store stamp.
     let uplinks: Vec<i64> = tx
@@ -76,14 +98,40 @@ pub fn prune(tx: &Transaction<'_>, c: &Cutoffs) -> Result<Pruned> {
                      WHERE state = 'delivered' AND done_store_ms < ?2 AND done_ms < ?1
                      ORDER BY done_store_ms LIMIT ?3)
                  LIMIT ?3)
-             RETURNING id",
+             RETURNING id, device, msg_id, seq, coalesce(done_ms, stored_ms), done_store_ms",
         )?
         .query_map(
             params![c.delivered.wall_ms, c.delivered.store_ms, limit],
-            |r| r.get(0),
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    (
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, Option<i64>>(5)?,
+                    ),
+                ))
+            },
         )?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<rusqlite::Result<Vec<_>>>()?
+        .into_iter()
+        .map(|(id, key)| {
+            keys.push(key);
+            id
+        })
+        .collect();
     delete_history(tx, &uplinks)?;
+    if c.keep_keys {
+        let mut stmt = tx.prepare_cached(
+            "INSERT INTO uplink_key (device, msg_id, seq, done_ms, done_store_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+        )?;
+        for (device, msg_id, seq, done_ms, done_store_ms) in &keys {
+            stmt.execute(params![device, msg_id, seq, done_ms, done_store_ms])?;
+        }
+    }
 
     // A message goes once every delivery of it is finished since before
     // the cutoff (a delivery's NULL store stamp compares as not after it).
@@ -114,7 +162,16 @@ pub fn prune(tx: &Transaction<'_>, c: &Cutoffs) -> Result<Pruned> {
         let mut deliveries =
             tx.prepare_cached("DELETE FROM down_delivery WHERE message_id = ?1")?;
         let mut message = tx.prepare_cached("DELETE FROM down_message WHERE id = ?1")?;
+        let mut keep = tx.prepare_cached(
+            "INSERT INTO down_key (msg_id, device, seq, state, done_ms, done_store_ms)
+             SELECT m.msg_id, d.device, d.seq, d.state, d.at_ms, d.at_store_ms
+             FROM down_delivery d JOIN down_message m ON m.id = d.message_id
+             WHERE d.message_id = ?1 ON CONFLICT DO NOTHING",
+        )?;
         for id in &messages {
+            if c.keep_keys {
+                keep.execute([id])?;
+            }
             history.execute([id])?;
             deliveries.execute([id])?;
             message.execute([id])?;
@@ -153,7 +210,33 @@ pub fn prune(tx: &Transaction<'_>, c: &Cutoffs) -> Result<Pruned> {
         uplinks: uplinks.len(),
         downlinks: messages.len(),
         dead_letters: dead.len(),
+        keys: old_keys,
     })
+}
+
+/// Deletes up to `c.limit` dedup keys of each direction finished before
+/// `c.keys`, oldest first, by the same two seeks as the messages.
+fn prune_keys(tx: &Transaction<'_>, c: &Cutoffs) -> Result<usize> {
+    let mut n = 0;
+    for (table, columns) in [
+        ("uplink_key", "device, msg_id"),
+        ("down_key", "msg_id, device"),
+    ] {
+        n += tx
+            .prepare_cached(&format!(
+                "DELETE FROM {table} WHERE ({columns}) IN (
+                     SELECT {columns} FROM (SELECT {columns} FROM {table}
+                         WHERE done_store_ms IS NULL AND done_ms < ?1
+                         ORDER BY done_ms LIMIT ?3)
+                     UNION ALL
+                     SELECT {columns} FROM (SELECT {columns} FROM {table}
+                         WHERE done_store_ms < ?2 AND done_ms < ?1
+                         ORDER BY done_store_ms LIMIT ?3)
+                     LIMIT ?3)"
+            ))?
+            .execute(params![c.keys.wall_ms, c.keys.store_ms, c.limit as i64])?;
+    }
+    Ok(n)
 }
 
 fn delete_history(tx: &Transaction<'_>, ids: &[i64]) -> Result<()> {

@@ -249,6 +249,32 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX down_message_by_time ON down_message (stored_store_ms, stored_ms);
     CREATE INDEX dead_letter_by_store_time ON dead_letter (at_store_ms, at_ms);
     "#,
+    // 14: dedup keys outliving their message (store::prune). Under the
+    // disk budget a delivered message is deleted at once to make room, but
+    // what a resend of it must be answered with stays: the uplink's seq,
+    // each downlink delivery's seq and state. Kept for
+    // `store.min_dedup_s` under pressure, else for the retention.
+    r#"
+    CREATE TABLE uplink_key (
+        device          TEXT NOT NULL,
+        msg_id          TEXT NOT NULL,
+        seq             INTEGER NOT NULL,
+        done_ms         INTEGER NOT NULL,
+        done_store_ms   INTEGER,
+        PRIMARY KEY (device, msg_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX uplink_key_by_time ON uplink_key (done_store_ms, done_ms);
+    CREATE TABLE down_key (
+        msg_id          TEXT NOT NULL,
+        device          TEXT NOT NULL,
+        seq             INTEGER NOT NULL,
+        state           TEXT NOT NULL,
+        done_ms         INTEGER NOT NULL,
+        done_store_ms   INTEGER,
+        PRIMARY KEY (msg_id, device)
+    ) WITHOUT ROWID;
+    CREATE INDEX down_key_by_time ON down_key (done_store_ms, done_ms);
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.

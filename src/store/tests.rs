@@ -14,6 +14,7 @@ fn cfg() -> StoreConfig {
         max_db_bytes: 1 << 30,
         retention: std::time::Duration::from_secs(30 * 86_400),
         dead_letter_retention: std::time::Duration::from_secs(90 * 86_400),
+        min_dedup: std::time::Duration::from_secs(3600),
     }
 }
 

@@ -83,6 +83,10 @@ pub fn intake(
     msg: &Intake,
     store_ms: i64,
 ) -> Result<IntakeOutcome> {
+    // A message pruned under the disk budget is known by its key alone.
+    if let Some(dup) = super::keys::uplink(tx, &msg.device, &msg.msg_id)? {
+        return Ok(IntakeOutcome::Duplicate(dup));
+    }
     let seq = Seq(seqs.last(tx, &msg.device)? + 1);
     let body = Bytes::from(with_seq(&msg.body, seq));
     let inserted = tx
@@ -143,7 +147,7 @@ pub(super) fn existing(
         })
         .optional()?;
     let Some((seq, state, reason)) = row else {
-        return Ok(None);
+        return super::keys::uplink(tx, device, msg_id);
     };
     Ok(Some(Duplicate {
         msg_id: msg_id.clone(),

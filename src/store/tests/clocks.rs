@@ -88,6 +88,8 @@ fn prune_at(conn: &mut rusqlite::Connection, now: Now) -> Pruned {
     let cutoffs = Cutoffs {
         delivered: day_ago,
         dead: day_ago,
+        keys: day_ago,
+        keep_keys: false,
         limit: 500,
     };
     let tx = conn.transaction().unwrap();
@@ -227,6 +229,14 @@ fn retention_seeks_its_indexes_on_both_clocks_rather_than_scanning() {
         (
             "SELECT id FROM dead_letter WHERE at_store_ms IS NULL AND at_ms < 1 ORDER BY at_ms",
             "dead_letter_by_store_time",
+        ),
+        (
+            "SELECT device, msg_id FROM uplink_key WHERE done_store_ms < 1 AND done_ms < 1 ORDER BY done_store_ms",
+            "uplink_key_by_time",
+        ),
+        (
+            "SELECT msg_id, device FROM down_key WHERE done_store_ms IS NULL AND done_ms < 1 ORDER BY done_ms",
+            "down_key_by_time",
         ),
     ] {
         let plan: Vec<String> = conn

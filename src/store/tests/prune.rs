@@ -4,6 +4,7 @@
 use super::down::{dev, msg};
 use super::*;
 use crate::dead_letter::Direction;
+use crate::state::DeliveryState;
 use crate::store::prune::Cutoffs;
 
 /// A cutoff at `wall_ms` on the wall clock and past anything on the store
@@ -87,6 +88,8 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
     let cutoffs = Cutoffs {
         delivered: wall(500),
         dead: wall(50),
+        keys: wall(500),
+        keep_keys: false,
         limit: 1,
     };
     let first = store.prune(cutoffs).await.unwrap();
@@ -145,6 +148,8 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
     let later = Cutoffs {
         delivered: wall(500),
         dead: wall(1000),
+        keys: wall(500),
+        keep_keys: false,
         limit: 500,
     };
     let third = store.prune(later).await.unwrap();
@@ -158,6 +163,109 @@ async fn a_prune_deletes_delivered_and_old_dead_rows_and_keeps_what_is_undeliver
         count(d, "SELECT count(*) FROM uplink WHERE state = 'stored'"),
         1
     );
+}
+
+/// Under the disk budget: everything delivered, keys kept, the keys done
+/// before `keys_before` (wall ms) deleted.
+fn pressure(keys_before: i64) -> Cutoffs {
+    Cutoffs {
+        delivered: Now {
+            wall_ms: i64::MAX,
+            store_ms: i64::MAX,
+        },
+        dead: wall(0),
+        keys: wall(keys_before),
+        keep_keys: true,
+        limit: 500,
+    }
+}
+
+#[tokio::test]
+async fn a_message_pruned_at_the_disk_budget_is_still_answered_as_a_duplicate_until_its_key_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &cfg()).unwrap();
+    for m in ["m1", "m2"] {
+        put(&store, "a", m).await;
+        let done = Transition {
+            device: DeviceId::new("a").unwrap(),
+            msg_id: MsgId::new(m).unwrap(),
+            to: MessageState::Delivered,
+            attempts: 1,
+            reason: None,
+            at_ms: 100,
+        };
+        store.transition(done).await.unwrap();
+    }
+    // A downlink both its devices confirmed, p also read.
+    let first = store
+        .down_intake(msg("d1", &["p", "q"], 100, None))
+        .await
+        .unwrap();
+    assert!(first.queued.iter().all(|(_, new)| *new));
+    for d in ["p", "q"] {
+        store
+            .read_batch(dev(d), Seq(0), 10, Now::at(5))
+            .await
+            .unwrap();
+    }
+    store.advance(dev("p"), Seq(1), true, 100).await.unwrap();
+    store.advance(dev("q"), Seq(1), false, 100).await.unwrap();
+
+    let p = store.prune(pressure(50)).await.unwrap();
+    assert_eq!((p.uplinks, p.downlinks, p.keys), (2, 1, 0), "{p:?}");
+    let d = dir.path();
+    assert_eq!(count(d, "SELECT count(*) FROM uplink"), 0);
+    assert_eq!(count(d, "SELECT count(*) FROM down_message"), 0);
+    assert_eq!(count(d, "SELECT count(*) FROM uplink_key"), 2);
+    assert_eq!(count(d, "SELECT count(*) FROM down_key"), 2);
+
+    // The resends are answered from the keys: the original seq, delivered;
+    // nothing is stored or queued again. A new message takes the next seq.
+    match put(&store, "a", "m2").await {
+        IntakeOutcome::Duplicate(dup) => {
+            assert_eq!((dup.seq, dup.state), (Seq(2), MessageState::Delivered));
+        }
+        other => panic!("stored again: {other:?}"),
+    }
+    assert_eq!(seq_of(&put(&store, "a", "m3").await), Seq(3));
+    let again = store
+        .down_intake(msg("d1", &["p", "q"], 100, None))
+        .await
+        .unwrap();
+    let states: Vec<_> = again
+        .queued
+        .iter()
+        .map(|(e, new)| (e.device.as_str().to_owned(), e.seq, e.state, *new))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("p".into(), Seq(1), DeliveryState::Read, false),
+            ("q".into(), Seq(1), DeliveryState::Delivered, false)
+        ]
+    );
+    assert_eq!(count(d, "SELECT count(*) FROM down_message"), 0);
+    assert_eq!(count(d, "SELECT count(*) FROM down_delivery"), 0);
+    // A recipient the first send did not name is queued it, once.
+    let wider = store
+        .down_intake(msg("d1", &["p", "r"], 100, None))
+        .await
+        .unwrap();
+    assert_eq!(
+        wider
+            .queued
+            .iter()
+            .map(|(e, new)| (e.device.as_str(), *new))
+            .collect::<Vec<_>>(),
+        [("p", false), ("r", true)]
+    );
+    assert_eq!(count(d, "SELECT count(*) FROM down_message"), 1);
+
+    // Past its cutoff a key goes (and a resend would be new).
+    let p = store.prune(pressure(101)).await.unwrap();
+    assert_eq!(p.keys, 4, "{p:?}");
+    assert_eq!(count(d, "SELECT count(*) FROM uplink_key"), 0);
+    assert_eq!(count(d, "SELECT count(*) FROM down_key"), 0);
 }
 
 #[tokio::test]
