@@ -14,7 +14,10 @@
 //! - An ack timeout counts only if the backend acked something between
 //!   the send and the timeout ([`backend`]); otherwise the message waits,
 //!   uncounted, and is sent again after the retry backoff, or as soon as
-//!   the backend is heard from.
+//!   the backend is heard from. And only if what it acked was sent at or
+//!   after this message: a backend still working through older sends is
+//!   behind, not refusing; the message is sent again after the retry
+//!   backoff, uncounted.
 //! - While the backend is away, a device sends only its oldest message (a
 //!   probe). It sends its window again once an ack of its own comes, or
 //!   when the backend is heard from while none of its messages is in
@@ -261,6 +264,7 @@ impl Scheduler {
             expires_at,
             silent: 0,
             unanswered_since: None,
+            behind: 0,
             committed,
         };
         arm(timers, &entry);
@@ -356,8 +360,17 @@ impl Scheduler {
                         // Nobody there to take it: wait, uncounted.
                         self.backend.silent(now);
                         Self::wait_for_backend(&self.cfg, &mut self.timers, q, since, now);
+                    } else if self.link == Link::Up(epoch) && !self.backend.answered_since(since) {
+                        // There, but behind what was sent before this: it
+                        // skipped nothing. Sent again later, uncounted.
+                        entry.behind = entry.behind.saturating_add(1);
+                        entry.unanswered_since = Some(since);
+                        let delay = crate::backoff::delay_random(&self.cfg.retry, entry.behind - 1);
+                        entry.status = Status::Backoff { until: now + delay };
+                        arm(&mut self.timers, entry);
                     } else if self.link == Link::Up(epoch) {
                         entry.silent = 0;
+                        entry.behind = 0;
                         entry.unanswered_since = None;
                         let error =
                             format!("no ack within {} ms", self.cfg.ack_timeout.as_millis());

@@ -342,3 +342,75 @@ async fn a_backend_that_acks_nothing_is_alerted_once_per_silence() {
         2.0
     );
 }
+
+/// A backend that is there but behind: it works through what reaches it
+/// in order, one message every 50 ms (resends included, as a real one
+/// would), so most acks come long after the 200 ms ack timeout, and every
+/// ack it sends is of a message sent before the ones still waiting. Each
+/// message waits for it, uncounted: none is dead-lettered (the rule before
+/// counted every one of those timeouts, and killed the later messages
+/// after 3), and every one is delivered, stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_behind_by_more_than_the_ack_timeout_dead_letters_nothing() {
+    let mq = Mosquitto::start();
+    let gw = "gw-behind";
+    let ferry = Ferry::start(impatient(gw, &mq));
+    let mut backend = Backend::connect(mq.port, gw).await;
+    let mut device = Device::connect(ferry.south_port, "press-7").await;
+    let boot = boot_id();
+    let ids: Vec<String> = (0..30).map(|i| format!("{boot}-{i:02}")).collect();
+    for id in &ids {
+        device.publish_envelope("t", id, json!({"v": 1})).await;
+    }
+    let mut queue = std::collections::VecDeque::new();
+    let mut acked = std::collections::HashSet::new();
+    let mut arrivals = 0;
+    let started = Instant::now();
+    while acked.len() < ids.len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "acked {} of {} in 60 s\n{}",
+            acked.len(),
+            ids.len(),
+            ferry.log_tail()
+        );
+        for m in backend.drain_for(Duration::from_millis(50)).await {
+            arrivals += 1;
+            queue.push_back((m.device().to_owned(), m.msg_id().to_owned()));
+        }
+        if let Some((d, id)) = queue.pop_front() {
+            backend.ack_ok(&d, &id).await;
+            acked.insert(id);
+        }
+    }
+    let receipts = device
+        .receipts_until(SECS_10, |all| {
+            ids.iter().all(|id| {
+                all.iter()
+                    .any(|r| r["msg_id"] == id.as_str() && status(r) == "delivered")
+            })
+        })
+        .await;
+    for id in &ids {
+        assert!(
+            receipts
+                .iter()
+                .any(|r| r["msg_id"] == id.as_str() && status(r) == "delivered"),
+            "{id} not delivered: {receipts:?}\n{}",
+            ferry.log_tail()
+        );
+        assert!(
+            !receipts
+                .iter()
+                .any(|r| r["msg_id"] == id.as_str() && status(r) == "failed"),
+            "{id} dead-lettered by a backend that was only behind"
+        );
+    }
+    assert_eq!(ferry.query_i64("SELECT count(*) FROM dead_letter", []), 0);
+    assert_eq!(
+        ferry.query_i64("SELECT count(*) FROM uplink WHERE state = 'delivered'", []),
+        30
+    );
+    // It was behind: messages were sent again while it caught up.
+    assert!(arrivals > ids.len(), "{arrivals} arrivals: never behind");
+}

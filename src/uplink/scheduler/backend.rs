@@ -12,6 +12,12 @@
 //! sent again, uncounted, with the retry backoff. (Measured from the first
 //! unanswered send, a message the backend ignores is counted even when
 //! nothing else of its device is in flight beside it.)
+//!
+//! "Acked something since" means a verdict on a message *sent* after this
+//! one (in a later round): then the backend took what came after it and not it. A
+//! backend that is there but behind (still working through what was sent
+//! before, in order) acks only older messages; this one is not counted
+//! then, and waits with the retry backoff until the backend reaches it.
 
 use tokio::time::Instant;
 
@@ -19,6 +25,9 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 pub(super) struct Backend {
     last_heard: Option<Instant>,
+    /// The latest (first unanswered) send among the messages the backend
+    /// gave a verdict on.
+    answered_upto: Option<Instant>,
     /// Set at the first ack timeout with no sign of the backend since the
     /// message was sent; cleared when it is heard from again.
     silent_since: Option<Instant>,
@@ -35,6 +44,19 @@ impl Backend {
     /// of a message sent then is a failed attempt.
     pub(super) fn heard_since(&self, sent: Instant) -> bool {
         self.last_heard.is_some_and(|at| at >= sent)
+    }
+
+    /// The backend gave a verdict on a message first sent at `sent`.
+    pub(super) fn answered(&mut self, sent: Instant) {
+        self.answered_upto = self.answered_upto.max(Some(sent));
+    }
+
+    /// Whether the backend gave a verdict on a message sent after `sent`
+    /// (in a later round: those sent together share their instant and may
+    /// be answered in any order): if not, it is behind (or away), and
+    /// skipped nothing.
+    pub(super) fn answered_since(&self, sent: Instant) -> bool {
+        self.answered_upto.is_some_and(|at| at > sent)
     }
 
     /// A message's ack timeout passed with no sign of the backend.
@@ -67,6 +89,25 @@ mod tests {
         b.heard(t0);
         assert!(b.heard_since(t0));
         assert!(!b.heard_since(t0 + Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn only_a_verdict_on_a_message_sent_later_shows_it_skipped_one() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(1);
+        let mut b = Backend::default();
+        assert!(!b.answered_since(t0));
+        b.answered(t0);
+        b.heard(later);
+        // Heard just now, but only about older sends: behind, not past it.
+        assert!(b.heard_since(later) && !b.answered_since(later));
+        b.answered(later);
+        b.answered(t0);
+        assert!(
+            !b.answered_since(later),
+            "sent together: no order between them"
+        );
+        assert!(b.answered_since(t0), "the latest send answered counts");
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub(super) struct Entry {
     /// When the first send of that run went out: a sign of the backend
     /// since then makes the next timeout count.
     pub(super) unanswered_since: Option<Instant>,
+    /// Ack timeouts in a row while the backend answered only older sends
+    /// (behind: uncounted; they set the resend delay).
+    pub(super) behind: u32,
     /// When its commit returned, until its first publish carries it (the
     /// `north_publish` stage); `None` for a message read from the store.
     pub(super) committed: Option<Instant>,

@@ -48,6 +48,14 @@ fn published(actions: &[Action]) -> Vec<u64> {
         .collect()
 }
 
+/// The backend acks another message, sent just after `t`: it is there,
+/// and has taken what was sent up to then (not behind it).
+fn acked_one_sent_after(s: &mut Scheduler, t: Instant) {
+    let later = t + Duration::from_millis(1);
+    s.on_backend_heard(later);
+    s.backend.answered(later);
+}
+
 fn id(seq: u64) -> MsgId {
     MsgId::new(format!("m{seq}")).unwrap()
 }
@@ -89,7 +97,7 @@ fn an_ack_timeout_counts_and_backs_off_then_exhausts() {
     s.on_stored(msg(1), None, t0, 0);
     assert_eq!(published(&s.poll(t0)), vec![1]);
     // The backend acks other messages meanwhile: it is there.
-    s.on_backend_heard(t0);
+    acked_one_sent_after(&mut s, t0);
 
     let t1 = t0 + Duration::from_millis(1000);
     let acts = s.on_tick(t1);
@@ -100,7 +108,7 @@ fn an_ack_timeout_counts_and_backs_off_then_exhausts() {
     let t2 = t1 + Duration::from_millis(100);
     assert!(s.on_tick(t2).is_empty());
     assert_eq!(published(&s.poll(t2)), vec![1], "resent after the delay");
-    s.on_backend_heard(t2);
+    acked_one_sent_after(&mut s, t2);
 
     let t3 = t2 + Duration::from_millis(1000);
     assert!(
@@ -109,7 +117,7 @@ fn an_ack_timeout_counts_and_backs_off_then_exhausts() {
     let t4 = t3 + Duration::from_millis(200);
     s.on_tick(t4);
     assert_eq!(published(&s.poll(t4)), vec![1]);
-    s.on_backend_heard(t4);
+    acked_one_sent_after(&mut s, t4);
     let t5 = t4 + Duration::from_millis(1000);
     let acts = s.on_tick(t5);
     assert!(
@@ -150,7 +158,7 @@ fn a_timeout_from_an_earlier_connection_is_not_counted() {
     // Resent at t0 + 500 on epoch 2; the epoch-1 deadline at t0 + 1000 is stale.
     let t1 = t0 + Duration::from_millis(500);
     assert_eq!(published(&s.poll(t1)), vec![1]);
-    s.on_backend_heard(t1);
+    acked_one_sent_after(&mut s, t1);
     assert!(s.on_tick(t0 + Duration::from_millis(1000)).is_empty());
     assert!(matches!(
         &s.on_tick(t1 + Duration::from_millis(1000))[..],
@@ -208,7 +216,7 @@ fn a_no_retry_message_dies_on_its_first_failure() {
         0,
     );
     s.poll(t0);
-    s.on_backend_heard(t0);
+    acked_one_sent_after(&mut s, t0);
     let acts = s.on_tick(t0 + Duration::from_millis(1000));
     assert!(
         matches!(&acts[..], [Action::Kill { reason, .. }] if reason.starts_with("no_retry")),

@@ -128,6 +128,15 @@ impl Scheduler {
             q.probing = false;
         }
         let entry = q.entries.get_mut(&seq).expect("by_id and entries agree");
+        // A verdict on what was sent then: later timeouts of messages sent
+        // before it count (it was not behind them), see [`super::backend`].
+        let first_sent = match entry.status {
+            Status::InFlight { sent, .. } => Some(entry.unanswered_since.unwrap_or(sent)),
+            _ => entry.unanswered_since,
+        };
+        if let Some(sent) = first_sent {
+            self.backend.answered(sent);
+        }
         match verdict {
             Verdict::Ok => {
                 let e = q.remove(seq).expect("present");

@@ -212,7 +212,7 @@ fn a_backend_heard_while_a_devices_probe_is_out_holds_that_devices_window_for_it
     s.on_tick(t2);
     assert_eq!(published(&s.poll(t2)), vec![1]);
     let t3 = t2 + Duration::from_millis(10);
-    s.on_backend_heard(t3);
+    acked_one_sent_after(&mut s, t3);
     assert!(published(&s.poll(t3)).is_empty(), "held behind its probe");
     let t4 = t2 + Duration::from_millis(1000);
     let acts = s.on_tick(t4);
@@ -338,4 +338,69 @@ fn a_backend_that_subscribes_at_any_turn_gets_each_devices_messages_in_seq_order
             assert!(done.windows(2).all(|w| w[0] < w[1]), "{d}: {done:?}");
         }
     }
+}
+
+/// A backend that is there but behind: it works through what was sent
+/// before, in order, slower than the ack timeout. Its acks of older
+/// messages are no sign that it skipped the newer ones: their timeouts
+/// are not counted (more than `max_attempts` of them), they are sent again
+/// with the retry backoff, and each is delivered on its first counted
+/// attempt once the backend reaches it. The backend is not taken for away.
+#[test]
+fn a_backend_behind_acking_older_sends_counts_no_timeout_of_newer_ones() {
+    let t0 = Instant::now();
+    let mut s = holding(2, 2, t0);
+    assert_eq!(published(&s.poll(t0)), vec![1, 2]);
+    let mut t = t0;
+    let mut delays = Vec::new();
+    for _ in 0..6 {
+        // Heard all along: a verdict on a message sent before 1 and 2
+        // (another device's, at t0 - 1 s).
+        s.on_backend_heard(t);
+        s.backend.answered(t0 - Duration::from_secs(1));
+        t += Duration::from_millis(1000);
+        assert!(s.on_tick(t).is_empty(), "nothing counted, nothing killed");
+        assert_eq!(s.backend_silent_since(), None, "there, not away");
+        assert!(s.poll(t).is_empty(), "backing off");
+        let next = s.next_deadline().expect("a resend is due");
+        delays.push((next - t).as_millis());
+        t = next;
+        s.on_tick(t);
+        assert_eq!(published(&s.poll(t)), vec![1, 2], "both again, in order");
+    }
+    assert_eq!(delays[..4], [100, 200, 400, 400]);
+    // It reaches them: the first copies' acks.
+    let acts = s.on_ack(&dev(), &id(1), Verdict::Ok, t);
+    assert!(
+        matches!(&acts[..], [Action::Deliver { attempts: 1, .. }]),
+        "{acts:?}"
+    );
+    let acts = s.on_ack(&dev(), &id(2), Verdict::Ok, t);
+    assert!(
+        matches!(&acts[..], [Action::Deliver { attempts: 1, .. }]),
+        "{acts:?}"
+    );
+}
+
+/// Behind, until it acks something sent after the message: then it passed
+/// it by, and the message's next timeout counts.
+#[test]
+fn a_backend_that_acks_what_came_after_a_message_and_not_it_has_its_timeout_counted() {
+    let t0 = Instant::now();
+    let mut s = holding(1, 2, t0);
+    assert_eq!(published(&s.poll(t0)), vec![1]);
+    s.on_backend_heard(t0);
+    s.backend.answered(t0 - Duration::from_secs(1));
+    let t1 = t0 + Duration::from_millis(1000);
+    assert!(s.on_tick(t1).is_empty(), "behind: uncounted");
+    let t2 = s.next_deadline().expect("a resend");
+    s.on_tick(t2);
+    assert_eq!(published(&s.poll(t2)), vec![1]);
+    // A verdict on a message sent after 1's first send (another device's).
+    acked_one_sent_after(&mut s, t0 + Duration::from_millis(10));
+    let acts = s.on_tick(t2 + Duration::from_millis(1000));
+    assert!(
+        matches!(&acts[..], [Action::RecordAttempt { attempts: 1, .. }]),
+        "{acts:?}"
+    );
 }
