@@ -4,7 +4,17 @@
 //! `EventLoop::poll` is not safe to cancel: a publish being written when
 //! the future is dropped is lost, and its packet id stays taken until
 //! rumqttc gives up on the "collision". So this task only polls, in order,
-//! never racing anything else, and hands each event to the session. After
+//! never racing anything else, and hands each event to the session.
+//!
+//! It polls on while the session is busy (its owner behind, say): rumqttc
+//! sends the keep-alive pings and reads their answers only while polled,
+//! and a poller that waited for the session would let the broker drop a
+//! working link after 1.5 keep-alives of silence, or rumqttc fail it on a
+//! PINGRESP it had not read yet. The queue to the session is unbounded
+//! but for received publishes, at most [`QUEUED_PUBLISHES`]: everything
+//! else it carries is bounded by the MQTT windows (the acks and writes of
+//! publishes the session queued, one ping a keep-alive), and a publish
+//! over the bound waits for room, as TCP would hold it. After
 //! an error it clears what rumqttc would replay, waits for the session to
 //! say how long to back off and which endpoint is next, and drops whatever
 //! was queued for the dead connection before reconnecting there.
@@ -17,7 +27,7 @@
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, EventLoop, LastWill, MqttOptions, QoS};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::failure::LinkError;
 use super::wire::{self, Client, Wire};
@@ -25,6 +35,10 @@ use super::{Endpoint, MqttVersion};
 
 /// Requests (publishes, acks) queued towards the event loop.
 const REQUEST_CAPACITY: usize = 65_536;
+/// Received publishes the poller may be ahead of the session. With manual
+/// acks the broker's inflight window holds them far below this; a broker
+/// without one, or QoS 0, meets it.
+pub(super) const QUEUED_PUBLISHES: usize = 4096;
 
 /// rumqttc's event loop of either version.
 pub(super) enum Loop {
@@ -241,7 +255,9 @@ pub(super) struct Resume {
 
 /// What the poller hands the session.
 pub(super) enum Polled {
-    Event(Wire),
+    /// An event; a received publish holds its place in the bound
+    /// ([`QUEUED_PUBLISHES`]) until the session has handled it.
+    Event(Wire, Option<OwnedSemaphorePermit>),
     /// The connection failed; the poller reconnects after the session
     /// answers with how long to wait.
     Error(LinkError, oneshot::Sender<Resume>),
@@ -249,12 +265,24 @@ pub(super) enum Polled {
 
 /// Polls the event loop, and nothing else, so a poll is never cancelled.
 /// With `replay`, rumqttc keeps what it would resend after a reconnect.
-pub(super) async fn run(mut eventloop: Loop, session: mpsc::Sender<Polled>, opts: super::Options) {
+pub(super) async fn run(
+    mut eventloop: Loop,
+    session: mpsc::UnboundedSender<Polled>,
+    opts: super::Options,
+) {
     let replay = opts.replay;
+    let room = std::sync::Arc::new(Semaphore::new(QUEUED_PUBLISHES));
     loop {
         match eventloop.poll().await {
             Ok(event) => {
-                if session.send(Polled::Event(event)).await.is_err() {
+                let place = match event {
+                    Wire::Publish(_) => match room.clone().acquire_owned().await {
+                        Ok(place) => Some(place),
+                        Err(_) => return,
+                    },
+                    _ => None,
+                };
+                if session.send(Polled::Event(event, place)).is_err() {
                     return;
                 }
             }
@@ -266,14 +294,14 @@ pub(super) async fn run(mut eventloop: Loop, session: mpsc::Sender<Polled>, opts
                 // events read from it.
                 if !replay {
                     for ack in eventloop.salvage_acks() {
-                        if session.send(Polled::Event(ack)).await.is_err() {
+                        if session.send(Polled::Event(ack, None)).is_err() {
                             return;
                         }
                     }
                     eventloop.forget();
                 }
                 let (resume, after) = oneshot::channel();
-                if session.send(Polled::Error(e, resume)).await.is_err() {
+                if session.send(Polled::Error(e, resume)).is_err() {
                     return;
                 }
                 let Ok(Resume { delay, to }) = after.await else {
@@ -332,15 +360,15 @@ mod tests {
     /// Takes the poller's events until one matches; the test plays the
     /// session, answering an error with "reconnect at once".
     async fn until(
-        polled: &mut mpsc::Receiver<Polled>,
+        polled: &mut mpsc::UnboundedReceiver<Polled>,
         to: &Endpoint,
         want: impl Fn(&Wire) -> bool,
     ) {
         let wait = async {
             loop {
                 match polled.recv().await.expect("the poller runs") {
-                    Polled::Event(event) if want(&event) => return,
-                    Polled::Event(_) => {}
+                    Polled::Event(event, _) if want(&event) => return,
+                    Polled::Event(..) => {}
                     Polled::Error(_, resume) => {
                         let _ = resume.send(Resume {
                             delay: Duration::ZERO,
@@ -365,7 +393,7 @@ mod tests {
         opts.inflight = 2;
         opts.replay = replay;
         let (client, eventloop) = client(&opts);
-        let (tx, mut polled) = mpsc::channel(64);
+        let (tx, mut polled) = mpsc::unbounded_channel();
         let _poller = PollerGuard(tokio::spawn(run(eventloop, tx, opts)));
 
         let mut first = ByHand::accept(&listener, false).await;

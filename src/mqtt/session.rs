@@ -26,8 +26,6 @@ mod outgoing;
 mod tests;
 mod wedge;
 
-/// Events the poller may be ahead of the session.
-const POLLED_QUEUE: usize = 1024;
 /// How soon acks or a SUBSCRIBE that found rumqttc's request queue full
 /// try again (any event of the poller tries sooner).
 const QUEUE_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
@@ -51,7 +49,7 @@ enum Tracked<T> {
 pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<T>>) {
     let (client, eventloop) = poll::client(&opts);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
-    let (polled_tx, polled_rx) = mpsc::channel(POLLED_QUEUE);
+    let (polled_tx, polled_rx) = mpsc::unbounded_channel();
     let poller = PollerGuard(tokio::spawn(poll::run(eventloop, polled_tx, opts.clone())));
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (publishes_tx, publishes_rx) = mpsc::channel(PUBLISH_QUEUE);
@@ -141,7 +139,7 @@ impl<T: Tag> Task<T> {
 
     async fn run(
         mut self,
-        mut polled: mpsc::Receiver<FromPoller>,
+        mut polled: mpsc::UnboundedReceiver<FromPoller>,
         mut commands: mpsc::UnboundedReceiver<Command>,
         mut publishes: mpsc::Receiver<Outgoing<T>>,
         // Dropped (and the connection with it) when the session ends.
@@ -239,7 +237,8 @@ impl<T: Tag> Task<T> {
                 }
             };
             let next = match polled {
-                FromPoller::Event(event) => self.on_event(event, link).await,
+                // A publish's place in the poller's bound frees once handled.
+                FromPoller::Event(event, _place) => self.on_event(event, link).await,
                 FromPoller::Error(e, resume) => self.on_error(e, resume, link).await,
             };
             match next {

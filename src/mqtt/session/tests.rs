@@ -87,3 +87,79 @@ async fn acks_wait_for_room_in_a_full_request_queue_and_keep_their_order() {
     }
     assert_eq!(acked, [1, 2, 3, 4, 5]);
 }
+
+/// An owner that falls behind (here: reads no events for 3.5 keep-alives
+/// while 6,000 of its publishes are acknowledged) must not silence the
+/// link: the poller polls on, so rumqttc keeps sending its pings (a broker
+/// drops a client silent for 1.5 keep-alives) and reading the answers.
+/// Before, the session stopped taking the poller's events once its owner's
+/// queue was full, the poller stopped polling, and no ping went out.
+#[tokio::test]
+async fn a_session_whose_owner_is_behind_keeps_its_link_alive() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut opts = Options::new("test", "127.0.0.1", port, "behind");
+    opts.auto_ack = false;
+    opts.replay = false;
+    opts.inflight = 10_000;
+    opts.keep_alive = Duration::from_secs(1);
+    opts.subscriptions = vec!["in/#".into()];
+    let (session, mut events) = Session::<u32>::start(opts);
+
+    let mut broker = ByHand::accept(&listener, false).await;
+    let Some(Packet::Subscribe(subscribe)) = broker.read().await else {
+        panic!("no SUBSCRIBE");
+    };
+    let granted = vec![SubscribeReasonCode::Success(QoS::AtLeastOnce)];
+    broker
+        .write(|b| SubAck::new(subscribe.pkid, granted).write(b))
+        .await;
+    let up = tokio::time::timeout(Duration::from_secs(5), events.recv()).await;
+    let Ok(Some(Event::Up { epoch, .. })) = up else {
+        panic!("not up: {up:?}");
+    };
+
+    const PUBLISHES: u32 = 6_000;
+    for tag in 0..PUBLISHES {
+        assert!(session.publish("out/x".into(), b"x".to_vec().into(), false, tag, epoch));
+    }
+    // Every one acknowledged; the owner reads none of the `Published`.
+    let mut acked = 0;
+    while acked < PUBLISHES {
+        match broker.read().await {
+            Some(Packet::Publish(p)) => {
+                broker.write(|b| PubAck::new(p.pkid).write(b)).await;
+                acked += 1;
+            }
+            Some(Packet::PingReq) => broker.write(|b| rumqttc::PingResp.write(b)).await,
+            other => panic!("{other:?} after {acked} publishes"),
+        }
+    }
+    let mut pings = 0;
+    let until = tokio::time::Instant::now() + Duration::from_millis(3500);
+    while tokio::time::Instant::now() < until {
+        match tokio::time::timeout_at(until, broker.read()).await {
+            Ok(Some(Packet::PingReq)) => {
+                pings += 1;
+                broker.write(|b| rumqttc::PingResp.write(b)).await;
+            }
+            Ok(Some(other)) => panic!("{other:?}"),
+            Ok(None) | Err(_) => {}
+        }
+    }
+    assert!(
+        pings >= 2,
+        "{pings} pings in 3.5 keep-alives while the owner was behind"
+    );
+
+    // The owner catches up: every publish acknowledged, in order, on the
+    // same connection.
+    let mut published = Vec::new();
+    while published.len() < PUBLISHES as usize {
+        match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
+            Ok(Some(Event::Published(tag))) => published.push(tag),
+            other => panic!("{other:?} after {} acknowledged", published.len()),
+        }
+    }
+    assert_eq!(published, (0..PUBLISHES).collect::<Vec<_>>());
+}
