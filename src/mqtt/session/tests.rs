@@ -7,19 +7,26 @@ use rumqttc::{Packet, PubAck, Publish, QoS, SubAck, SubscribeReasonCode};
 use super::super::by_hand::ByHand;
 use super::super::{Event, Options, Session};
 
-/// Acks the owner releases while rumqttc's request queue is full (its own
-/// window of publishes full, the broker not acknowledging them, and the
-/// owner's fire-and-forget sends queued behind) wait, and go out in
-/// receive order once the broker acknowledges again. Dropped, each would
-/// hold one of the broker's inflight slots for good.
-#[tokio::test]
-async fn acks_wait_for_room_in_a_full_request_queue_and_keep_their_order() {
+/// A session on `in/#` with manual acks and no replay, `inflight` wide,
+/// `keep_alive` apart (30 s: none in a test), connected and subscribed to
+/// a broker end written by hand; with that end and the connection's epoch.
+async fn subscribed(
+    name: &str,
+    inflight: u16,
+    keep_alive: Duration,
+) -> (
+    Session<u32>,
+    tokio::sync::mpsc::Receiver<Event<u32>>,
+    ByHand,
+    u64,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let mut opts = Options::new("test", "127.0.0.1", port, "acker");
+    let mut opts = Options::new("test", "127.0.0.1", port, name);
     opts.auto_ack = false;
     opts.replay = false;
-    opts.inflight = 10;
+    opts.inflight = inflight;
+    opts.keep_alive = keep_alive;
     opts.subscriptions = vec!["in/#".into()];
     let (session, mut events) = Session::<u32>::start(opts);
 
@@ -32,7 +39,21 @@ async fn acks_wait_for_room_in_a_full_request_queue_and_keep_their_order() {
         .write(|b| SubAck::new(subscribe.pkid, granted).write(b))
         .await;
     let up = tokio::time::timeout(Duration::from_secs(5), events.recv()).await;
-    assert!(matches!(up, Ok(Some(Event::Up { .. }))), "{up:?}");
+    let Ok(Some(Event::Up { epoch, .. })) = up else {
+        panic!("not up: {up:?}");
+    };
+    (session, events, broker, epoch)
+}
+
+/// Acks the owner releases while rumqttc's request queue is full (its own
+/// window of publishes full, the broker not acknowledging them, and the
+/// owner's fire-and-forget sends queued behind) wait, and go out in
+/// receive order once the broker acknowledges again. Dropped, each would
+/// hold one of the broker's inflight slots for good.
+#[tokio::test]
+async fn acks_wait_for_room_in_a_full_request_queue_and_keep_their_order() {
+    let (session, mut events, mut broker, _) =
+        subscribed("acker", 10, Duration::from_secs(30)).await;
 
     // Fill the window (written, never acknowledged), then the queue.
     let mut sent = 0;
@@ -96,28 +117,8 @@ async fn acks_wait_for_room_in_a_full_request_queue_and_keep_their_order() {
 /// queue was full, the poller stopped polling, and no ping went out.
 #[tokio::test]
 async fn a_session_whose_owner_is_behind_keeps_its_link_alive() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let mut opts = Options::new("test", "127.0.0.1", port, "behind");
-    opts.auto_ack = false;
-    opts.replay = false;
-    opts.inflight = 10_000;
-    opts.keep_alive = Duration::from_secs(1);
-    opts.subscriptions = vec!["in/#".into()];
-    let (session, mut events) = Session::<u32>::start(opts);
-
-    let mut broker = ByHand::accept(&listener, false).await;
-    let Some(Packet::Subscribe(subscribe)) = broker.read().await else {
-        panic!("no SUBSCRIBE");
-    };
-    let granted = vec![SubscribeReasonCode::Success(QoS::AtLeastOnce)];
-    broker
-        .write(|b| SubAck::new(subscribe.pkid, granted).write(b))
-        .await;
-    let up = tokio::time::timeout(Duration::from_secs(5), events.recv()).await;
-    let Ok(Some(Event::Up { epoch, .. })) = up else {
-        panic!("not up: {up:?}");
-    };
+    let (session, mut events, mut broker, epoch) =
+        subscribed("behind", 10_000, Duration::from_secs(1)).await;
 
     const PUBLISHES: u32 = 6_000;
     for tag in 0..PUBLISHES {
