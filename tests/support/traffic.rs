@@ -484,6 +484,12 @@ impl Peer {
                     heard = Instant::now();
                 }
                 _ = tick.tick(), if *self.sending.borrow() => {
+                    // The guard was read when this wait began: a stop
+                    // since then ends the sending here, so nothing is
+                    // sent after `stop_sending` returned.
+                    if !*self.sending.borrow() {
+                        continue;
+                    }
                     n += 1;
                     let msg_id = format!("{}-u{n:06}", self.boot);
                     client.send("t", &msg_id, json!({"n": n})).expect("msg_id");
@@ -571,6 +577,10 @@ impl Peer {
                     }
                 }
                 _ = tick.tick(), if *self.sending.borrow() && client.is_some() => {
+                    // As the devices': nothing after `stop_sending`.
+                    if !*self.sending.borrow() {
+                        continue;
+                    }
                     let to = devices[n % devices.len()].clone();
                     let msg_id = format!("{}-d{n:06}", self.boot);
                     n += 1;
