@@ -353,7 +353,12 @@ pub fn alert_raised(kind: AlertKind) -> u64 {
 
 /// `c` happened once more; returns its running total, this one included.
 pub fn count(c: Count) -> u64 {
-    get().counts[c as usize].inc() + 1
+    count_n(c, 1)
+}
+
+/// `c` happened `n` times more; returns its running total.
+pub fn count_n(c: Count, n: u64) -> u64 {
+    get().counts[c as usize].inc_by(n) + n
 }
 
 pub fn commit_took(t: Duration) {

@@ -32,11 +32,14 @@ pub enum Count {
     DiskBudgetReached,
     /// An alert dropped unsent: the in-memory queue was full.
     AlertsDropped,
+    /// An uplink's ack timeout not counted: the backend acked only older
+    /// sends (there, but behind); the uplink was sent again.
+    UplinkResendsBackendBehind,
 }
 
 impl Count {
     /// In the order they are exposed.
-    pub(super) const ALL: [Count; 11] = [
+    pub(super) const ALL: [Count; 12] = [
         Count::DevicesRefused,
         Count::OversizedFromDevices,
         Count::UnauthorizedFromDevices,
@@ -48,6 +51,7 @@ impl Count {
         Count::AdminConnectionsRefused,
         Count::DiskBudgetReached,
         Count::AlertsDropped,
+        Count::UplinkResendsBackendBehind,
     ];
 
     /// The metric's name under the `ferry_` prefix (the sample adds
@@ -65,6 +69,7 @@ impl Count {
             Count::AdminConnectionsRefused => "admin_connections_refused",
             Count::DiskBudgetReached => "disk_budget_reached",
             Count::AlertsDropped => "alerts_dropped",
+            Count::UplinkResendsBackendBehind => "uplink_resends_backend_behind",
         }
     }
 
@@ -81,6 +86,7 @@ impl Count {
             Count::AdminConnectionsRefused => "Admin HTTP connections closed at once: the server's connection limit was reached",
             Count::DiskBudgetReached => "Times the store reached store.max_db_bytes",
             Count::AlertsDropped => "Alerts dropped: the in-memory queue was full or the upstream refused one",
+            Count::UplinkResendsBackendBehind => "Uplink ack timeouts not counted as failures: the backend acked only messages sent earlier (it is there, but behind), so the uplink was sent again after the retry backoff",
         }
     }
 }

@@ -12,6 +12,8 @@ use crate::status_file::{LiveEvent, LiveSender};
 
 /// How often, at most, the status file is told of the backend's acks.
 const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often, at most, a backend behind is logged.
+const BEHIND_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Since when the backend is silent (`None`: it is not); the alerts task
 /// watches it.
@@ -24,6 +26,9 @@ pub struct BackendReport {
     reported: Option<Instant>,
     /// When the status file was last told of an ack.
     told_heard: Option<Instant>,
+    /// When a backend behind was last logged, and the resends since.
+    behind_logged: Option<Instant>,
+    behind_unlogged: u64,
 }
 
 impl BackendReport {
@@ -34,6 +39,8 @@ impl BackendReport {
             silence,
             reported: None,
             told_heard: None,
+            behind_logged: None,
+            behind_unlogged: 0,
         };
         (report, watched)
     }
@@ -47,6 +54,30 @@ impl BackendReport {
         {
             self.told_heard = Some(now);
             let _ = self.live.send(LiveEvent::BackendHeard(now_ms()));
+        }
+    }
+
+    /// `resent` ack timeouts found the backend behind (acking only older
+    /// sends): counted, and logged at most once a minute with the resends
+    /// since the last line.
+    pub fn behind(&mut self, resent: u64, now: Instant) {
+        if resent == 0 {
+            return;
+        }
+        let total = metrics::count_n(metrics::Count::UplinkResendsBackendBehind, resent);
+        self.behind_unlogged += resent;
+        if self
+            .behind_logged
+            .is_none_or(|at| now.saturating_duration_since(at) >= BEHIND_LOG_EVERY)
+        {
+            warn!(
+                event = "backend_behind",
+                resent = self.behind_unlogged,
+                total,
+                "the backend acks only uplinks sent earlier than these, later than north.ack_timeout_ms: it is behind; they are sent again, uncounted"
+            );
+            self.behind_logged = Some(now);
+            self.behind_unlogged = 0;
         }
     }
 

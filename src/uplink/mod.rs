@@ -265,9 +265,11 @@ pub async fn run_engine(
         if !delivers.is_empty() {
             pending.push(engine.deliver(delivers));
         }
+        let now = Instant::now();
         engine
             .backend
-            .follow(engine.scheduler.backend_silent_since(), Instant::now());
+            .follow(engine.scheduler.backend_silent_since(), now);
+        engine.backend.behind(engine.scheduler.take_behind(), now);
         if !phase.is_running() && engine.flushed(&pending) {
             info!(event = "uplink_flushed", "uplink engine flushed");
             return Ok(());

@@ -121,6 +121,9 @@ pub struct Scheduler {
     backend: Backend,
     /// Devices that may have something to send or refill.
     dirty: HashSet<DeviceId>,
+    /// Ack timeouts not counted because the backend was behind, since
+    /// [`Scheduler::take_behind`] last read them.
+    behind: u64,
 }
 
 impl Scheduler {
@@ -132,7 +135,15 @@ impl Scheduler {
             link: Link::Down,
             backend: Backend::default(),
             dirty: HashSet::new(),
+            behind: 0,
         }
+    }
+
+    /// How many ack timeouts found the backend there but behind (still
+    /// acking only older sends) since the last call: each message was
+    /// sent again, uncounted.
+    pub fn take_behind(&mut self) -> u64 {
+        std::mem::take(&mut self.behind)
     }
 
     /// Messages held in memory, all devices.
@@ -364,6 +375,7 @@ impl Scheduler {
                         // There, but behind what was sent before this: it
                         // skipped nothing. Sent again later, uncounted.
                         entry.behind = entry.behind.saturating_add(1);
+                        self.behind += 1;
                         entry.unanswered_since = Some(since);
                         let delay = crate::backoff::delay_random(&self.cfg.retry, entry.behind - 1);
                         entry.status = Status::Backoff { until: now + delay };
@@ -398,33 +410,6 @@ impl Scheduler {
             }
         }
         actions
-    }
-
-    /// Which of a probing device's messages (in seq order: skip, take) may
-    /// go now: the oldest alone, nothing while it is out. But a backend
-    /// that is there and ignores that one message looks absent while
-    /// nothing else goes; so every `retry.max_attempts`-th silent round
-    /// the next message goes right behind it (instead of it with
-    /// `max_inflight` 1), and an ack of that shows the backend there.
-    fn probe(cfg: &SchedulerConfig, q: &mut DeviceQueue) -> (usize, usize) {
-        let inflight = q.inflight();
-        let Some(head) = q.entries.values_mut().next() else {
-            return (0, 0);
-        };
-        if inflight > 0 || head.status != Status::Ready {
-            return (0, 0);
-        }
-        let every = cfg.retry.max_attempts.max(2);
-        let widen = head.silent > 0 && head.silent % every == 0;
-        match (widen, cfg.max_inflight) {
-            (false, _) => (0, 1),
-            (true, 1) => {
-                // It goes next turn, after the one sent in its place.
-                head.silent += 1;
-                (1, 2)
-            }
-            (true, _) => (0, 2),
-        }
     }
 
     /// Sends and refills for every device that changed since the last call.

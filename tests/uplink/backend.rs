@@ -87,6 +87,11 @@ async fn thirty_seconds_without_a_backend_dead_letter_nothing_and_it_gets_everyt
     let m = ferry.metrics();
     assert_eq!(m.value("ferry_backend_present"), 0.0, "{}", m.0);
     assert_eq!(m.value("ferry_north_connected"), 1.0);
+    assert_eq!(
+        m.value("ferry_uplink_resends_backend_behind_total"),
+        0.0,
+        "away, not behind"
+    );
     let status_view = ferry.admin_json("/api/status");
     assert_eq!(status_view["backend"]["present"], false, "{status_view}");
     let status_json = crate::ops::cli_json(&ferry, &["status"]);
@@ -411,6 +416,21 @@ async fn a_backend_behind_by_more_than_the_ack_timeout_dead_letters_nothing() {
         ferry.query_i64("SELECT count(*) FROM uplink WHERE state = 'delivered'", []),
         30
     );
-    // It was behind: messages were sent again while it caught up.
+    // It was behind: messages were sent again while it caught up, each
+    // resend counted, and one line said so (at most one a minute).
     assert!(arrivals > ids.len(), "{arrivals} arrivals: never behind");
+    let resends = ferry
+        .metrics()
+        .value("ferry_uplink_resends_backend_behind_total");
+    assert!(
+        resends >= 1.0 && resends <= (arrivals - ids.len()) as f64 + 32.0,
+        "{resends} resends counted for {arrivals} arrivals"
+    );
+    let log = ferry.log();
+    assert_eq!(
+        crate::support::logged(&log, "backend_behind", " WARN "),
+        1,
+        "{log}"
+    );
+    assert_eq!(crate::support::logged(&log, "backend_silent", ""), 0);
 }

@@ -41,6 +41,33 @@ impl Scheduler {
         }
     }
 
+    /// Which of a probing device's messages (in seq order: skip, take) may
+    /// go now: the oldest alone, nothing while it is out. But a backend
+    /// that is there and ignores that one message looks absent while
+    /// nothing else goes; so every `retry.max_attempts`-th silent round
+    /// the next message goes right behind it (instead of it with
+    /// `max_inflight` 1), and an ack of that shows the backend there.
+    pub(super) fn probe(cfg: &SchedulerConfig, q: &mut DeviceQueue) -> (usize, usize) {
+        let inflight = q.inflight();
+        let Some(head) = q.entries.values_mut().next() else {
+            return (0, 0);
+        };
+        if inflight > 0 || head.status != Status::Ready {
+            return (0, 0);
+        }
+        let every = cfg.retry.max_attempts.max(2);
+        let widen = head.silent > 0 && head.silent % every == 0;
+        match (widen, cfg.max_inflight) {
+            (false, _) => (0, 1),
+            (true, 1) => {
+                // It goes next turn, after the one sent in its place.
+                head.silent += 1;
+                (1, 2)
+            }
+            (true, _) => (0, 2),
+        }
+    }
+
     /// A message of `q` sent at `since` timed out with no sign of the
     /// backend since: it and every other message of the device in flight
     /// since then (whose timeouts will find the same silence) wait for one

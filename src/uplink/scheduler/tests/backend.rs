@@ -360,6 +360,7 @@ fn a_backend_behind_acking_older_sends_counts_no_timeout_of_newer_ones() {
         s.backend.answered(t0 - Duration::from_secs(1));
         t += Duration::from_millis(1000);
         assert!(s.on_tick(t).is_empty(), "nothing counted, nothing killed");
+        assert_eq!(s.take_behind(), 2, "both timeouts found it behind");
         assert_eq!(s.backend_silent_since(), None, "there, not away");
         assert!(s.poll(t).is_empty(), "backing off");
         let next = s.next_deadline().expect("a resend is due");
@@ -398,9 +399,11 @@ fn a_backend_that_acks_what_came_after_a_message_and_not_it_has_its_timeout_coun
     assert_eq!(published(&s.poll(t2)), vec![1]);
     // A verdict on a message sent after 1's first send (another device's).
     acked_one_sent_after(&mut s, t0 + Duration::from_millis(10));
+    assert_eq!(s.take_behind(), 1, "the first timeout found it behind");
     let acts = s.on_tick(t2 + Duration::from_millis(1000));
     assert!(
         matches!(&acts[..], [Action::RecordAttempt { attempts: 1, .. }]),
         "{acts:?}"
     );
+    assert_eq!(s.take_behind(), 0, "a counted timeout is not behind");
 }
