@@ -318,6 +318,13 @@ async fn at_the_disk_budget_nothing_new_is_stored_nothing_is_deleted_and_intake_
         0,
         "stored again"
     );
+    // `ferry trace` says what is left of it.
+    let (code, text, err) = crate::ops::cli(&ferry.config_path, &["trace", "press-1", first]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.contains("delivered (backend ack)") && text.contains("only its dedup key is kept"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,10 @@
 //! delivered, read, expired or dead with why). A message stored before
 //! schema 8 has no receipt time and no `received` line.
 //!
+//! A delivered message the disk budget pruned before its retention left
+//! only its dedup key (`uplink_key`, `down_key`): its trace is one line,
+//! its final state at the time it was reached, saying so.
+//!
 //! Lines are in time order; a `received` line is never after the `stored`
 //! line of its message (it is taken first, and listed first on a tie).
 
@@ -46,6 +50,9 @@ pub fn event_name(state: &str, detail: Option<&str>) -> String {
         (s, _) => s.to_string(),
     }
 }
+
+/// The detail of a line read from a dedup key.
+pub const PRUNED_KEY_ONLY: &str = "pruned at the disk budget before its retention: only its dedup key is kept (store.min_dedup_s), and a resend is answered with this seq";
 
 /// An uplink's own row, as the trace reads it.
 struct UplinkRow {
@@ -136,6 +143,21 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
             });
         }
     }
+    if row.is_none() {
+        let key = conn
+            .query_row(
+                "SELECT seq, done_ms FROM uplink_key WHERE device = ?1 AND msg_id = ?2",
+                params![device, msg_id],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .optional()
+            .map_err(&read)?;
+        out.extend(
+            key.map(|(seq, at_ms)| {
+                pruned_line(Direction::Up, at_ms, seq, "delivered (backend ack)")
+            }),
+        );
+    }
     let mut stmt = conn
         .prepare(
             "SELECT d.seq, d.state, d.at_ms, m.received_ms FROM down_message m JOIN down_delivery d ON d.message_id = m.id
@@ -149,6 +171,24 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
         .map_err(&read)?
         .collect::<rusqlite::Result<_>>()
         .map_err(&read)?;
+    if deliveries.is_empty() {
+        let mut keys = conn
+            .prepare("SELECT seq, state, done_ms FROM down_key WHERE device = ?1 AND msg_id = ?2")
+            .map_err(&read)?;
+        let kept = keys
+            .query_map(params![device, msg_id], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(&read)?;
+        for k in kept {
+            let (seq, state, at_ms) = k.map_err(&read)?;
+            out.push(pruned_line(Direction::Down, at_ms, seq, &state));
+        }
+    }
     let mut stmt = conn
         .prepare(
             "SELECT at_ms, state, detail FROM down_history WHERE device = ?1 AND seq = ?2 ORDER BY at_ms, rowid",
@@ -191,6 +231,17 @@ pub fn trace(conn: &Connection, device: &str, msg_id: &str) -> Result<Vec<TraceE
     // Stable: on a tie, a `received` line stays before its `stored`.
     out.sort_by_key(|e| e.at_ms);
     Ok(out)
+}
+
+/// What a dedup key says of a message pruned early: `event` at `at_ms`.
+fn pruned_line(direction: Direction, at_ms: i64, seq: i64, event: &str) -> TraceEvent {
+    TraceEvent {
+        at_ms,
+        direction,
+        event: event.into(),
+        seq: Some(seq),
+        detail: Some(PRUNED_KEY_ONLY.into()),
+    }
 }
 
 fn received_line(direction: Direction, at_ms: i64, seq: Option<i64>) -> TraceEvent {
@@ -285,5 +336,47 @@ mod tests {
                 ("up", "delivered (backend ack)".into(), 8000)
             ]
         );
+    }
+
+    #[test]
+    fn a_message_pruned_early_is_traced_from_its_dedup_key() {
+        let conn = store();
+        conn.execute_batch(
+            "INSERT INTO uplink_key VALUES ('d', 'gone-up', 7, 9000, 9000);
+             INSERT INTO down_key VALUES ('gone-down', 'd', 3, 'read', 9500, 9500);
+             INSERT INTO down_key VALUES ('gone-down', 'other', 4, 'delivered', 9600, 9600);",
+        )
+        .unwrap();
+        let up = trace(&conn, "d", "gone-up").unwrap();
+        assert_eq!(
+            up,
+            [TraceEvent {
+                at_ms: 9000,
+                direction: Direction::Up,
+                event: "delivered (backend ack)".into(),
+                seq: Some(7),
+                detail: Some(PRUNED_KEY_ONLY.into()),
+            }]
+        );
+        let down = trace(&conn, "d", "gone-down").unwrap();
+        assert_eq!(
+            down,
+            [TraceEvent {
+                at_ms: 9500,
+                direction: Direction::Down,
+                event: "read".into(),
+                seq: Some(3),
+                detail: Some(PRUNED_KEY_ONLY.into()),
+            }],
+            "only this device's delivery"
+        );
+        // A row still there is traced from the row, never from a key.
+        conn.execute_batch("INSERT INTO uplink_key VALUES ('d', 'new', 99, 1, 1);")
+            .unwrap();
+        assert_eq!(events(&conn, "new").len(), 2);
+        assert!(trace(&conn, "d", "new")
+            .unwrap()
+            .iter()
+            .all(|e| e.detail.is_none()));
     }
 }
