@@ -2,9 +2,10 @@
 //! Mosquitto, the backends sharing the uplinks through one shared
 //! subscription (`$share/fleet/ferry/+/up/#` per gateway, the Python
 //! example backend serving every gateway) and one database that dedups by
-//! `(gateway, device, msg_id)`. Faults, one after another under traffic: a
-//! gateway SIGKILLed, a backend SIGKILLed, the broker restarted, the other
-//! backend SIGKILLed, another gateway SIGKILLed. Then: every uplink a
+//! `(gateway, device, msg_id)`. Faults at random under traffic, seeded
+//! (`FERRY_FLEET_SEED` repeats a run), `FERRY_FLEET_FAULTS` of them (5 in
+//! CI): a gateway SIGKILLed, a backend SIGKILLed and started again a while
+//! later, the broker killed and restarted. Then: every uplink a
 //! device had `stored` is committed, once; each device's seqs are
 //! gap-free; both backends took a share; no gateway dead-lettered
 //! anything. The duplicates the backends saw (resends after a kill: acked
@@ -14,14 +15,17 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::examples_python::{Script, SECS_10};
-use crate::support::traffic::{one_at_a_time, Traffic};
+use crate::support::traffic::{env_or, one_at_a_time, Traffic};
 use crate::support::{Ferry, FerryOpts, Mosquitto};
 
 const GATEWAYS: [&str; 3] = ["gw-fleet-a", "gw-fleet-b", "gw-fleet-c"];
+const BACKENDS: [&str; 2] = ["be-1", "be-2"];
 const DEVICES: usize = 4;
 const EVERY: Duration = Duration::from_millis(50);
 
@@ -66,8 +70,8 @@ async fn three_gateways_and_two_shared_backends_lose_nothing_and_commit_once_und
         .map(|gw| Ferry::start(FerryOpts::new(gw, mq.port)))
         .collect();
     let mut backends = vec![
-        backend(mq.port, &db, "be-1").await,
-        backend(mq.port, &db, "be-2").await,
+        backend(mq.port, &db, BACKENDS[0]).await,
+        backend(mq.port, &db, BACKENDS[1]).await,
     ];
     let traffic: Vec<Traffic> = gateways
         .iter()
@@ -75,27 +79,41 @@ async fn three_gateways_and_two_shared_backends_lose_nothing_and_commit_once_und
         .map(|(g, gw)| Traffic::devices_only(g.south_port, &format!("{gw}-d"), DEVICES, EVERY))
         .collect();
     let mut seen_by_killed = Vec::new();
-    let pause = || tokio::time::sleep(Duration::from_millis(1500));
-
-    pause().await;
-    tokio::task::block_in_place(|| gateways[0].restart());
-    pause().await;
-    backends[0].kill();
-    seen_by_killed.extend(backends[0].events_now());
-    pause().await;
-    backends[0] = backend(mq.port, &db, "be-1").await;
-    tokio::task::block_in_place(|| {
-        mq.kill();
-        std::thread::sleep(Duration::from_millis(500));
-        mq.restart();
-    });
-    pause().await;
-    backends[1].kill();
-    seen_by_killed.extend(backends[1].events_now());
-    pause().await;
-    backends[1] = backend(mq.port, &db, "be-2").await;
-    tokio::task::block_in_place(|| gateways[2].restart());
-    pause().await;
+    let faults: usize = env_or("FERRY_FLEET_FAULTS", 5);
+    let seed: u64 = env_or("FERRY_FLEET_SEED", rand::random());
+    eprintln!("fleet: {faults} faults, FERRY_FLEET_SEED={seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut done: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..faults {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2500))).await;
+        let fault = match rng.gen_range(0..3) {
+            0 => {
+                let g = rng.gen_range(0..gateways.len());
+                tokio::task::block_in_place(|| gateways[g].restart());
+                "gateway killed"
+            }
+            1 => {
+                // One backend down at a time, back after a while: the other
+                // takes the whole share meanwhile.
+                let b = rng.gen_range(0..backends.len());
+                backends[b].kill();
+                seen_by_killed.extend(backends[b].events_now());
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(200..2000))).await;
+                backends[b] = backend(mq.port, &db, BACKENDS[b]).await;
+                "backend killed"
+            }
+            _ => {
+                tokio::task::block_in_place(|| {
+                    mq.kill();
+                    std::thread::sleep(Duration::from_millis(500));
+                    mq.restart();
+                });
+                "broker restarted"
+            }
+        };
+        *done.entry(fault.into()).or_default() += 1;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     for t in &traffic {
         t.stop_sending();
     }
@@ -127,7 +145,7 @@ async fn three_gateways_and_two_shared_backends_lose_nothing_and_commit_once_und
         }
         assert!(
             Instant::now() < deadline,
-            "after 90 s, {missing} uplinks answered `stored` are not committed by a backend \
+            "after 90 s (seed {seed}), {missing} uplinks answered `stored` are not committed by a backend \
              (every sent one answered: {all_sent_stored})"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -182,14 +200,14 @@ async fn three_gateways_and_two_shared_backends_lose_nothing_and_commit_once_und
     let again = duplicates(&seen);
     let window = GATEWAYS.len() * DEVICES * gateways[0].config.north.max_inflight;
     eprintln!(
-        "fleet: {sent} uplinks of {} devices on {} gateways, committed once each; \
-         {again} arrivals again over 5 faults",
+        "fleet, seed {seed}: {sent} uplinks of {} devices on {} gateways, committed once each; \
+         {again} arrivals again over {faults} faults {done:?}",
         GATEWAYS.len() * DEVICES,
         GATEWAYS.len()
     );
     assert!(
-        again <= 5 * window,
-        "{again} duplicates over 5 faults × {window}"
+        again <= faults.max(1) * window,
+        "{again} duplicates over {faults} faults × {window} (seed {seed})"
     );
 }
 
