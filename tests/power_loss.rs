@@ -93,15 +93,23 @@ async fn every_message_answered_stored_survives_power_cuts_and_reaches_its_recei
 
     let kinds = [Cut::Clean, Cut::Torn, Cut::Scrambled];
     let (mut kept_writes, mut torn_writes) = (0, 0);
+    // How long ferry ran between cuts, and how long each cut, its checks
+    // and the restart took (ferry down).
+    let (mut up_for, mut down_for, mut longest_down) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     for n in 0..cuts {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(150..700))).await;
+        let pause = Duration::from_millis(rng.gen_range(150..700));
+        tokio::time::sleep(pause).await;
+        up_for += pause;
+        let down_since = std::time::Instant::now();
         let kind = kinds[n % kinds.len()];
         let report = tokio::task::block_in_place(|| power.cut(&mut ferry, kind, &mut rng));
         kept_writes += report.files.values().map(|f| f.1).sum::<usize>();
         torn_writes += report.files.values().map(|f| f.2).sum::<usize>();
         // Taken after the kill: every answer counted here left ferry before it.
         let (up, down) = traffic.stored();
-        let (check, missing_up, missing_down) = check_image(&power.data_dir, &up, &down);
+        let (check, missing_up, missing_down) =
+            tokio::task::block_in_place(|| check_image(&power.data_dir, &up, &down));
         assert_eq!(
             check, "ok",
             "cut {n} ({kind:?}, {report:?}, seed {seed}): the image fails SQLite's check"
@@ -117,9 +125,18 @@ async fn every_message_answered_stored_survives_power_cuts_and_reaches_its_recei
             down.len(),
             &missing_down[..missing_down.len().min(5)],
         );
-        ferry.restart();
+        tokio::task::block_in_place(|| ferry.restart());
+        let outage = down_since.elapsed();
+        down_for += outage;
+        longest_down = longest_down.max(outage);
     }
     traffic.stop_sending();
+    eprintln!(
+        "ferry ran {:.0} s between cuts, was down {:.0} s (a cut, the image's checks, the restart; longest {:.1} s)",
+        up_for.as_secs_f64(),
+        down_for.as_secs_f64(),
+        longest_down.as_secs_f64()
+    );
     let stalled = traffic.wait_all_arrived(Duration::from_secs(60)).await;
     eprintln!("longest wait with nothing new arriving: {stalled:?}");
     eprintln!("{}", traffic.summary());
