@@ -23,7 +23,7 @@ use crate::ops::cli_json;
 use crate::support::proc::{kill_and_reap, signal, wait_exit};
 use crate::support::{free_port, Ferry, FerryOpts, Mode, Mosquitto, Pki};
 
-const PYTHON: &str = "/usr/bin/python3";
+pub(crate) const PYTHON: &str = "/usr/bin/python3";
 const PAHO: &str = "/usr/lib/python3/dist-packages/paho/mqtt/client.py";
 /// paho-mqtt 2.x, as the wheel PyPI has (Python imports from it as it is).
 const PAHO_2_WHEEL: &str = "tests/fixtures/paho_mqtt-2.2.0-py3-none-any.whl";

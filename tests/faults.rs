@@ -18,6 +18,7 @@
 //! store of a million messages wants about 2048); `FERRY_FAULT_START_S`
 //! bounds each restart until devices are served (120);
 //! `FERRY_FAULT_CUTOFF_S` is how long the upstream stays cut off (8);
+//! `FERRY_FAULT_LOG=FILE` keeps ferry's log there;
 //! `FERRY_FAULT_SEED=S`
 //! repeats a run (printed). Mounting the tmpfs needs root, as `.ci/run`
 //! has.
@@ -164,6 +165,12 @@ async fn nothing_answered_stored_is_lost_under_random_faults(mode: Mode) {
     let clock = FakeClock::new("+0");
     let opts = power.on(clock.on(FerryOpts::new(gateway, mq.port)));
     let mut ferry = Ferry::start_in(mode, opts);
+    if let Ok(keep) = std::env::var("FERRY_FAULT_LOG") {
+        // A second name for ferry's log, left when the run's directory goes.
+        let _ = std::fs::remove_file(&keep);
+        std::fs::hard_link(&ferry.log_path, &keep)
+            .expect("FERRY_FAULT_LOG on the same file system");
+    }
     ferry.start_timeout = Duration::from_secs(env_or("FERRY_FAULT_START_S", 120));
     let mut slowest_start = ferry.last_start;
     let offers = mute_device(mq.port, ferry.south_port, gateway).await;

@@ -14,7 +14,9 @@
 //! but for received publishes, at most [`QUEUED_PUBLISHES`]: everything
 //! else it carries is bounded by the MQTT windows (the acks and writes of
 //! publishes the session queued, one ping a keep-alive), and a publish
-//! over the bound waits for room, as TCP would hold it. After
+//! over the bound waits for room, as TCP would hold it. Any packet from
+//! the broker counts as a sign of life, as the PINGRESP it answers with
+//! may sit behind a backlog ([`Loop::alive`]). After
 //! an error it clears what rumqttc would replay, waits for the session to
 //! say how long to back off and which endpoint is next, and drops whatever
 //! was queued for the dead connection before reconnecting there.
@@ -68,19 +70,60 @@ pub(super) fn client(opts: &super::Options) -> (Client, Loop) {
     }
 }
 
+/// What an event says of the link's liveness (see [`Loop::alive`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sign {
+    /// A packet came from the broker.
+    Heard,
+    /// rumqttc wrote a PINGREQ.
+    Pinged,
+    Neither,
+}
+
 impl Loop {
-    async fn poll(&mut self) -> Result<Wire, LinkError> {
+    async fn poll(&mut self) -> Result<(Wire, Sign), LinkError> {
         match self {
             Loop::V4(l) => l
                 .poll()
                 .await
-                .map(wire::from_v4)
+                .map(|e| {
+                    let sign = match &e {
+                        rumqttc::Event::Incoming(_) => Sign::Heard,
+                        rumqttc::Event::Outgoing(rumqttc::Outgoing::PingReq) => Sign::Pinged,
+                        rumqttc::Event::Outgoing(_) => Sign::Neither,
+                    };
+                    (wire::from_v4(e), sign)
+                })
                 .map_err(|e| super::failure::v4(&e)),
             Loop::V5(l) => l
                 .poll()
                 .await
-                .map(super::v5::from_v5)
+                .map(|e| {
+                    let sign = match &e {
+                        rumqttc::v5::Event::Incoming(_) => Sign::Heard,
+                        rumqttc::v5::Event::Outgoing(rumqttc::Outgoing::PingReq) => Sign::Pinged,
+                        rumqttc::v5::Event::Outgoing(_) => Sign::Neither,
+                    };
+                    (super::v5::from_v5(e), sign)
+                })
                 .map_err(|e| super::v5::error(&e)),
+        }
+    }
+
+    /// The broker was heard since the last PINGREQ: the link is alive, so
+    /// the PINGRESP still to come must not fail it at the next keep-alive.
+    /// rumqttc fails a link whose PINGRESP has not been read one keep-alive
+    /// after the PINGREQ; but a broker sending a backlog (its queue for a
+    /// kept session, with no in-flight limit) puts the PINGRESP behind
+    /// thousands of publishes, which the session takes at its own pace
+    /// ([`QUEUED_PUBLISHES`]). Failing then dropped a working link, again
+    /// and again: everything taken and not yet acked was sent once more.
+    /// A broker that stops sends nothing: its silence still fails the link
+    /// one keep-alive after the ping, once what it sent before is read.
+    fn alive(&mut self) {
+        match self {
+            Loop::V4(l) => l.state.await_pingresp = false,
+            Loop::V5(l) => l.state.await_pingresp = false,
         }
     }
 
@@ -272,9 +315,19 @@ pub(super) async fn run(
 ) {
     let replay = opts.replay;
     let room = std::sync::Arc::new(Semaphore::new(QUEUED_PUBLISHES));
+    // The broker was heard since rumqttc's last PINGREQ.
+    let mut heard = false;
     loop {
+        if heard {
+            eventloop.alive();
+        }
         match eventloop.poll().await {
-            Ok(event) => {
+            Ok((event, sign)) => {
+                match sign {
+                    Sign::Heard => heard = true,
+                    Sign::Pinged => heard = false,
+                    Sign::Neither => {}
+                }
                 let place = match event {
                     Wire::Publish(_) => match room.clone().acquire_owned().await {
                         Ok(place) => Some(place),
@@ -287,6 +340,7 @@ pub(super) async fn run(
                 }
             }
             Err(e) => {
+                heard = false;
                 eventloop.end_collision(replay);
                 // The pipeline sends again what it needs; rumqttc must not
                 // replay the old connection's publishes on its own (one of
@@ -432,5 +486,48 @@ mod tests {
     #[tokio::test]
     async fn with_replay_the_publish_that_collided_is_resent_in_order() {
         assert_eq!(after_a_collision(true).await, ["t/1", "t/3", "t/4"]);
+    }
+
+    /// Whether the link fails within `within` (keep-alive 1 s) with a
+    /// broker that sends a publish every 200 ms (`talking`) or nothing,
+    /// and never answers a PINGREQ: its PINGRESPs are behind a backlog,
+    /// or it stopped.
+    async fn fails_within(talking: bool, within: Duration) -> bool {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut opts = super::super::Options::new("test", "127.0.0.1", port, "pinger");
+        opts.keep_alive = Duration::from_secs(1);
+        let (_client, eventloop) = client(&opts);
+        let (tx, mut polled) = mpsc::unbounded_channel();
+        let _poller = PollerGuard(tokio::spawn(run(eventloop, tx, opts)));
+        let mut broker = ByHand::accept(&listener, false).await;
+        let deadline = tokio::time::Instant::now() + within;
+        let mut every = tokio::time::interval(Duration::from_millis(200));
+        let mut n = 0;
+        loop {
+            tokio::select! {
+                p = polled.recv() => match p.expect("the poller runs") {
+                    Polled::Error(..) => return true,
+                    Polled::Event(..) => {}
+                },
+                _ = every.tick(), if talking => {
+                    n += 1;
+                    let publish = rumqttc::Publish::new(format!("t/{n}"), QoS::AtMostOnce, vec![1]);
+                    broker.write(|b| publish.write(b)).await;
+                }
+                _ = tokio::time::sleep_until(deadline) => return false,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_broker_that_keeps_sending_keeps_the_link_though_its_pingresp_is_late() {
+        // rumqttc alone failed it one keep-alive after its first PINGREQ.
+        assert!(!fails_within(true, Duration::from_secs(4)).await);
+    }
+
+    #[tokio::test]
+    async fn a_broker_that_falls_silent_loses_the_link_one_keep_alive_after_the_ping() {
+        assert!(fails_within(false, Duration::from_secs(4)).await);
     }
 }

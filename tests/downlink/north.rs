@@ -1,5 +1,5 @@
 //! The north side of downlinks: an upstream broker restart, malformed
-//! envelopes, and a repeated downlink.
+//! envelopes, a repeated downlink, and a burst the broker held.
 
 use super::*;
 
@@ -384,4 +384,92 @@ async fn receipts_pending_north_survive_a_sigkill_and_all_reach_the_backend_afte
     })
     .await;
     drop(device);
+}
+
+/// Publishes each line of stdin on argv[2] (QoS 1) to the broker on
+/// 127.0.0.1:argv[1]; exits 0 once all are acknowledged.
+const PUBLISH_LINES: &str = r#"
+import sys, time, paho.mqtt.client as mqtt
+kw = {"client_id": "burst-publisher"}
+if hasattr(mqtt, "CallbackAPIVersion"):
+    kw["callback_api_version"] = mqtt.CallbackAPIVersion.VERSION2
+c = mqtt.Client(**kw)
+c.max_inflight_messages_set(200)
+c.max_queued_messages_set(0)
+c.connect("127.0.0.1", int(sys.argv[1]))
+c.loop_start()
+while not c.is_connected():
+    time.sleep(0.01)
+sent = []
+for line in sys.stdin:
+    sent.append(c.publish(sys.argv[2], line.rstrip("\n"), qos=1))
+    if len(sent) % 10000 == 0:  # message ids are 16 bits: never 65,536 out
+        for m in sent[-10000:]:
+            m.wait_for_publish(60)
+for m in sent:
+    m.wait_for_publish(60)
+c.disconnect()
+c.loop_stop()
+sys.exit(0 if all(m.is_published() for m in sent) else 1)
+"#;
+
+/// A broker that holds more downlinks for ferry than ferry takes in one
+/// keep-alive (a long cut-off with the backend sending on, say) sends
+/// them all at once when ferry's kept session comes back, with no
+/// in-flight limit (the tests' Mosquitto, `max_inflight_messages 0`). The
+/// PINGRESP is behind them in the stream: ferry must take them all and
+/// keep its link, not drop it on an unanswered ping and start over (it
+/// did, after 16 s; in a fault run with a 5-minute cut-off, again and
+/// again, while the backend sent its unanswered downlinks again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_downlinks_the_broker_held_is_taken_on_one_connection() {
+    const N: usize = 100_000;
+    const DEVICE: &str = "panel-burst";
+    let mq = Mosquitto::start();
+    let mut ferry = Ferry::start(FerryOpts::new("gw-down-burst", mq.port));
+    // Subscribed once: the broker keeps ferry's session while it is away.
+    drop(North::connect(mq.port, &ferry.gateway, SECS_30).await);
+    assert!(ferry.terminate(SECS_20), "ferry stopped");
+    let boot = boot_id();
+    let lines: String = (0..N)
+        .map(|i| {
+            format!(
+                "{}\n",
+                json!({"msg_id": format!("burst-{boot}-{i:05}"), "payload": i})
+            )
+        })
+        .collect();
+    let topic = format!("ferry/{}/down/{DEVICE}", ferry.gateway);
+    // paho, which returns once the broker acknowledged every one
+    // (`mosquitto_pub -l` had sent only about a third of 100,000 when it
+    // exited, here).
+    let mut publisher = std::process::Command::new(crate::examples_python::PYTHON)
+        .args(["-c", PUBLISH_LINES, &mq.port.to_string(), &topic])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with paho-mqtt (run ./scripts/test.sh, which installs it)");
+    use std::io::Write;
+    publisher
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    assert!(publisher.wait().unwrap().success(), "the publisher");
+
+    let before = crate::support::north_connects(&ferry.log());
+    ferry.restart();
+    eventually(
+        Duration::from_secs(120),
+        "every downlink of the burst stored",
+        || ferry.query_i64("SELECT count(*) FROM down_delivery", []) == N as i64,
+    )
+    .await;
+    let log = ferry.log();
+    assert_eq!(
+        crate::support::north_connects(&log) - before,
+        1,
+        "the link was lost while taking the burst\n{}",
+        ferry.log_tail()
+    );
 }
