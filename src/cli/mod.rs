@@ -49,7 +49,8 @@ pub enum Command {
     /// Set DEVICE's password in a password file (south.password_file),
     /// adding or replacing its line. The password is read from stdin,
     /// without echo on a terminal. Send the running gateway SIGHUP
-    /// (`systemctl reload ferry`) to apply it.
+    /// (`systemctl reload ferry`) to apply it. Runs on one file at once
+    /// take turns on the lock FILE.lock (a run waits up to 10 s for it).
     Passwd {
         #[arg(value_name = "FILE")]
         file: PathBuf,
