@@ -12,7 +12,9 @@
 //!   that does not hold (no connection, or one that drops within the
 //!   interval) doubles the interval, up to [`MAX_CHECK_DOUBLINGS`]
 //!   doublings, so a flapping first node never makes the session drop a
-//!   working link at the check rate; a return that holds resets it.
+//!   working link at the check rate; a return that holds resets it. A
+//!   return that ends with the first node stalled (it took the session and
+//!   moved nothing, `stall.rs`) never held, however long it lasted.
 
 use std::time::Duration;
 
@@ -136,6 +138,18 @@ impl Endpoints {
         self.current = (self.current + 1) % self.list.len();
         self.reason = Some(Reason::Failover);
         self.current
+    }
+
+    /// The node took the session but moved nothing, and the session left
+    /// it: a failure like [`Endpoints::failed`], and a return to the first
+    /// that ends so did not hold, however long it lasted (the first takes
+    /// TCP connections, so without this the checks would lead back to it
+    /// at their every interval).
+    pub fn stalled(&mut self, now: Instant) -> usize {
+        if let Some(Return::Connected(_)) = self.returning {
+            self.returning = Some(Return::Connecting);
+        }
+        self.failed(now)
     }
 
     /// The connection dropped for a reason of one message, not the node's:
