@@ -347,6 +347,30 @@ mod tests {
     }
 
     #[test]
+    fn a_return_to_the_first_that_ends_in_a_stall_did_not_hold_however_long_it_lasted() {
+        let mut e = three(Some(CHECK));
+        let mut now = Instant::now();
+        up_on_second(&mut e, now);
+        now += CHECK;
+        assert!(e.checked(true, now));
+        // The first takes TCP and the session, then moves nothing: it is
+        // left three intervals later, which a drop would count as a hold.
+        e.connected(now);
+        now += CHECK * 3;
+        assert_eq!(e.stalled(now), 1, "on to the next node");
+        assert_eq!(e.check_interval(), Some(CHECK * 2));
+        // The same length of stay ended by a plain drop held.
+        e.connected(now);
+        e.up(now);
+        now += CHECK * 2;
+        assert!(e.checked(true, now));
+        e.connected(now);
+        now += CHECK * 3;
+        assert_eq!(e.failed(now), 1);
+        assert_eq!(e.check_interval(), Some(CHECK));
+    }
+
+    #[test]
     fn a_check_answered_after_the_link_changed_is_ignored() {
         let mut e = three(Some(CHECK));
         let now = Instant::now();

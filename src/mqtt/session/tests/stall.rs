@@ -256,3 +256,28 @@ async fn a_node_the_session_sends_nothing_is_kept_however_long_it_idles() {
     assert!(event.is_none(), "{event:?}");
     on_idle.abort();
 }
+
+/// A stalled connection never counts as one that lasted: node after node
+/// that stalls makes the backoff grow (here `stable_after` is zero, so
+/// any other connection that was accepted would start it again).
+#[tokio::test(start_paused = true)]
+async fn nodes_that_stall_one_after_the_other_make_the_backoff_grow() {
+    let (first, second) = (listener().await, listener().await);
+    let (_session, mut events) = session(&[&first, &second]);
+    let nodes = tokio::spawn(async move {
+        serve(&first, NEVER).await;
+        serve(&second, NEVER).await;
+    });
+    let mut failures = Vec::new();
+    while failures.len() < 2 {
+        match next(&mut events, FOREVER).await {
+            Some(Event::Failed(f)) => {
+                assert!(matches!(f.problem, Problem::Stalled { .. }), "{f:?}");
+                failures.push(f.failures);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(failures, [1, 2]);
+    nodes.abort();
+}
