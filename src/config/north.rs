@@ -19,6 +19,10 @@ use crate::ids::GatewayId;
 
 /// Most addresses in `north.endpoints`: a cluster's nodes, not a scan list.
 pub const MAX_ENDPOINTS: usize = 16;
+/// `north.puback_timeout_ms` and `south.puback_timeout_ms`, least and most:
+/// under a second a busy but working broker would be left; over an hour
+/// is no bound.
+pub const PUBACK_TIMEOUT_MS: (u64, u64) = (1_000, 3_600_000);
 
 #[derive(Debug, Clone)]
 pub struct NorthConfig {
@@ -31,6 +35,9 @@ pub struct NorthConfig {
     /// `(username, password)`; `None` connects anonymously.
     pub credentials: Option<(String, String)>,
     pub keep_alive: Duration,
+    /// `north.puback_timeout_ms`: publishes outstanding and none
+    /// acknowledged for this long fails the link on that node.
+    pub puback_timeout: Duration,
     /// `north.mqtt_version`.
     pub mqtt_version: MqttVersion,
     pub ack_timeout: Duration,
@@ -146,6 +153,12 @@ pub(super) fn check(
         .prefer_first
         .then(|| Duration::from_secs(raw.prefer_first_check_s));
     p.take(in_range("north.keep_alive_s", raw.keep_alive_s, 5, 3600));
+    p.take(in_range(
+        "north.puback_timeout_ms",
+        raw.puback_timeout_ms,
+        PUBACK_TIMEOUT_MS.0,
+        PUBACK_TIMEOUT_MS.1,
+    ));
     let mqtt_version = p.take(MqttVersion::parse("north.mqtt_version", &raw.mqtt_version));
     p.take(in_range(
         "north.ack_timeout_ms",
@@ -185,6 +198,7 @@ pub(super) fn check(
         client_id,
         credentials: credentials?,
         keep_alive: Duration::from_secs(raw.keep_alive_s),
+        puback_timeout: Duration::from_millis(raw.puback_timeout_ms),
         mqtt_version: mqtt_version?,
         ack_timeout: Duration::from_millis(raw.ack_timeout_ms),
         max_inflight: raw.max_inflight,

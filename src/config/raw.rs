@@ -160,6 +160,10 @@ pub struct RawSouth {
     pub client_id: String,
     /// External mode: MQTT keep-alive, seconds.
     pub keep_alive_s: u64,
+    /// External mode: the site broker acknowledging none of ferry's
+    /// outstanding publishes for this long, ms, fails the link (it takes
+    /// the session but moves nothing); ferry reconnects.
+    pub puback_timeout_ms: u64,
     /// External mode: the MQTT version ferry speaks to the site broker,
     /// "3.1.1" or "5".
     pub mqtt_version: String,
@@ -224,6 +228,7 @@ impl Default for RawSouth {
             password: String::new(),
             client_id: String::new(),
             keep_alive_s: 30,
+            puback_timeout_ms: 30_000,
             mqtt_version: "3.1.1".into(),
             tls: RawListenerTls::default(),
             site_tls: RawClientTls::default(),
@@ -256,6 +261,10 @@ pub struct RawNorth {
     pub password: String,
     /// MQTT keep-alive, seconds.
     pub keep_alive_s: u64,
+    /// A node acknowledging none of ferry's outstanding publishes for this
+    /// long, ms, fails the link there (it takes the session but moves
+    /// nothing): the next endpoint is tried.
+    pub puback_timeout_ms: u64,
     /// The MQTT version ferry speaks to the upstream broker, "3.1.1" or "5".
     pub mqtt_version: String,
     /// Wait for the backend's ack before an attempt counts as failed.
@@ -282,6 +291,7 @@ impl Default for RawNorth {
             username: String::new(),
             password: String::new(),
             keep_alive_s: 30,
+            puback_timeout_ms: 30_000,
             mqtt_version: "3.1.1".into(),
             ack_timeout_ms: 10_000,
             max_inflight: 32,

@@ -77,6 +77,9 @@ pub struct ExternalSouth {
     /// `(username, password)`; `None` connects anonymously.
     pub credentials: Option<(String, String)>,
     pub keep_alive: Duration,
+    /// `south.puback_timeout_ms`: the site broker acknowledging none of
+    /// ferry's outstanding publishes for this long fails the link.
+    pub puback_timeout: Duration,
     /// `south.mqtt_version`.
     pub mqtt_version: MqttVersion,
     /// TLS to the site broker (`None`: plain TCP).
@@ -236,6 +239,13 @@ fn mode_of(
             }
             in_range("south.port", raw.port, 1, u16::MAX)?;
             in_range("south.keep_alive_s", raw.keep_alive_s, 5, u16::MAX as u64)?;
+            let (least, most) = super::north::PUBACK_TIMEOUT_MS;
+            in_range(
+                "south.puback_timeout_ms",
+                raw.puback_timeout_ms,
+                least,
+                most,
+            )?;
             let client_id = if raw.client_id.is_empty() {
                 format!("ferry-{gateway}-south")
             } else {
@@ -247,6 +257,7 @@ fn mode_of(
                 client_id,
                 credentials: credentials("south", &raw.username, &raw.password)?,
                 keep_alive: Duration::from_secs(raw.keep_alive_s),
+                puback_timeout: Duration::from_millis(raw.puback_timeout_ms),
                 mqtt_version,
                 tls: tls::client("south.site_tls", site_tls)?,
             })

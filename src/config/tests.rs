@@ -89,6 +89,7 @@ fn south_mode_is_embedded_by_default_and_external_takes_the_site_broker() {
             client_id: "ferry-g-south".into(),
             credentials: Some(("ferry".into(), "pw".into())),
             keep_alive: Duration::from_secs(30),
+            puback_timeout: Duration::from_secs(30),
             mqtt_version: MqttVersion::V311,
             tls: None,
         })

@@ -14,6 +14,9 @@ pub struct ByHand {
 impl ByHand {
     pub async fn accept(listener: &tokio::net::TcpListener, session_present: bool) -> ByHand {
         let (stream, _) = listener.accept().await.expect("the client connects");
+        // Nagle would hold a small packet until the client's (delayed) ACK
+        // of the last: in paused time the clock jumps ahead meanwhile.
+        stream.set_nodelay(true).expect("TCP_NODELAY");
         let mut broker = ByHand {
             stream,
             buf: bytes::BytesMut::new(),
@@ -32,6 +35,12 @@ impl ByHand {
 
     /// The next packet, or `None` if none comes within 2 s.
     pub async fn read(&mut self) -> Option<rumqttc::Packet> {
+        self.read_within(Duration::from_secs(2)).await
+    }
+
+    /// The next packet, or `None` if none comes within `within` or the
+    /// client closed the connection. Cancel-safe: what was read stays.
+    pub async fn read_within(&mut self, within: Duration) -> Option<rumqttc::Packet> {
         use tokio::io::AsyncReadExt;
         loop {
             match rumqttc::Packet::read(&mut self.buf, 1 << 20) {
@@ -40,7 +49,7 @@ impl ByHand {
                 Err(e) => panic!("not MQTT: {e:?}"),
             }
             let read = self.stream.read_buf(&mut self.buf);
-            match tokio::time::timeout(Duration::from_secs(2), read).await {
+            match tokio::time::timeout(within, read).await {
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return None,
             }

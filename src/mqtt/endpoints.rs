@@ -12,7 +12,9 @@
 //!   that does not hold (no connection, or one that drops within the
 //!   interval) doubles the interval, up to [`MAX_CHECK_DOUBLINGS`]
 //!   doublings, so a flapping first node never makes the session drop a
-//!   working link at the check rate; a return that holds resets it.
+//!   working link at the check rate; a return that holds resets it. A
+//!   return that ends with the first node stalled (it took the session and
+//!   moved nothing, `stall.rs`) never held, however long it lasted.
 
 use std::time::Duration;
 
@@ -136,6 +138,18 @@ impl Endpoints {
         self.current = (self.current + 1) % self.list.len();
         self.reason = Some(Reason::Failover);
         self.current
+    }
+
+    /// The node took the session but moved nothing, and the session left
+    /// it: a failure like [`Endpoints::failed`], and a return to the first
+    /// that ends so did not hold, however long it lasted (the first takes
+    /// TCP connections, so without this the checks would lead back to it
+    /// at their every interval).
+    pub fn stalled(&mut self, now: Instant) -> usize {
+        if let Some(Return::Connected(_)) = self.returning {
+            self.returning = Some(Return::Connecting);
+        }
+        self.failed(now)
     }
 
     /// The connection dropped for a reason of one message, not the node's:
@@ -329,6 +343,30 @@ mod tests {
         e.up(now);
         assert_eq!(e.check_at(), None, "on the first: no checks");
         assert_eq!(e.failed(now + CHECK * 32), 1);
+        assert_eq!(e.check_interval(), Some(CHECK));
+    }
+
+    #[test]
+    fn a_return_to_the_first_that_ends_in_a_stall_did_not_hold_however_long_it_lasted() {
+        let mut e = three(Some(CHECK));
+        let mut now = Instant::now();
+        up_on_second(&mut e, now);
+        now += CHECK;
+        assert!(e.checked(true, now));
+        // The first takes TCP and the session, then moves nothing: it is
+        // left three intervals later, which a drop would count as a hold.
+        e.connected(now);
+        now += CHECK * 3;
+        assert_eq!(e.stalled(now), 1, "on to the next node");
+        assert_eq!(e.check_interval(), Some(CHECK * 2));
+        // The same length of stay ended by a plain drop held.
+        e.connected(now);
+        e.up(now);
+        now += CHECK * 2;
+        assert!(e.checked(true, now));
+        e.connected(now);
+        now += CHECK * 3;
+        assert_eq!(e.failed(now), 1);
         assert_eq!(e.check_interval(), Some(CHECK));
     }
 

@@ -11,6 +11,11 @@
 //!   for another client with the same client id taking the session over
 //!   (MQTT 5 says so with a DISCONNECT reason code).
 //!
+//! One failure is the session's own verdict, not rumqttc's: a node that
+//! took the session and acknowledged none of its publishes for the bound
+//! (`stall.rs`) is cut by the poller ([`stalled`]) and reported as
+//! [`Problem::Stalled`].
+//!
 //! Always holds: no text here carries more than [`crate::clip::MAX`] bytes
 //! of what the peer sent.
 
@@ -19,6 +24,7 @@ use std::time::Duration;
 
 use rumqttc::{ConnectReturnCode, ConnectionError, StateError};
 
+use super::stall::Stalled;
 use crate::config::Endpoint;
 
 /// Closes soon after a CONNACK, in a row, that are taken for a second
@@ -56,6 +62,13 @@ pub enum Problem {
     /// Nothing listens there (the TCP connect was refused): the broker
     /// may be starting, or the address is wrong.
     NotListening,
+    /// It took the session but acknowledged none of the `outstanding`
+    /// publishes for `waited` (the session's bound): overloaded, or cut
+    /// off from its cluster. The session left it.
+    Stalled {
+        waited: Duration,
+        outstanding: usize,
+    },
     /// Anything else: the TLS handshake failed, a timeout, a drop
     /// explained by one message.
     Other,
@@ -70,6 +83,7 @@ impl Problem {
             Problem::Closed { .. } => "closed",
             Problem::SessionTaken => "session_taken",
             Problem::NotListening => "not_listening",
+            Problem::Stalled { .. } => "stalled",
             Problem::Other => "other",
         }
     }
@@ -101,6 +115,8 @@ pub(super) enum Cause {
     TakenOver,
     /// The TCP connect was refused: nothing listens at the address.
     NotListening,
+    /// The session cut a link that moved nothing (`stall.rs`).
+    Stalled(Stalled),
     Other,
 }
 
@@ -120,6 +136,10 @@ pub(super) fn diagnose(
         _ if explained => Problem::Other,
         (Cause::Refused(reason), _) => Problem::Refused(reason),
         (Cause::NotListening, _) => Problem::NotListening,
+        (Cause::Stalled(s), _) => Problem::Stalled {
+            waited: s.waited,
+            outstanding: s.outstanding,
+        },
         (Cause::TakenOver, Some(_)) => Problem::SessionTaken,
         (Cause::Garbage(what), None) => Problem::NotMqtt {
             answered: what.clone(),
@@ -200,6 +220,18 @@ pub(super) fn v4(e: &ConnectionError) -> LinkError {
         other => other.to_string(),
     };
     LinkError { text, cause }
+}
+
+/// The error of a link the session cut because it moved nothing.
+pub(super) fn stalled(s: Stalled) -> LinkError {
+    LinkError {
+        text: format!(
+            "no PUBACK for any of {} publishes in {} ms: the broker takes the session but moves nothing",
+            s.outstanding,
+            s.waited.as_millis()
+        ),
+        cause: Cause::Stalled(s),
+    }
 }
 
 /// `PubAck(PubAck { pkid: 21536 })` → `a PubAck packet`.

@@ -20,7 +20,9 @@
 //!
 //! Publishes belong to the connection (epoch) they were made for: when it
 //! drops, everything not yet acknowledged is forgotten here, and the owners,
-//! told the link went down, send again on the next one.
+//! told the link went down, send again on the next one. A connection the
+//! session left because the node acknowledged nothing at all ([`Flow::left`])
+//! makes no suspects: the node stalled, not a message.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -238,13 +240,27 @@ impl<T: Tag> Flow<T> {
                 self.suspects.push_back(tag);
             }
         }
+        self.forget();
+        strike
+    }
+
+    /// The session left the connection because the node moved nothing
+    /// (`stall.rs`): the node is to blame, not a message, so nothing is
+    /// suspected and nothing struck. Everything of the connection is
+    /// forgotten, as after any drop.
+    pub fn left(&mut self) {
+        self.forget();
+    }
+
+    /// Forgets everything of the connection (its publishes are the
+    /// owners' to send again); suspects stay suspects.
+    fn forget(&mut self) {
         self.epoch = None;
         self.held.clear();
         self.requested.clear();
         self.written.clear();
         self.collided = None;
         self.probe = None;
-        strike
     }
 
     /// When the probe in flight times out, if one is.

@@ -14,7 +14,12 @@
 //! - tracked publishes: each is followed to its PUBACK by packet id, and
 //!   the one an upstream drops the link on is found and reported
 //!   ([`flow::Flow`], [`Event::Refused`]);
-//! - typed events, and a poll that is never cancelled (`poll.rs`);
+//! - typed events, and a poll that is never cancelled (`poll.rs`) but to
+//!   cut a link that moves nothing: publishes outstanding and none
+//!   acknowledged for [`Options::puback_timeout`] is a failure of that
+//!   node like any other ([`Problem::Stalled`], `stall.rs`), so the next
+//!   endpoint is tried and what was in flight is the owner's to send again
+//!   there;
 //! - several endpoints (a broker's nodes), one connected at a time: a
 //!   failure moves to the next behind the same backoff, and with
 //!   [`Options::prefer_first`] a working session on a later one is left
@@ -54,6 +59,7 @@ pub mod flow;
 mod link;
 mod poll;
 mod session;
+mod stall;
 mod v5;
 mod wire;
 
@@ -104,6 +110,11 @@ pub struct Options {
     pub max_message_bytes: usize,
     /// MQTT-level publishes in flight (awaiting PUBACK).
     pub inflight: u16,
+    /// Publishes outstanding and none of them acknowledged for this long
+    /// (a received publish counts as progress too): the node takes the
+    /// session but moves nothing, and the link fails there (`stall.rs`).
+    /// `None`: wait for ever (clients, whose own protocol timers resend).
+    pub puback_timeout: Option<Duration>,
     /// Filters subscribed (QoS 1) on every ConnAck.
     pub subscriptions: Vec<String>,
     /// Published retained (QoS 1) once subscribed; `Up` follows its PUBACK.
@@ -204,6 +215,7 @@ impl Options {
             max_outgoing_packet: 16 << 20,
             max_message_bytes: MQTT_MAX_PACKET,
             inflight: 200,
+            puback_timeout: None,
             subscriptions: Vec::new(),
             announce: None,
             auto_ack: true,

@@ -21,6 +21,13 @@
 //! say how long to back off and which endpoint is next, and drops whatever
 //! was queued for the dead connection before reconnecting there.
 //!
+//! Life is not movement: a broker that answers pings but acknowledges
+//! none of the session's outstanding publishes for
+//! `Options::puback_timeout` has stalled (`stall.rs`). Then, and only
+//! then, the poll is cancelled: the connection is dropped
+//! ([`Loop::cut`]), so what it was writing is lost with everything else
+//! of that connection, and the session hears of it as of any error.
+//!
 //! The endpoint is rumqttc's broker address in `EventLoop::mqtt_options`,
 //! which the next connect reads: the TCP address, and with TLS the server
 //! name (SNI) and the name the certificate must carry, so each node is
@@ -30,8 +37,10 @@ use std::time::Duration;
 
 use rumqttc::{AsyncClient, EventLoop, LastWill, MqttOptions, QoS};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::failure::LinkError;
+use super::stall::{Progress, Stall};
 use super::wire::{self, Client, Wire};
 use super::{Endpoint, MqttVersion};
 
@@ -190,6 +199,32 @@ impl Loop {
         }
     }
 
+    /// Publishes written and awaiting their acknowledgement.
+    fn outstanding(&self) -> usize {
+        match self {
+            Loop::V4(l) => l.state.inflight() as usize,
+            Loop::V5(l) => l.state.inflight() as usize,
+        }
+    }
+
+    /// Drops the connection at once, as rumqttc does after an error (what
+    /// was unacknowledged moves to what it would replay).
+    fn cut(&mut self) {
+        match self {
+            Loop::V4(l) => l.clean(),
+            Loop::V5(l) => l.clean(),
+        }
+    }
+
+    /// The node the connection is to.
+    fn endpoint(&self) -> Endpoint {
+        let (host, port) = match self {
+            Loop::V4(l) => l.mqtt_options.broker_address(),
+            Loop::V5(l) => l.options.broker_address(),
+        };
+        Endpoint::new(host, port)
+    }
+
     /// Drops what rumqttc would replay, and the events it read but has
     /// not reported yet.
     fn forget(&mut self) {
@@ -306,8 +341,9 @@ pub(super) enum Polled {
     Error(LinkError, oneshot::Sender<Resume>),
 }
 
-/// Polls the event loop, and nothing else, so a poll is never cancelled.
-/// With `replay`, rumqttc keeps what it would resend after a reconnect.
+/// Polls the event loop, and nothing else, so a poll is never cancelled
+/// but by a stall (see the module doc). With `replay`, rumqttc keeps what
+/// it would resend after a reconnect.
 pub(super) async fn run(
     mut eventloop: Loop,
     session: mpsc::UnboundedSender<Polled>,
@@ -317,17 +353,51 @@ pub(super) async fn run(
     let room = std::sync::Arc::new(Semaphore::new(QUEUED_PUBLISHES));
     // The broker was heard since rumqttc's last PINGREQ.
     let mut heard = false;
+    let mut stall = opts.puback_timeout.map(Stall::new);
+    // Set for the stall's deadline or an earlier one (deadlines only move
+    // later), so it is reset about once a bound, not at every PUBACK: one
+    // that fires early is set again.
+    let timer = tokio::time::sleep_until(Instant::now());
+    tokio::pin!(timer);
+    let mut armed = false;
     loop {
         if heard {
             eventloop.alive();
         }
-        match eventloop.poll().await {
+        let stalls_at = stall.as_ref().and_then(Stall::deadline);
+        if let Some(at) = stalls_at.filter(|_| !armed) {
+            timer.as_mut().reset(at);
+            armed = true;
+        }
+        let polled = tokio::select! {
+            // What the broker sent as the deadline passed still counts.
+            biased;
+            polled = eventloop.poll() => Some(polled),
+            _ = &mut timer, if stalls_at.is_some() => None,
+        };
+        let polled = match (polled, stall.as_mut()) {
+            (Some(polled), _) => polled,
+            (None, Some(stall)) => {
+                armed = false;
+                match stalled(&mut eventloop, stall, &opts.name) {
+                    Some(e) => Err(e),
+                    None => continue,
+                }
+            }
+            (None, None) => continue,
+        };
+        match polled {
             Ok((event, sign)) => {
                 match sign {
                     Sign::Heard => heard = true,
                     Sign::Pinged => heard = false,
                     Sign::Neither => {}
                 }
+                let progress = match event {
+                    Wire::PubAck { .. } => Progress::Acknowledged,
+                    Wire::Publish(_) => Progress::Received,
+                    _ => Progress::Nothing,
+                };
                 let place = match event {
                     Wire::Publish(_) => match room.clone().acquire_owned().await {
                         Ok(place) => Some(place),
@@ -335,12 +405,19 @@ pub(super) async fn run(
                     },
                     _ => None,
                 };
+                // After the wait for room: that wait is ours, not the broker's.
+                if let Some(stall) = stall.as_mut() {
+                    stall.saw(progress, eventloop.outstanding(), Instant::now());
+                }
                 if session.send(Polled::Event(event, place)).is_err() {
                     return;
                 }
             }
             Err(e) => {
                 heard = false;
+                if let Some(stall) = stall.as_mut() {
+                    stall.reset();
+                }
                 eventloop.end_collision(replay);
                 // The pipeline sends again what it needs; rumqttc must not
                 // replay the old connection's publishes on its own (one of
@@ -372,6 +449,23 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// The stall `stall` says of the link as its timer fires, if it is one:
+/// the connection is cut, one WARN names the node, and the error is the
+/// session's to handle. None if the deadline moved on since the timer was
+/// set, or if rumqttc read the last PUBACKs as it passed (their events
+/// still to come): then nothing waits.
+fn stalled(eventloop: &mut Loop, stall: &mut Stall, link: &str) -> Option<LinkError> {
+    let (outstanding, now) = (eventloop.outstanding(), Instant::now());
+    let Some(s) = stall.stalled(outstanding, now) else {
+        stall.saw(Progress::Nothing, outstanding, now);
+        return None;
+    };
+    let endpoint = eventloop.endpoint();
+    eventloop.cut();
+    tracing::warn!(event = "link_stalled", link = %link, endpoint = %endpoint, outstanding = s.outstanding, waited_ms = s.waited.as_millis() as u64, puback_timeout_ms = stall.bound().as_millis() as u64, "the broker took the session but acknowledged none of the publishes waiting for it within the bound: leaving this node");
+    Some(super::failure::stalled(s))
 }
 
 /// Stops the poller when the session ends. Its poll may be cut short

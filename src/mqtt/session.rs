@@ -7,18 +7,18 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::acks::{AckToken, OrderedAcks};
 use super::endpoints::Endpoints;
-use super::failure::LinkError;
 use super::flow::{Flow, Outgoing, Tag};
 use super::link::{Link, Stage};
-use super::poll::{self, Polled as FromPoller, PollerGuard, Resume};
+use super::poll::{self, Polled as FromPoller, PollerGuard};
 use super::wire::{Client, Received, Wire};
 use super::{Event, Options, Session, Will, PUBLISH_QUEUE};
 use crate::deadlines::sleep_until;
 
+mod failed;
 mod failover;
 mod incoming;
 mod outgoing;
@@ -317,102 +317,6 @@ impl<T: Tag> Task<T> {
             }
             (_, link) => Some(link),
         }
-    }
-
-    /// The connection failed; `None` ends the session.
-    async fn on_error(
-        &mut self,
-        e: LinkError,
-        resume: oneshot::Sender<Resume>,
-        link: Link,
-    ) -> Option<Link> {
-        // What was received on the lost connection the broker sends again;
-        // its acks must not go out on the next one.
-        self.acks.lost();
-        self.unqueued.clear();
-        self.subscribe_waiting = false;
-        let strike = self.flow.lost(Instant::now());
-        let accepted_for = match &link {
-            Link::Connected { at, .. } => Some(at.elapsed()),
-            _ => None,
-        };
-        let mut failures = match link {
-            Link::Closing => {
-                self.closed.notify_waiters();
-                return None;
-            }
-            Link::Moving => {
-                // Left on purpose, from a working link: no failure, and no
-                // strike against what was in flight (the owner sends it
-                // again on the first endpoint). That one is next already.
-                self.emit(Event::Down).await?;
-                let to = self.endpoints.current().1.clone();
-                let _ = resume.send(Resume {
-                    delay: std::time::Duration::ZERO,
-                    to,
-                });
-                return Some(Link::Down { failures: 0 });
-            }
-            Link::Down { failures } => failures,
-            Link::Connected {
-                at,
-                failures,
-                stage,
-            } => {
-                if stage == Stage::Up {
-                    self.emit(Event::Down).await?;
-                }
-                if at.elapsed() >= self.opts.reconnect.stable_after {
-                    0
-                } else {
-                    failures
-                }
-            }
-        };
-        let (index, endpoint) = self.endpoints.current();
-        let endpoint = endpoint.clone();
-        let explained = matches!(strike, Some(Tracked::Owner(_)));
-        let delay = match strike {
-            Some(Tracked::Owner(tag)) => {
-                warn!(event = "link_dropped_on_message", link = %self.opts.name, tag = ?tag, error = %e, "the broker dropped the link on this message");
-                self.emit(Event::Refused(tag)).await?;
-                // A drop explained by one message is no reason to wait
-                // longer, nor to leave the node: that message backs off on
-                // its own.
-                self.endpoints.retry_same(Instant::now());
-                self.opts.reconnect.delay(0)
-            }
-            _ => {
-                failures = failures.saturating_add(1);
-                self.endpoints.failed(Instant::now());
-                self.opts.reconnect.delay(failures - 1)
-            }
-        };
-        let problem = super::failure::diagnose(
-            &e.cause,
-            accepted_for,
-            explained,
-            self.opts.reconnect.stable_after,
-            &mut self.closes,
-        );
-        self.emit(Event::Failed(super::Failure {
-            endpoint: endpoint.clone(),
-            problem,
-            error: e.text.clone(),
-            failures,
-        }))
-        .await?;
-        let (next_index, next) = self.endpoints.current();
-        // The first failures of an outage are worth a warning; the rest
-        // only say the same thing again.
-        if failures <= 3 || failures.is_power_of_two() {
-            warn!(event = "link_down", link = %self.opts.name, endpoint = %endpoint, endpoint_index = index, host = %endpoint.host, port = endpoint.port, error = %e, failures, retry_in_ms = delay.as_millis() as u64, next = %next, next_index, "link down");
-        } else {
-            debug!(link = %self.opts.name, endpoint = %endpoint, error = %e, failures, next = %next, "link still down");
-        }
-        let to = next.clone();
-        let _ = resume.send(Resume { delay, to });
-        Some(Link::Down { failures })
     }
 
     /// Subscribed: announce, or tell the owner the link is up.

@@ -20,6 +20,9 @@ pub fn event(problem: &Problem) -> Option<&'static str> {
         Problem::SessionTaken => Some("north_session_taken"),
         // The session's `link_down` line says "connection refused".
         Problem::NotListening | Problem::Other => None,
+        // The session's `link_stalled` line names the node (for the south
+        // link too).
+        Problem::Stalled { .. } => None,
     }
 }
 
@@ -50,6 +53,13 @@ pub fn explain(f: &Failure, client_id: &str, gateway: &str) -> String {
         ),
         Problem::NotListening => format!(
             "nothing listens at {at} (connection refused); is the broker running, and are north.endpoints right?"
+        ),
+        Problem::Stalled {
+            waited,
+            outstanding,
+        } => format!(
+            "{at} took the session but moved nothing: no PUBACK for any of {outstanding} publishes in {:.1} s (north.puback_timeout_ms); ferry left it and connects again, to the next of north.endpoints if there is one. Is that node overloaded, or cut off from its cluster?",
+            waited.as_secs_f64()
         ),
         Problem::Other => format!("the connection to {at} failed: {}", f.error),
     };
@@ -107,6 +117,14 @@ mod tests {
         let taken = explain(&failure(Problem::SessionTaken, ""), "ferry-gw", "gw");
         assert_eq!(taken, "another client with this id (ferry-gw) took the session on broker.plant:8080; is a second gateway running with gateway.id = gw?");
         assert_eq!(event(&Problem::SessionTaken), Some("north_session_taken"));
+        let stalled = Problem::Stalled {
+            waited: std::time::Duration::from_millis(30_004),
+            outstanding: 3,
+        };
+        assert_eq!(
+            explain(&failure(stalled, ""), "ferry-gw", "gw"),
+            "broker.plant:8080 took the session but moved nothing: no PUBACK for any of 3 publishes in 30.0 s (north.puback_timeout_ms); ferry left it and connects again, to the next of north.endpoints if there is one. Is that node overloaded, or cut off from its cluster?"
+        );
         assert_eq!(event(&Problem::Other), None);
     }
 

@@ -206,6 +206,7 @@ pub fn start(
         max_outgoing_packet: cfg.max_packet_bytes,
         max_message_bytes: cfg.max_packet_bytes,
         inflight: SESSION_INFLIGHT,
+        puback_timeout: Some(cfg.puback_timeout),
         subscriptions: vec![
             topics.north_ack(),
             topics.north_down_filter(),
@@ -349,7 +350,7 @@ impl Router {
             Problem::SessionTaken => {
                 warn!(event = "north_session_taken", %endpoint, %client_id, gateway = %self.gateway, %error, failures, "{text}")
             }
-            Problem::NotListening | Problem::Other => {}
+            Problem::NotListening | Problem::Stalled { .. } | Problem::Other => {}
         }
     }
 

@@ -56,6 +56,9 @@ pub(crate) fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) ->
         // A larger publish arrives as its head, to be answered `rejected`.
         max_message_bytes: cfg.max_payload_bytes + TOPIC_ALLOWANCE,
         inflight: INFLIGHT,
+        // A site broker that never acknowledges holds the receipts, then
+        // the acks of device messages behind them: stuck like a north node.
+        puback_timeout: Some(site.puback_timeout),
         subscriptions: device_filters(topics).collect(),
         announce: None,
         auto_ack: false,

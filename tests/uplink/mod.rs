@@ -25,6 +25,7 @@ mod props;
 mod restarts;
 mod retries;
 mod stages;
+mod stalled;
 
 const SECS_5: Duration = Duration::from_secs(5);
 const SECS_10: Duration = Duration::from_secs(10);

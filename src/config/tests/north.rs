@@ -122,3 +122,21 @@ port = 0"#,
     assert_eq!(err.key, "north.endpoints", "{err}");
     assert!(err.reason.contains("at most 16"), "{err}");
 }
+
+#[test]
+fn the_puback_timeout_is_30_s_by_default_and_a_bound_outside_its_range_names_its_key() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.north.puback_timeout, Duration::from_secs(30));
+    let cfg = load_str("[gateway]\nid = \"g\"\n[north]\npuback_timeout_ms = 2500\n").unwrap();
+    assert_eq!(cfg.north.puback_timeout, Duration::from_millis(2500));
+    for bad in ["0", "999", "3600001"] {
+        let err = load_str(&format!(
+            "[gateway]\nid = \"g\"\n[north]\npuback_timeout_ms = {bad}\n"
+        ))
+        .unwrap_err();
+        assert_eq!(err.key, "north.puback_timeout_ms", "{bad}: {err}");
+    }
+    let external = "[gateway]\nid = \"g\"\n[south]\nmode = \"external\"\n";
+    let err = load_str(&format!("{external}puback_timeout_ms = 500\n")).unwrap_err();
+    assert_eq!(err.key, "south.puback_timeout_ms", "{err}");
+}
