@@ -65,8 +65,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let (online_tx, online_rx) = watch::channel(status_file::Online::new());
     let (alerts_tx, alerts_rx) = watch::channel(Vec::new());
     // Bound first: a port in use stops the start before anything runs.
-    let admin = match cfg.admin {
-        Some(addr) => {
+    let admin = match &cfg.admin {
+        Some(admin_cfg) => {
             let admin = Admin::new(
                 cfg.data_dir.clone(),
                 store.budget().clone(),
@@ -77,7 +77,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
                     alerts: alerts_rx,
                 },
             );
-            Some(crate::admin::bind(addr, admin).await?)
+            Some(crate::admin::bind(admin_cfg, admin).await?)
         }
         None => None,
     };

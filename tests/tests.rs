@@ -29,6 +29,7 @@ macro_rules! both_modes {
 mod support;
 
 mod admin;
+mod admin_edges;
 mod architecture;
 mod auth;
 mod clock;

@@ -3,7 +3,10 @@
 //! request — a handler ([`ApiError`]), the query or path extractor
 //! ([`ApiQuery`], [`ApiPath`]: axum's own answer their rejections in plain
 //! text), or the router, for a path it has no route for ([`no_route`]) or
-//! a method it does not serve there ([`no_method`]).
+//! a method it does not serve there ([`no_method`]), the Host check
+//! ([`super::host`]), or hyper itself, for a request it could not parse,
+//! whose answer the connection rewrites ([`raw_answer`], see
+//! [`super::conn`]).
 //!
 //! Always holds: a message never carries more than [`MAX_ECHO`] bytes of
 //! what the client sent ([`echo`]), so a long request cannot make a long
@@ -71,6 +74,14 @@ impl ApiError {
         }
     }
 
+    /// 421: the request names a host this server does not answer to.
+    pub(super) fn misdirected(message: String) -> ApiError {
+        ApiError {
+            status: StatusCode::MISDIRECTED_REQUEST,
+            message,
+        }
+    }
+
     /// An extractor's rejection: its status, its text (which may quote the
     /// request) cut to [`MAX_ECHO`] bytes.
     fn rejected(status: StatusCode, text: &str) -> ApiError {
@@ -90,20 +101,43 @@ impl From<OpsError> for ApiError {
     }
 }
 
+/// The body of every error answer.
+#[derive(Serialize)]
+struct Body<'a> {
+    error: &'a str,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        #[derive(Serialize)]
-        struct Body {
-            error: String,
-        }
         (
             self.status,
             Json(Body {
-                error: self.message,
+                error: &self.message,
             }),
         )
             .into_response()
     }
+}
+
+/// A whole HTTP/1.1 error answer as bytes, for a connection that hyper
+/// ended before any route saw a request: `status`, `{"error": message}`
+/// as JSON, `Date` when the clock gives one, and the connection closed.
+pub(super) fn raw_answer(status: StatusCode, message: &str, date: Option<&str>) -> Vec<u8> {
+    let body = serde_json::to_string(&Body { error: message })
+        .unwrap_or_else(|_| r#"{"error":"refused"}"#.to_string());
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    );
+    if let Some(date) = date {
+        head.push_str(&format!("date: {date}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut answer = head.into_bytes();
+    answer.extend_from_slice(body.as_bytes());
+    answer
 }
 
 /// axum's [`Query`], refusing a bad query string with an [`ApiError`].
@@ -164,6 +198,30 @@ pub async fn no_method(method: Method, uri: Uri) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_answer_is_a_whole_http_answer_with_a_json_body() {
+        let answer = raw_answer(StatusCode::BAD_REQUEST, "bad \"x\"", None);
+        let text = String::from_utf8(answer).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        assert!(!head.contains("date:"), "{head}");
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"], "bad \"x\"");
+        let dated = raw_answer(
+            StatusCode::REQUEST_TIMEOUT,
+            "t",
+            Some("Sun, 06 Nov 1994 08:49:37 GMT"),
+        );
+        assert!(String::from_utf8(dated)
+            .unwrap()
+            .contains("\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\n"));
+    }
 
     #[test]
     fn an_echo_is_cut_to_its_bound_on_a_character_boundary() {

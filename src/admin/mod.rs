@@ -17,8 +17,12 @@
 //!   sampled from its counters; [`views`]).
 //! - `/`: a status page that refreshes itself from those APIs.
 //!
-//! Every error, whoever answers it, is `{"error": "..."}` JSON (see
-//! [`error`]).
+//! Every request must be for a name the server answers to ([`host`]:
+//! its listen address, `admin.allowed_hosts`), so that no web page can
+//! reach it through DNS rebinding. Every error, whoever answers it (hyper's
+//! own refusals included, [`conn`]), is `{"error": "..."}` JSON (see
+//! [`error`]). No wall clock makes it panic: `Date` is written only from a
+//! clock the format can write ([`date`]).
 //!
 //! Reads go through one read-only WAL connection, one at a time, on the
 //! blocking pool: they never block the store's writer, and a burst of
@@ -26,9 +30,14 @@
 //! instead of piling up connections.
 
 mod api;
+mod conn;
+mod date;
 mod error;
+pub mod host;
 mod throughput;
 mod views;
+
+pub use conn::MAX_CONNECTIONS;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,14 +49,13 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use rusqlite::Connection;
 use serde::Serialize;
-use tokio::sync::{watch, Mutex, Semaphore};
-use tracing::{debug, info};
+use tokio::sync::{watch, Mutex};
+use tracing::info;
 
 use self::error::ApiError;
+use crate::config::AdminConfig;
 use crate::health::Reports;
 use crate::ops::{self, OpsError};
 use crate::store::budget::Budget;
@@ -138,20 +146,27 @@ pub struct BindError {
     source: std::io::Error,
 }
 
-/// Binds `addr` (an error names the key) and returns the server, to be
-/// spawned: it runs until aborted.
+/// Binds `admin.listen` (an error names the key) and returns the server,
+/// to be spawned: it runs until aborted.
 pub async fn bind(
-    addr: SocketAddr,
+    cfg: &AdminConfig,
     admin: Admin,
 ) -> Result<impl std::future::Future<Output = ()>, BindError> {
+    let addr = cfg.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| BindError { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
     info!(event = "admin_listening", listen = %local, "admin server listening: /metrics, /healthz, /readyz, /api, /");
     let samples = admin.throughput.clone();
+    let guard = host::Guard::new(host::Names::new(local, cfg.allowed_hosts.clone()));
+    let app = router(admin, guard.clone());
     Ok(async move {
-        tokio::join!(serve(listener, router(admin)), sample(&samples));
+        tokio::join!(
+            conn::serve(listener, app),
+            sample(&samples),
+            guard.sweeping()
+        );
     })
 }
 
@@ -166,49 +181,7 @@ async fn sample(ring: &watch::Sender<throughput::Ring>) {
     }
 }
 
-/// Connections served at once; past it a new one is closed at once.
-pub const MAX_CONNECTIONS: usize = 64;
-/// Longest wait for a request's headers, the first or the next on a
-/// kept-alive connection: an idle or trickling client lets go of its slot.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest a connection lives, however busy (a scraper reconnects).
-const CONNECTION_MAX: Duration = Duration::from_secs(300);
-
-/// The accept loop: HTTP/1.1 with every peer's resources bounded (a slot
-/// out of [`MAX_CONNECTIONS`], the header timeout, a connection's life), so
-/// no client of the admin port can starve the process of file descriptors
-/// or memory that the devices' listener needs.
-async fn serve(listener: tokio::net::TcpListener, app: Router) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of descriptors, most likely: let some close.
-                debug!(error = %e, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Closed at once: MAX_CONNECTIONS are open.
-            crate::metrics::count(crate::metrics::Count::AdminConnectionsRefused);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_MAX, connection).await;
-            drop(slot);
-        });
-    }
-}
-
-fn router(admin: Admin) -> Router {
+fn router(admin: Admin, guard: Arc<host::Guard>) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/metrics", get(metrics))
@@ -219,6 +192,11 @@ fn router(admin: Admin) -> Router {
         // After every route: it covers the routes added before it.
         .method_not_allowed_fallback(error::no_method)
         .fallback(error::no_route)
+        // Layers wrap every route and the fallbacks; the last is outermost:
+        // the Host is checked before any route is looked up, and every
+        // answer, a refusal too, gets its Date.
+        .layer(axum::middleware::from_fn_with_state(guard, host::guard))
+        .layer(axum::middleware::map_response(date::stamp))
         .with_state(admin)
 }
 

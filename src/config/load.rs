@@ -41,9 +41,10 @@ impl RawConfig {
                     .prefix_separator("_")
                     .separator("__")
                     .try_parsing(true)
-                    // The one list key: `FERRY_NORTH__ENDPOINTS=a:1883,b:1883`.
+                    // The list keys: `FERRY_NORTH__ENDPOINTS=a:1883,b:1883`.
                     .list_separator(",")
-                    .with_list_parse_key("north.endpoints"),
+                    .with_list_parse_key("north.endpoints")
+                    .with_list_parse_key("admin.allowed_hosts"),
             )
             .build()
             .map_err(|e| from_config_error(&e))?;

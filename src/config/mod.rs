@@ -19,6 +19,7 @@ use std::time::Duration;
 pub use crate::backoff::RetryConfig;
 use crate::ids::{DeviceId, GatewayId};
 
+mod admin;
 mod check;
 mod load;
 mod north;
@@ -27,6 +28,7 @@ mod raw;
 mod south;
 mod tls;
 mod version;
+pub use admin::{AdminConfig, Host, HostName, MAX_ALLOWED_HOSTS};
 use check::{in_range, Problems};
 pub use check::{ConfigError, ConfigErrors};
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
@@ -98,8 +100,9 @@ pub struct Config {
     /// `shutdown.grace_s`: from the signal to exit, at most.
     pub shutdown_grace: Duration,
     pub alerts: AlertsConfig,
-    /// `admin.listen`: where the admin HTTP server listens (`None`: off).
-    pub admin: Option<std::net::SocketAddr>,
+    /// `[admin]`: where the admin HTTP server listens and the names it
+    /// answers to (`None`: `admin.listen` is empty, no admin server).
+    pub admin: Option<AdminConfig>,
 }
 
 /// `[alerts]`, checked: how long each condition lasts before it is raised.
@@ -227,15 +230,7 @@ impl Config {
             1,
             604_800,
         ));
-        let admin = match raw.admin.listen.trim() {
-            "" => Some(None),
-            listen => p.take(listen.parse::<std::net::SocketAddr>().map(Some).map_err(|e| {
-                ConfigError::new(
-                    "admin.listen",
-                    format!("{e}; expected host:port, e.g. \"127.0.0.1:9183\", or \"\" for no admin server"),
-                )
-            })),
-        };
+        let admin = admin::check(&raw.admin, p);
         p.take(in_range(
             "alerts.backlog_age_s",
             raw.alerts.backlog_age_s,

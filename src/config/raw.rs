@@ -36,12 +36,18 @@ pub struct RawAdmin {
     /// host:port of the admin HTTP server (`/metrics`, `/healthz`,
     /// `/readyz`, the JSON API and the status page); empty turns it off.
     pub listen: String,
+    /// Names a request's `Host` may carry besides the listen address's own
+    /// (a reverse proxy's public name, `name` or `name:port`); any other
+    /// `Host` is answered 421, so a web page cannot reach the server
+    /// through DNS rebinding.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
         RawAdmin {
             listen: "127.0.0.1:9183".into(),
+            allowed_hosts: Vec::new(),
         }
     }
 }

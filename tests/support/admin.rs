@@ -91,6 +91,102 @@ pub fn try_get(url: &str) -> Result<(u16, String), String> {
     })
 }
 
+/// An HTTP answer read off a raw socket.
+#[derive(Debug, Clone)]
+pub struct RawAnswer {
+    pub status: u16,
+    /// Header names lowercased, in order.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawAnswer {
+    /// The first header `name` (lowercase), if any.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `error` of a JSON error answer, which it must be:
+    /// `Content-Type: application/json` and `{"error": "..."}`.
+    pub fn json_error(&self) -> String {
+        assert!(
+            self.header("content-type")
+                .is_some_and(|t| t.starts_with("application/json")),
+            "not a JSON answer: {self:?}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"));
+        json["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no string `error`: {self:?}"))
+            .to_string()
+    }
+}
+
+/// Sends `request`, byte for byte, on a new connection to 127.0.0.1:`port`
+/// and reads until the server closes it (20 s at most): its answer, or
+/// `None` when it closed without one.
+pub fn raw_http(port: u16, request: &[u8]) -> Option<RawAnswer> {
+    use std::io::{Read, Write};
+    super::blocking(|| {
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the admin port");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("read timeout");
+        // A server that answers early may close before all is written.
+        let _ = stream.write_all(request);
+        let mut got = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if got.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return None
+                }
+                Err(e) if got.is_empty() => panic!("no answer within 20 s: {e}"),
+                Err(_) => break,
+            }
+        }
+        if got.is_empty() {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&got).into_owned();
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no end of head in {text:?}"));
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {text:?}"));
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        Some(RawAnswer {
+            status,
+            headers,
+            body: body.to_string(),
+        })
+    })
+}
+
+/// GET `path` with `Host: host` (none when `None`) in HTTP/1.1 (HTTP/1.0
+/// when there is no Host), on a new connection to 127.0.0.1:`port`.
+pub fn get_as(port: u16, host: Option<&str>, path: &str) -> Option<RawAnswer> {
+    let request = match host {
+        Some(host) => format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        None => format!("GET {path} HTTP/1.0\r\n\r\n"),
+    };
+    raw_http(port, request.as_bytes())
+}
+
 /// A `/metrics` answer.
 #[derive(Debug, Clone)]
 pub struct Metrics(pub String);
@@ -126,13 +222,20 @@ impl Metrics {
 /// virtual time (fetches included), and returns the DOM as HTML. Fails,
 /// with how to get it, when Chromium is missing.
 pub fn render_dom(url: &str, settle: Duration) -> String {
-    super::blocking(|| render_now(url, settle))
+    super::blocking(|| render_now(url, settle, &[]))
 }
 
-fn render_now(url: &str, settle: Duration) -> String {
+/// [`render_dom`] with Chromium given `args` too (e.g. a
+/// `--host-resolver-rules` that makes a name resolve to 127.0.0.1).
+pub fn render_dom_with(url: &str, settle: Duration, args: &[&str]) -> String {
+    super::blocking(|| render_now(url, settle, args))
+}
+
+fn render_now(url: &str, settle: Duration, args: &[&str]) -> String {
     let profile = tempfile::tempdir().expect("a Chromium profile dir");
     let mut command = chromium(&profile);
     command
+        .args(args)
         .arg(format!("--virtual-time-budget={}", settle.as_millis()))
         .arg("--dump-dom")
         .arg(url);
