@@ -177,6 +177,8 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             } else {
                 cfg.max_connections
             },
+            // And what their messages cost in memory, all together.
+            max_session_bytes: cfg.max_session_bytes,
         },
     );
     let (presence_tx, presence_rx) = mpsc::unbounded_channel();
