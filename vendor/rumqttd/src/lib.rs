@@ -419,7 +419,8 @@ pub struct RouterConfig {
 }
 
 /// The user property a skipped oversized publish carries (see
-/// [`ConnectionSettings::oversize_head`]): its real payload size.
+/// [`ConnectionSettings::oversize_head`]): its real size, the whole
+/// packet's (a publish can be over the limit by its MQTT 5 properties).
 pub const OVERSIZE_PROPERTY: &str = "ferry-oversize";
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]

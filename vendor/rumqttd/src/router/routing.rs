@@ -367,7 +367,10 @@ impl Router {
                     "Duplicate client_id, dropping previous connection with connection_id: {}",
                     connection_id
                 );
-                self.handle_disconnection(*connection_id, None);
+                // ferry: told why before it is closed (MQTT 5 §3.1.4-3; a
+                // 3.1.1 connection is just closed, see `AnyVersion::write`).
+                let taken_over = Some(DisconnectReasonCode::SessionTakenOver);
+                self.handle_disconnection(*connection_id, taken_over);
             }
         }
 
