@@ -167,9 +167,15 @@ async fn a_publish_over_a_megabyte_is_answered_rejected_logged_and_counted() {
     assert_eq!(status(r), "rejected", "{r}");
     assert_eq!(r["msg_id"], "huge-1", "{r}");
     let reason = r["reason"].as_str().unwrap();
+    // The whole packet: its fixed header (a 3-byte length), topic and
+    // packet id, and payload.
+    let packet = 1 + 3 + 2 + "devices/huge/up/t".len() + 2 + size;
     assert_eq!(
         reason,
-        format!("too_large: {size} bytes > south.max_payload_bytes 65536")
+        format!(
+            "too_large: {packet} bytes > 66560, the largest packet a device may send \
+             (south.max_payload_bytes + 1024)"
+        )
     );
     assert_eq!(status(&receipts[1]), "stored", "the device stays connected");
     let (dl_reason, raw_len): (String, i64) = ferry
@@ -184,7 +190,7 @@ async fn a_publish_over_a_megabyte_is_answered_rejected_logged_and_counted() {
     assert_eq!(raw_len, 4096, "its head is kept, not the whole message");
     let log = ferry.log();
     assert!(
-        log.contains("device publish over south.max_payload_bytes") && log.contains("total=1"),
+        log.contains("device_publish_oversized") && log.contains("total=1"),
         "logged and counted"
     );
 }

@@ -540,9 +540,14 @@ async fn a_publish_declaring_200_mb_is_skipped_unbuffered_while_another_device_f
     let r: Value = serde_json::from_slice(&receipt.payload).unwrap();
     assert_eq!(status(&r), "rejected", "{r}");
     assert_eq!(r["msg_id"], "huge-1", "{r}");
+    // The whole packet's size, over the largest packet a device may send.
+    let packet = publish_header(len).len() + len;
     assert_eq!(
         reason(&r),
-        format!("too_large: {total} bytes > south.max_payload_bytes 65536")
+        format!(
+            "too_large: {packet} bytes > 66560, the largest packet a device may send \
+             (south.max_payload_bytes + 1024)"
+        )
     );
 
     let mut peak = before;

@@ -59,6 +59,7 @@ mod power_loss;
 mod quickstart;
 mod robust;
 mod sandbox;
+mod session_memory;
 mod sessions;
 mod soak;
 mod source_install;

@@ -209,3 +209,122 @@ async fn enhanced_authentication_is_refused_with_bad_authentication_method() {
         .unwrap();
     assert_eq!(ack.code, ConnectReturnCode::BadAuthenticationMethod);
 }
+
+/// A publish whose properties make it larger than the maximum packet size
+/// the CONNACK gave (`south.max_payload_bytes` + 1024) is refused for
+/// its packet's size, which the reason gives with the limit it is over:
+/// not its payload's, which is small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_too_large_for_its_properties_is_refused_by_its_packets_size() {
+    use rumqttc::v5::mqttbytes::v5::Publish;
+    let ferry = Ferry::start(FerryOpts::new("gw-props-size", free_port()));
+    let mut raw = device(ferry.south_port, "ps-a").await;
+    let props = PublishProperties {
+        user_properties: vec![
+            ("a".into(), "x".repeat(40_000)),
+            ("b".into(), "y".repeat(40_000)),
+        ],
+        ..Default::default()
+    };
+    let mut publish = Publish::new(
+        "devices/ps-a/up/t",
+        QoS::AtLeastOnce,
+        envelope("big-props"),
+        Some(props),
+    );
+    publish.pkid = raw.next_pkid();
+    let mut wire = bytes::BytesMut::new();
+    Packet::Publish(publish.clone())
+        .write(&mut wire, None)
+        .unwrap();
+    let size = wire.len();
+    assert!(size > 65536 + 1024 && publish.payload.len() < 100);
+    raw.send(Packet::Publish(publish)).await;
+    let r = receipt_for(&mut raw, "big-props").await.expect("a receipt");
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert_eq!(
+        r["reason"],
+        format!(
+            "too_large: {size} bytes > 66560, the largest packet a device may send \
+             (south.max_payload_bytes + 1024)"
+        ),
+        "{r}"
+    );
+}
+
+/// A device connecting under the id of a connected MQTT 5 device takes
+/// its session over; the old connection is told so, DISCONNECT 0x8E
+/// (Session taken over), before it is closed. An MQTT 3.1.1 connection,
+/// which has no DISCONNECT from the server, is just closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_taken_over_is_told_session_taken_over_in_mqtt_5() {
+    use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode;
+    let ferry = Ferry::start(FerryOpts::new("gw-taken", free_port()));
+    let mut old = device(ferry.south_port, "tk-a").await;
+    let _new = device(ferry.south_port, "tk-a").await;
+    let mut reason = None;
+    while let Some(p) = old.recv(SECS_10).await {
+        if let Packet::Disconnect(d) = p {
+            reason = Some(d.reason_code);
+        }
+    }
+    assert_eq!(reason, Some(DisconnectReasonCode::SessionTakenOver));
+
+    let mut old = crate::support::RawMqtt::connect(ferry.south_port, "tk-b", 60).await;
+    let _new = crate::support::RawMqtt::connect(ferry.south_port, "tk-b", 60).await;
+    let mut packets = Vec::new();
+    while let Some(p) = old.recv(SECS_10).await {
+        packets.push(p);
+    }
+    assert!(
+        !packets
+            .iter()
+            .any(|p| matches!(p, rumqttc::Packet::Disconnect)),
+        "{packets:?}"
+    );
+}
+
+/// A receive maximum of 0, or a maximum packet size of 0, in a CONNECT is
+/// a protocol error (MQTT 5 §3.1.2.11.3, §3.1.2.11.4): refused with
+/// CONNACK 0x82, and the connection closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_maximum_or_maximum_packet_size_of_zero_is_refused_as_a_protocol_error() {
+    use rumqttc::v5::mqttbytes::v5::{Connect, ConnectProperties, ConnectReturnCode};
+    let ferry = Ferry::start(FerryOpts::new("gw-zero-max", free_port()));
+    for (id, receive_maximum, max_packet_size) in [("zm-a", Some(0), None), ("zm-b", None, Some(0))]
+    {
+        let mut props = ConnectProperties::new();
+        props.receive_maximum = receive_maximum;
+        props.max_packet_size = max_packet_size;
+        let connect = Connect {
+            keep_alive: 60,
+            client_id: id.into(),
+            clean_start: true,
+            properties: Some(props),
+        };
+        let (mut raw, ack) = RawV5::try_connect_packet(ferry.south_port, connect, None)
+            .await
+            .unwrap();
+        assert_eq!(ack.code, ConnectReturnCode::ProtocolError, "{id}");
+        assert!(raw.recv(SECS_10).await.is_none(), "{id}: closed");
+    }
+    assert!(
+        ferry.log().contains("connect_protocol_error"),
+        "said: {}",
+        ferry.log_tail()
+    );
+    // The same with values that are no error is let in.
+    let mut props = ConnectProperties::new();
+    props.receive_maximum = Some(1);
+    props.max_packet_size = Some(1024);
+    let connect = Connect {
+        keep_alive: 60,
+        client_id: "zm-c".into(),
+        clean_start: true,
+        properties: Some(props),
+    };
+    let (_raw, ack) = RawV5::try_connect_packet(ferry.south_port, connect, None)
+        .await
+        .unwrap();
+    assert_eq!(ack.code, ConnectReturnCode::Success);
+}

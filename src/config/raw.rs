@@ -132,6 +132,9 @@ pub struct RawSouth {
     /// Longest a device's MQTT session outlives its connection, seconds
     /// (0: no sessions).
     pub max_session_expiry_s: u64,
+    /// What the messages kept in all devices' sessions may cost in memory
+    /// together, bytes (0: sessions keep subscriptions only).
+    pub max_session_bytes: usize,
     /// Most subscriptions one device may hold.
     pub max_subscriptions: usize,
     /// A connection that has not completed its CONNECT within this long is
@@ -222,6 +225,7 @@ impl Default for RawSouth {
             max_connections: 10_000,
             max_keep_alive_s: 600,
             max_session_expiry_s: 3600,
+            max_session_bytes: 128 << 20,
             max_subscriptions: 8,
             connect_timeout_ms: 5000,
             rate_per_s: 200.0,

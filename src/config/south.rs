@@ -14,6 +14,9 @@ use crate::ids::GatewayId;
 
 /// The longest `south.max_session_expiry_s` allowed: 30 days.
 const MAX_SESSION_EXPIRY_S: u64 = 30 * 24 * 3600;
+/// The largest `south.max_session_bytes` allowed: 64 GiB, more than any
+/// box ferry runs on has.
+const MAX_SESSION_BYTES: usize = 64 << 30;
 
 #[derive(Debug, Clone)]
 pub struct SouthConfig {
@@ -29,6 +32,9 @@ pub struct SouthConfig {
     /// a clean session, MQTT 5's session expiry) outlives its connection;
     /// zero keeps none.
     pub max_session_expiry: Duration,
+    /// Embedded mode: what the messages kept in all sessions may cost in
+    /// memory together, bytes.
+    pub max_session_bytes: usize,
     pub max_subscriptions: usize,
     /// Embedded mode: how long a connection may take to complete its TLS
     /// handshake and its CONNECT.
@@ -121,6 +127,12 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
         MAX_SESSION_EXPIRY_S,
     ));
     p.take(in_range(
+        "south.max_session_bytes",
+        raw.max_session_bytes,
+        0,
+        MAX_SESSION_BYTES,
+    ));
+    p.take(in_range(
         "south.max_subscriptions",
         raw.max_subscriptions,
         2,
@@ -174,6 +186,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
         max_connections: raw.max_connections,
         max_keep_alive: Duration::from_secs(raw.max_keep_alive_s),
         max_session_expiry: Duration::from_secs(raw.max_session_expiry_s),
+        max_session_bytes: raw.max_session_bytes,
         max_subscriptions: raw.max_subscriptions,
         connect_timeout: Duration::from_millis(raw.connect_timeout_ms),
         tls: south_tls,

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 #[derive(Debug)]
 pub(super) struct Broker;
 
 /// `(name, help, counter)`; names are under the `ferry_` prefix.
-fn broker_counters() -> [(&'static str, &'static str, &'static AtomicU64); 9] {
+fn broker_counters() -> [(&'static str, &'static str, &'static AtomicU64); 10] {
     use rumqttd::counters;
     [
         ("broker_subscriptions_refused", "SUBSCRIBEs the embedded broker refused (not the device's own topics, or over the limit)", &counters::SUBSCRIPTIONS_REFUSED),
@@ -23,6 +24,7 @@ fn broker_counters() -> [(&'static str, &'static str, &'static AtomicU64); 9] {
         ("broker_connections_full", "CONNECTs refused because south.max_connections devices were connected", &counters::CONNECTIONS_FULL),
         ("broker_deliveries_over_client_packet_size", "Receipts and batches not sent because they were over the device's MQTT 5 maximum packet size", &counters::DIRECT_TOO_LARGE),
         ("broker_session_messages_left_out", "Deliveries a device's full MQTT session left out (the protocol sends them again)", &counters::SESSION_MESSAGES_DROPPED),
+        ("broker_session_messages_over_budget", "Deliveries left out of MQTT sessions because all sessions together held south.max_session_bytes (the protocol sends them again)", &counters::SESSION_MESSAGES_OVER_BUDGET),
     ]
 }
 
@@ -43,6 +45,15 @@ impl Collector for Broker {
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
         }
+        let bytes = rumqttd::counters::SESSION_BYTES.load(Ordering::Relaxed);
+        let gauge = ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let metric = encoder.encode_descriptor(
+            "broker_session_bytes",
+            "What the receipts and batches kept in devices' MQTT sessions cost in memory now, bytes (at most south.max_session_bytes)",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)?;
         let counter = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "broker_connects",

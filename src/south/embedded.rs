@@ -60,8 +60,8 @@ use super::admission;
 use super::auth::{self, Authenticator};
 use super::presence;
 use super::seam::{
-    device_filters, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender, Started,
-    INBOUND_CAPACITY, OVERSIZE_HEAD, TOPIC_ALLOWANCE,
+    device_filters, max_packet_bytes, Inbound, InboundTx, Outbound, South, SouthMessage,
+    SouthSender, Started, INBOUND_CAPACITY, OVERSIZE_HEAD,
 };
 use crate::config::{ListenerTls, SouthAuth, SouthConfig};
 use crate::protocol::now_ms;
@@ -177,6 +177,8 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             } else {
                 cfg.max_connections
             },
+            // And what their messages cost in memory, all together.
+            max_session_bytes: cfg.max_session_bytes,
         },
     );
     let (presence_tx, presence_rx) = mpsc::unbounded_channel();
@@ -218,9 +220,10 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             // and CONNECT within this is closed; each waits in its own task,
             // so none delays another device's connect.
             connection_timeout_ms: cfg.connect_timeout.as_millis().min(u16::MAX as u128) as u16,
-            // A larger publish is skipped on the wire and reaches the
-            // gateway as its head, to be answered `rejected`.
-            max_payload_size: cfg.max_payload_bytes + TOPIC_ALLOWANCE,
+            // A larger packet (MQTT 5 properties included) is skipped on
+            // the wire and reaches the gateway as its head and its size, to
+            // be answered `rejected`.
+            max_payload_size: max_packet_bytes(cfg.max_payload_bytes),
             oversize_head: OVERSIZE_HEAD,
             max_inflight_count: 256,
             auth: None,

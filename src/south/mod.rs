@@ -34,7 +34,9 @@ use crate::status_file::{LiveEvent, LiveSender};
 pub use embedded::SouthError;
 
 pub(crate) use seam::Started;
-pub use seam::{Ack, DeviceControl, Inbound, PublishProps, South, SouthMessage, SouthSender};
+pub use seam::{
+    max_packet_bytes, Ack, DeviceControl, Inbound, PublishProps, South, SouthMessage, SouthSender,
+};
 
 /// Starts the south side `cfg.mode` names, on the current tokio runtime.
 /// The status file is told of the site session (external mode) and of

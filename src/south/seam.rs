@@ -24,6 +24,13 @@ pub(super) const OVERSIZE_HEAD: usize = mqtt::OVERSIZE_HEAD;
 /// under it; a longer one is cut short like an oversized payload).
 pub(super) const TOPIC_ALLOWANCE: usize = 1024;
 
+/// The largest publish a device may send, bytes: the whole packet (the
+/// maximum packet size an MQTT 5 CONNACK gives); a larger one reaches the
+/// pipeline cut short, with its real size.
+pub fn max_packet_bytes(max_payload_bytes: usize) -> usize {
+    max_payload_bytes + TOPIC_ALLOWANCE
+}
+
 /// Publishes to devices dropped for want of room towards the site broker
 /// (the protocol repairs them: the device resends, or pulls).
 static SITE_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

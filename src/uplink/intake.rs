@@ -254,7 +254,8 @@ async fn accept(
     if let Some(size) = msg.oversize {
         let total = metrics::count(Count::OversizedFromDevices);
         if lines.admit(&sender, Instant::now()) {
-            warn!(event = "device_publish_oversized", topic = %Clip(&msg.topic), bytes = size, limit = cfg.max_payload_bytes, total, "device publish over south.max_payload_bytes");
+            let limit = crate::south::max_packet_bytes(cfg.max_payload_bytes);
+            warn!(event = "device_publish_oversized", topic = %Clip(&msg.topic), bytes = size, limit, total, "device publish over the largest packet a device may send (south.max_payload_bytes + 1024)");
         }
     }
     if let Route::Control { device, kind } = route {
@@ -407,8 +408,9 @@ fn judge(
         let rejection = Rejection {
             code: RejectCode::TooLarge,
             detail: format!(
-                "{size} bytes > south.max_payload_bytes {}",
-                cfg.max_payload_bytes
+                "{size} bytes > {}, the largest packet a device may send \
+                 (south.max_payload_bytes + 1024)",
+                crate::south::max_packet_bytes(cfg.max_payload_bytes)
             ),
             msg_id: sniff_msg_id(&msg.payload),
         };

@@ -92,6 +92,12 @@ pub mod counters {
     pub static CONNECTS_V5: AtomicU64 = AtomicU64::new(0);
     /// Deliveries a full session left out (the protocol repairs them).
     pub static SESSION_MESSAGES_DROPPED: AtomicU64 = AtomicU64::new(0);
+    /// Deliveries left out because all sessions together held
+    /// `RouterConfig::max_session_bytes` (the protocol repairs them).
+    pub static SESSION_MESSAGES_OVER_BUDGET: AtomicU64 = AtomicU64::new(0);
+    /// What the messages kept in sessions cost in memory now, bytes (a
+    /// gauge; see `router/sessions.rs`).
+    pub static SESSION_BYTES: AtomicU64 = AtomicU64::new(0);
 }
 
 /// ferry: what a connect hook is told about a CONNECT (see
@@ -404,10 +410,17 @@ pub struct RouterConfig {
     /// at most). 0 keeps none.
     #[serde(default)]
     pub max_sessions: usize,
+    /// ferry: what the messages kept in all sessions may cost in memory
+    /// together, bytes (see `router/sessions.rs`: counted by what they
+    /// cost, not their payloads' length); past it, a session keeps no
+    /// more messages. 0 keeps none (only subscriptions).
+    #[serde(default)]
+    pub max_session_bytes: usize,
 }
 
 /// The user property a skipped oversized publish carries (see
-/// [`ConnectionSettings::oversize_head`]): its real payload size.
+/// [`ConnectionSettings::oversize_head`]): its real size, the whole
+/// packet's (a publish can be over the limit by its MQTT 5 properties).
 pub const OVERSIZE_PROPERTY: &str = "ferry-oversize";
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]

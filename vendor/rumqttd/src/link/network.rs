@@ -88,7 +88,7 @@ impl<P: Protocol> Network<P> {
     /// ferry: skip a PUBLISH over the size limit on the wire, passing on its
     /// topic, packet id and the first `head` bytes of its payload, marked
     /// with a [`crate::OVERSIZE_PROPERTY`] user property giving its real
-    /// payload size, instead of failing the connection. MQTT 3.1.1 and 5
+    /// size (the whole packet's), instead of failing the connection. MQTT 3.1.1 and 5
     /// framing (5's properties are skipped).
     pub fn set_oversize_head(&mut self, head: usize) {
         self.oversize_head = head;
@@ -165,7 +165,9 @@ impl<P: Protocol> Network<P> {
         let topic = packet.split_to(topic_len);
         let pkid = if qos > 0 { packet.get_u16() } else { 0 };
         packet.advance((header - packet_id_end).min(packet.len()));
-        let size = remaining - header;
+        // The whole packet's size: what is over the limit, MQTT 5's
+        // properties included.
+        let size = fixed + remaining;
         self.skip = fixed + remaining - want;
         self.discard();
         tracing::info!(

@@ -12,6 +12,8 @@
 //!   [`crate::OVERSIZE_PROPERTY`]): a client's are removed as its packets
 //!   are decoded ([`strip_reserved`]), so no client can forge them.
 //! - A client may not send subscription identifiers on a publish.
+//! - A CONNECT with a receive maximum or maximum packet size of 0 is a
+//!   protocol error ([`connect_protocol_error`]).
 
 use std::collections::HashMap;
 
@@ -95,6 +97,22 @@ pub(crate) fn check_client_properties(
         }
         _ => Ok(()),
     }
+}
+
+/// Why the properties of a CONNECT are a protocol error, if they are: a
+/// receive maximum or a maximum packet size of 0 (MQTT 5 §3.1.2.11.3,
+/// §3.1.2.11.4). The broker refuses such a CONNECT with CONNACK 0x82.
+pub(crate) fn connect_protocol_error(
+    properties: Option<&ConnectProperties>,
+) -> Option<&'static str> {
+    let p = properties?;
+    if p.receive_maximum == Some(0) {
+        return Some("receive maximum 0");
+    }
+    if p.max_packet_size == Some(0) {
+        return Some("maximum packet size 0");
+    }
+    None
 }
 
 /// What the broker's CONNACK tells a client about this connection (MQTT 5;

@@ -469,6 +469,28 @@ where
         return Err(Error::Refused);
     }
 
+    // ferry: a receive maximum or maximum packet size of 0 is the client's
+    // protocol error (MQTT 5 §3.1.2.11.3, §3.1.2.11.4): told so (0x82) and
+    // closed, not taken as "no limit".
+    if let Some(why) = properties::connect_protocol_error(_props.as_ref()) {
+        crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
+        if crate::refusals::admit(peer.ip()) {
+            warn!(
+                event = "connect_protocol_error",
+                %peer,
+                client_id = %crate::refusals::Clip(&connect.client_id),
+                why,
+                "CONNECT refused: a protocol error in its properties"
+            );
+        }
+        let ack = ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::ProtocolError,
+        };
+        network.write(Packet::ConnAck(ack, None)).await?;
+        return Err(Error::Refused);
+    }
+
     handle_auth(config.clone(), login.as_ref(), &connect.client_id).await?;
 
     // ferry: the connect hook decides, and a refusal gets its CONNACK.

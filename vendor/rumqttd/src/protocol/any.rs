@@ -96,6 +96,12 @@ impl Protocol for AnyVersion {
     }
 
     fn write(&self, mut packet: Packet, write: &mut BytesMut) -> Result<usize, Error> {
+        // ferry: in MQTT 3.1 and 3.1.1 only a client sends DISCONNECT; a
+        // server closes the connection, so its DISCONNECT (a reason the
+        // router gives, such as a takeover) is not written.
+        if *self != AnyVersion::V5 && matches!(packet, Packet::Disconnect(..)) {
+            return Ok(0);
+        }
         match self {
             AnyVersion::V5 => V5.write(packet, write),
             AnyVersion::V4 { level: 3 } => {
@@ -163,6 +169,31 @@ mod tests {
         );
         AnyVersion::V5.write(packet, &mut normal).unwrap();
         assert_eq!(&normal[..], &[0xe0, 0x00]);
+    }
+
+    #[test]
+    fn a_3_1_1_connection_is_written_no_disconnect() {
+        use crate::protocol::{Disconnect, DisconnectReasonCode};
+        for v4 in [AnyVersion::V4 { level: 3 }, AnyVersion::V4 { level: 4 }] {
+            let mut out = BytesMut::new();
+            let packet = Packet::Disconnect(
+                Disconnect {
+                    reason_code: DisconnectReasonCode::SessionTakenOver,
+                },
+                None,
+            );
+            v4.write(packet, &mut out).unwrap();
+            assert!(out.is_empty(), "{v4:?}");
+        }
+        let mut out = BytesMut::new();
+        let packet = Packet::Disconnect(
+            Disconnect {
+                reason_code: DisconnectReasonCode::SessionTakenOver,
+            },
+            None,
+        );
+        AnyVersion::V5.write(packet, &mut out).unwrap();
+        assert_eq!(&out[..], &[0xe0, 0x02, 0x8e, 0x00]);
     }
 
     #[test]

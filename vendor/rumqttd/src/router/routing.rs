@@ -129,6 +129,7 @@ const MAX_HELD_BYTES: usize = 64 << 20;
 impl Router {
     pub fn new(router_id: RouterId, config: RouterConfig) -> Router {
         let max_sessions = config.max_sessions;
+        let max_session_bytes = config.max_session_bytes;
         let (router_tx, router_rx) = bounded(1000);
 
         let meters = Slab::with_capacity(10);
@@ -169,7 +170,7 @@ impl Router {
             hold_remote: false,
             direct_dropped: 0,
             client_events: None,
-            sessions: super::sessions::Sessions::new(max_sessions),
+            sessions: super::sessions::Sessions::new(max_sessions, max_session_bytes),
             sessions_swept: std::time::Instant::now(),
         }
     }
@@ -366,7 +367,10 @@ impl Router {
                     "Duplicate client_id, dropping previous connection with connection_id: {}",
                     connection_id
                 );
-                self.handle_disconnection(*connection_id, None);
+                // ferry: told why before it is closed (MQTT 5 §3.1.4-3; a
+                // 3.1.1 connection is just closed, see `AnyVersion::write`).
+                let taken_over = Some(DisconnectReasonCode::SessionTakenOver);
+                self.handle_disconnection(*connection_id, taken_over);
             }
         }
 
@@ -714,7 +718,10 @@ impl Router {
                     pkid: 0,
                     payload: d.payload,
                 };
-                if self.sessions.queue(&d.client_id, &topic, publish) {
+                if self
+                    .sessions
+                    .queue(&d.client_id, &topic, publish, std::time::Instant::now())
+                {
                     continue;
                 }
                 self.direct_dropped += 1;

@@ -182,7 +182,9 @@ pub fn check(stream: Iter<u8>, max_packet_size: usize) -> Result<FixedHeader, Er
 
     // Don't let rogue connections attack with huge payloads.
     // Disconnect them before reading all that data
-    if fixed_header.remaining_len > max_packet_size {
+    // ferry: the limit is on the whole packet, as MQTT 5's maximum packet
+    // size (which the CONNACK gives) counts it.
+    if fixed_header.frame_length() > max_packet_size {
         return Err(Error::PayloadSizeLimitExceeded(fixed_header.remaining_len));
     }
 

@@ -87,7 +87,7 @@ impl Router {
             }
         }
         if let Some(outgoing) = self.obufs.get_mut(id) {
-            for publish in messages.into_iter().rev() {
+            for publish in messages.into_publishes().into_iter().rev() {
                 outgoing.direct.push_front((publish, 1));
             }
         }
