@@ -2,6 +2,10 @@
 //! link, the north session and the two pipeline tasks, and returns when
 //! one of them stops (an error) or, once `shutdown` resolves, when all of
 //! them have finished in pipeline order (see [`crate::shutdown`]).
+//!
+//! The store's writer stopping on its own (a damaged database, a failed
+//! fsync, its files gone) ends the run at once with its cause, traffic or
+//! not: `/readyz` says 503 from then until the process exits.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,11 +38,17 @@ pub enum RunError {
     #[error("{0}")]
     Admin(#[from] crate::admin::BindError),
     #[error("{0}")]
-    Claimed(#[from] crate::status_file::claim::ClaimError),
-    #[error("{0}")]
     Stopped(String),
     #[error("shutdown.grace_s ({}s) ran out; still running: {late}", grace.as_secs())]
     GraceExceeded { late: String, grace: Duration },
+}
+
+impl RunError {
+    /// Whether the fix is in the config: restarting as it is cannot help
+    /// (the binary exits 64 then).
+    pub fn is_config(&self) -> bool {
+        matches!(self, RunError::Store(e) if e.is_config())
+    }
 }
 
 /// Longest wait for the north DISCONNECT to be written (the whole wait
@@ -52,10 +62,9 @@ const PIPELINE_QUEUE: usize = 8192;
 
 /// Runs the gateway until `shutdown` resolves or a part of it fails.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
-    // Held until run() returns: `ferry status` sees this gateway by it,
-    // and a second one on the same store stops here.
-    let _claim = status_file::claim::claim(&cfg.data_dir).await?;
+    // A second gateway on the same store stops here, at the store's lock.
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
+    status_file::pid_file::write(&cfg.data_dir);
     // The pipeline's health, checked under systemd (for its watchdog) or
     // not (for /healthz), and whether the gateway has started (/readyz).
     let (health_tx, health_rx) = watch::channel(None);
@@ -115,7 +124,9 @@ struct Running {
     north: NorthSender,
     south: SouthSender,
     south_stopped: JoinHandle<String>,
-    store_exited: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Resolves once the writer thread has exited: with its cause when
+    /// it stopped on an error.
+    store_exited: Pin<Box<dyn Future<Output = Option<String>> + Send>>,
 }
 
 impl Running {
@@ -229,6 +240,10 @@ impl Running {
             r = &mut self.engine => Err(stopped("uplink engine", r)),
             r = &mut self.downlink => Err(stopped("downlink", r)),
             r = &mut self.south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
+            // Only ever early: at a shutdown it exits after the pipelines.
+            cause = &mut self.store_exited => Err(RunError::Store(StoreError::Stopped(
+                cause.unwrap_or_else(|| "the store writer ended".into()),
+            ))),
         };
         self.sides.abort_unwaited();
         result
@@ -268,8 +283,10 @@ impl Running {
         outcome.merge(
             wait_all(
                 vec![Part::new("store writer", async {
-                    store_exited.await;
-                    Ok(())
+                    match store_exited.await {
+                        Some(cause) => Err(cause),
+                        None => Ok(()),
+                    }
                 })],
                 plan.deadline,
             )

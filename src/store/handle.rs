@@ -40,11 +40,16 @@ impl Store {
 
     /// Resolves once the writer thread has exited: after the last handle
     /// is dropped it commits everything queued, closes the database and
-    /// exits (or it stopped earlier on a damaged database). The future
-    /// holds no handle itself.
-    pub fn exited(&self) -> impl Future<Output = ()> + Send + 'static {
+    /// exits (`None`), or it stopped earlier on an error (a damaged
+    /// database, a failed fsync, its files gone: `Some(cause)`). The
+    /// future holds no handle itself.
+    pub fn exited(&self) -> impl Future<Output = Option<String>> + Send + 'static {
         let mut exited = self.exited.clone();
-        async move { while exited.changed().await.is_ok() {} }
+        let stopped = self.stopped.clone();
+        async move {
+            while exited.changed().await.is_ok() {}
+            stopped.get().cloned()
+        }
     }
 
     /// Bumped at every commit attempt: moving while pings go unanswered
