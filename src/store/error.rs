@@ -79,10 +79,10 @@ pub(super) fn io_words(e: &rusqlite::Error, errno: i32) -> String {
     };
     let os = match errno {
         0 => String::new(),
-        n => format!(": {}", std::io::Error::from_raw_os_error(n)),
+        n => format!("; the OS said: {}", std::io::Error::from_raw_os_error(n)),
     };
     format!(
-        "{} (SQLite code {extended}{os})",
+        "{}; SQLite code {extended}{os}",
         rusqlite::ffi::code_to_str(extended)
     )
 }

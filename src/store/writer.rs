@@ -238,7 +238,7 @@ impl Writer {
             event = "store_io_failed",
             error = %what,
             batch = batch.len(),
-            "store stopped: an I/O error ({what}); nothing of the failed batch was answered and it is not retried on this connection (after a failed fsync the disk may not hold what the kernel said it would); ferry exits, and a restart reopens the store from its files. If it happens again, the disk or its file system is failing: see the kernel log (dmesg) and move gateway.data_dir to a healthy disk"
+            "store stopped: an I/O error on the store's disk: {what}. Nothing of the failed batch was answered and it is not retried on this connection (after a failed fsync the disk may not hold what the kernel said it would); ferry exits, and a restart reopens the store from its files. If it happens again, the disk or its file system is failing: see the kernel log (dmesg) and move gateway.data_dir to a healthy disk"
         );
         self.stop(
             format!("an I/O error on the store's disk: {what}; restart ferry (it reopens the store), and if it happens again, check the disk"),
