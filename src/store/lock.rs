@@ -28,7 +28,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::error::StoreError;
-use super::open::DB_FILE;
 
 /// A file's identity: the device and inode it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,11 +108,11 @@ pub enum Holder {
     Unknown,
 }
 
-/// Who holds the lock of the store in `data_dir`. Reads `/proc/locks`
-/// only: it never opens the database file (see the module docs), so it
-/// is safe in the gateway's own process.
-pub fn holder(data_dir: &Path) -> Holder {
-    match FileId::at(&data_dir.join(DB_FILE)) {
+/// Who holds the lock of the database file `db`. Reads `/proc/locks`
+/// only: it never opens the file (see the module docs), so it is safe in
+/// the gateway's own process.
+pub fn holder(db: &Path) -> Holder {
+    match FileId::at(db) {
         Some(id) => holder_of(id),
         None => Holder::Nobody,
     }
@@ -225,10 +224,10 @@ mod tests {
     #[test]
     fn a_second_hold_on_one_database_is_refused_naming_the_first_and_free_once_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join(DB_FILE);
-        assert_eq!(holder(dir.path()), Holder::Nobody, "no database yet");
+        let db = dir.path().join("ferry.db");
+        assert_eq!(holder(&db), Holder::Nobody, "no database yet");
         let first = take(&db).expect("the first hold");
-        assert_eq!(holder(dir.path()), Holder::Pid(std::process::id()));
+        assert_eq!(holder(&db), Holder::Pid(std::process::id()));
         // flock belongs to an open file description: a second open in the
         // same process is refused as another process would be.
         let err = take(&db).expect_err("a second hold");
@@ -240,19 +239,19 @@ mod tests {
             "{line}"
         );
         drop(first);
-        assert_eq!(holder(dir.path()), Holder::Nobody);
+        assert_eq!(holder(&db), Holder::Nobody);
         let _again = take(&db).expect("free again");
     }
 
     #[test]
     fn the_hold_survives_its_file_being_renamed_and_a_new_file_at_the_name_is_another_store() {
         let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join(DB_FILE);
+        let db = dir.path().join("ferry.db");
         let _first = take(&db).expect("the first hold");
         // The lock is on the inode: the old file keeps it wherever it goes.
         let moved = dir.path().join("elsewhere.db");
         std::fs::rename(&db, &moved).unwrap();
         assert!(matches!(take(&moved), Err(StoreError::InUse { .. })));
-        assert_eq!(holder(dir.path()), Holder::Nobody, "nothing at the name");
+        assert_eq!(holder(&db), Holder::Nobody, "nothing at the name");
     }
 }

@@ -81,9 +81,16 @@ mod writer;
 pub use error::StoreError;
 pub use figures::{AlertScan, Backlog, DeadSummary};
 pub use handle::Store;
-pub use lock::{holder, Holder};
+pub use lock::Holder;
 pub use op::Timing;
 pub use open::DB_FILE;
+
+/// Who holds the lock of the store in `data_dir`: the running gateway's
+/// pid, as far as `/proc/locks` shows (see [`lock`]). Never opens the
+/// database file.
+pub fn holder(data_dir: &std::path::Path) -> Holder {
+    lock::holder(&data_dir.join(DB_FILE))
+}
 
 /// The schema version this build writes (`PRAGMA user_version`).
 pub fn schema_version() -> usize {
