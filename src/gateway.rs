@@ -101,7 +101,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let notifier = systemd::Notifier::from_env();
     notifier.notify("READY=1");
     ready_tx.send_replace(true);
-    let result = gateway.until_stopped(shutdown).await;
+    let result = gateway.until_stopped(shutdown, &ready_tx).await;
     ready_tx.send_replace(false);
     result?;
     notifier.notify("STOPPING=1");
@@ -127,6 +127,8 @@ struct Running {
     /// Resolves once the writer thread has exited: with its cause when
     /// it stopped on an error.
     store_exited: Pin<Box<dyn Future<Output = Option<String>> + Send>>,
+    /// Resolves once the writer begins to stop on an error.
+    store_stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 impl Running {
@@ -140,6 +142,7 @@ impl Running {
         views: Views,
     ) -> Result<Running, RunError> {
         let store_exited = Box::pin(store.exited());
+        let store_stopping = Box::pin(store.stopping());
         let (trigger, shutdown_rx) = shutdown::channel();
         let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
         let status = status_file::start(
@@ -228,12 +231,20 @@ impl Running {
             south: south.outbound,
             south_stopped: south.stopped,
             store_exited,
+            store_stopping,
         })
     }
 
     /// Resolves when `shutdown` does (`Ok`) or a pipeline part stops on
-    /// its own (an error: each runs until the shutdown).
-    async fn until_stopped(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    /// its own (an error: each runs until the shutdown). A store that
+    /// begins to stop makes the gateway unready at once (`/readyz` 503
+    /// while the writer saves what it holds), then ends the run with its
+    /// cause.
+    async fn until_stopped(
+        &mut self,
+        shutdown: impl Future<Output = ()>,
+        ready: &watch::Sender<bool>,
+    ) -> Result<(), RunError> {
         let result = tokio::select! {
             _ = shutdown => Ok(()),
             r = &mut self.intake => Err(stopped("intake", r)),
@@ -241,9 +252,11 @@ impl Running {
             r = &mut self.downlink => Err(stopped("downlink", r)),
             r = &mut self.south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
             // Only ever early: at a shutdown it exits after the pipelines.
-            cause = &mut self.store_exited => Err(RunError::Store(StoreError::Stopped(
-                cause.unwrap_or_else(|| "the store writer ended".into()),
-            ))),
+            cause = &mut self.store_exited => Err(store_stopped(cause)),
+            () = &mut self.store_stopping => {
+                ready.send_replace(false);
+                Err(store_stopped((&mut self.store_exited).await))
+            }
         };
         self.sides.abort_unwaited();
         result
@@ -427,6 +440,13 @@ fn joined(name: &'static str, task: tokio::task::JoinHandle<Result<(), StoreErro
             Err(e) => Err(format!("panicked: {e}")),
         }
     })
+}
+
+/// The run's end when the store's writer stopped on its own.
+fn store_stopped(cause: Option<String>) -> RunError {
+    RunError::Store(StoreError::Stopped(
+        cause.unwrap_or_else(|| "the store writer ended".into()),
+    ))
 }
 
 fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> RunError {

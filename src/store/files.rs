@@ -41,6 +41,7 @@ use tracing::error;
 
 use super::lock::FileId;
 use super::op::{Cx, Op, Told};
+use crate::health::Heartbeat;
 
 /// How often the watcher thread checks the names.
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -171,8 +172,10 @@ pub(super) enum Rescue {
 /// Saves what the writer's connection holds after `gone` (see the module
 /// docs), logs the ERROR, and returns the cause every request is then
 /// answered with.
-pub(super) fn stop(conn: &Connection, files: &Files, gone: Gone) -> String {
-    let rescue = rescue(conn, files, gone);
+/// The writer's heartbeat is bumped as the copy goes, so a watchdog sees
+/// it alive while it saves a large store.
+pub(super) fn stop(conn: &Connection, files: &Files, gone: Gone, beat: &Heartbeat) -> String {
+    let rescue = rescue(conn, files, gone, beat);
     let what = match (gone.which, gone.how) {
         (which, How::Deleted) => format!("{} was deleted", files.path(which).display()),
         (which, How::Replaced) => format!(
@@ -218,7 +221,7 @@ pub(super) fn stop(conn: &Connection, files: &Files, gone: Gone) -> String {
     format!("{what} while the gateway ran; {saved}; {todo}")
 }
 
-fn rescue(conn: &Connection, files: &Files, gone: Gone) -> Rescue {
+fn rescue(conn: &Connection, files: &Files, gone: Gone, beat: &Heartbeat) -> Rescue {
     if gone.which != Which::Db && files.ours(Which::Db) {
         // The database file is still ours: the WAL's frames go into it,
         // and a file that took the WAL's or the index's name goes aside.
@@ -237,7 +240,7 @@ fn rescue(conn: &Connection, files: &Files, gone: Gone) -> Rescue {
     let mut name = files.db.clone().into_os_string();
     name.push(format!(".rescued-{stamp}"));
     let saved = PathBuf::from(name);
-    if let Err(why) = backup(conn, &saved) {
+    if let Err(why) = backup(conn, &saved, beat) {
         return Rescue::Failed(why);
     }
     // Everything is in the backup: the old WAL and index must never be
@@ -283,16 +286,31 @@ fn move_aside(path: &Path) {
 }
 
 /// Copies the connection's database to a new file at `to` (its directory
-/// made again if it went), synced.
-fn backup(conn: &Connection, to: &Path) -> Result<(), String> {
+/// made again if it went), synced: SQLite's online backup, a few MiB a
+/// step, bumping `beat` at each.
+fn backup(conn: &Connection, to: &Path, beat: &Heartbeat) -> Result<(), String> {
+    use rusqlite::backup::{Backup, StepResult};
     if let Some(dir) = to.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     if to.exists() {
         return Err(format!("{} exists", to.display()));
     }
-    conn.backup(rusqlite::DatabaseName::Main, to, None)
-        .map_err(|e| format!("backup to {}: {e}", to.display()))?;
+    let failed = |e: rusqlite::Error| format!("backup to {}: {e}", to.display());
+    let mut copy = Connection::open(to).map_err(failed)?;
+    {
+        let backup = Backup::new(conn, &mut copy).map_err(failed)?;
+        loop {
+            beat.bump();
+            match backup.step(1024).map_err(failed)? {
+                StepResult::Done => break,
+                StepResult::More => {}
+                // Only this thread writes the source; the copy is new.
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+    copy.close().map_err(|(_, e)| failed(e))?;
     sync_dir(to);
     Ok(())
 }

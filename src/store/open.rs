@@ -72,6 +72,7 @@ impl Store {
         let (tx, rx) = mpsc::unbounded_channel();
         let max_batch = cfg.max_batch;
         let stopped = Arc::new(OnceLock::new());
+        let (stopping_tx, stopping) = watch::channel(false);
         let beat = Heartbeat::default();
         let budget = Budget::new(cfg.max_db_bytes);
         let writer = writer::Writer::new(
@@ -84,6 +85,7 @@ impl Store {
             writer::Held {
                 hold,
                 files: files.clone(),
+                stopping: stopping_tx,
             },
         );
         let (exiting, exited) = watch::channel(());
@@ -109,6 +111,7 @@ impl Store {
         Ok(Store {
             tx,
             stopped,
+            stopping,
             exited,
             beat,
             budget,

@@ -42,7 +42,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn};
 
 use super::budget::{self, Budget, Change};
@@ -92,10 +92,13 @@ fn classify(e: &rusqlite::Error) -> Failure {
 }
 
 /// What the writer holds besides its connection: the store's lock (let
-/// go only after the connection is closed) and the files it watches.
+/// go only after the connection is closed), the files it watches, and
+/// where it says, first thing, that it is stopping on an error (so the
+/// gateway is unready while what the store holds is being saved).
 pub(super) struct Held {
     pub hold: Hold,
     pub files: Arc<Files>,
+    pub stopping: watch::Sender<bool>,
 }
 
 pub(super) struct Writer {
@@ -217,6 +220,7 @@ impl Writer {
     /// Stops the store with `cause`: every request of `batch`, and every
     /// later one, is answered with it.
     fn stop(&mut self, cause: String, batch: &mut Vec<Op>) {
+        self.held.stopping.send_replace(true);
         let _ = self.stopped.set(cause.clone());
         for op in batch.drain(..) {
             op.fail(&StoreError::Stopped(cause.clone()));
@@ -265,7 +269,8 @@ impl Writer {
                     self.seqs.committed();
                     // Committed, but to the files the names still give?
                     if let Err(gone) = self.held.files.check() {
-                        let cause = files::stop(&self.conn, &self.held.files, gone);
+                        self.held.stopping.send_replace(true);
+                        let cause = files::stop(&self.conn, &self.held.files, gone, &self.beat);
                         self.stop(cause, batch);
                         return false;
                     }
