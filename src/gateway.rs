@@ -2,6 +2,10 @@
 //! link, the north session and the two pipeline tasks, and returns when
 //! one of them stops (an error) or, once `shutdown` resolves, when all of
 //! them have finished in pipeline order (see [`crate::shutdown`]).
+//!
+//! The store's writer stopping on its own (a damaged database, a failed
+//! fsync, its files gone) ends the run at once with its cause, traffic or
+//! not: `/readyz` says 503 from then until the process exits.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,11 +38,17 @@ pub enum RunError {
     #[error("{0}")]
     Admin(#[from] crate::admin::BindError),
     #[error("{0}")]
-    Claimed(#[from] crate::status_file::claim::ClaimError),
-    #[error("{0}")]
     Stopped(String),
     #[error("shutdown.grace_s ({}s) ran out; still running: {late}", grace.as_secs())]
     GraceExceeded { late: String, grace: Duration },
+}
+
+impl RunError {
+    /// Whether the fix is in the config: restarting as it is cannot help
+    /// (the binary exits 64 then).
+    pub fn is_config(&self) -> bool {
+        matches!(self, RunError::Store(e) if e.is_config())
+    }
 }
 
 /// Longest wait for the north DISCONNECT to be written (the whole wait
@@ -52,10 +62,9 @@ const PIPELINE_QUEUE: usize = 8192;
 
 /// Runs the gateway until `shutdown` resolves or a part of it fails.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
-    // Held until run() returns: `ferry status` sees this gateway by it,
-    // and a second one on the same store stops here.
-    let _claim = status_file::claim::claim(&cfg.data_dir).await?;
+    // A second gateway on the same store stops here, at the store's lock.
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
+    status_file::pid_file::write(&cfg.data_dir);
     // The pipeline's health, checked under systemd (for its watchdog) or
     // not (for /healthz), and whether the gateway has started (/readyz).
     let (health_tx, health_rx) = watch::channel(None);
@@ -92,7 +101,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let notifier = systemd::Notifier::from_env();
     notifier.notify("READY=1");
     ready_tx.send_replace(true);
-    let result = gateway.until_stopped(shutdown).await;
+    let result = gateway.until_stopped(shutdown, &ready_tx).await;
     ready_tx.send_replace(false);
     result?;
     notifier.notify("STOPPING=1");
@@ -115,7 +124,11 @@ struct Running {
     north: NorthSender,
     south: SouthSender,
     south_stopped: JoinHandle<String>,
-    store_exited: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Resolves once the writer thread has exited: with its cause when
+    /// it stopped on an error.
+    store_exited: Pin<Box<dyn Future<Output = Option<String>> + Send>>,
+    /// Resolves once the writer begins to stop on an error.
+    store_stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 impl Running {
@@ -129,6 +142,7 @@ impl Running {
         views: Views,
     ) -> Result<Running, RunError> {
         let store_exited = Box::pin(store.exited());
+        let store_stopping = Box::pin(store.stopping());
         let (trigger, shutdown_rx) = shutdown::channel();
         let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
         let status = status_file::start(
@@ -217,18 +231,32 @@ impl Running {
             south: south.outbound,
             south_stopped: south.stopped,
             store_exited,
+            store_stopping,
         })
     }
 
     /// Resolves when `shutdown` does (`Ok`) or a pipeline part stops on
-    /// its own (an error: each runs until the shutdown).
-    async fn until_stopped(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    /// its own (an error: each runs until the shutdown). A store that
+    /// begins to stop makes the gateway unready at once (`/readyz` 503
+    /// while the writer saves what it holds), then ends the run with its
+    /// cause.
+    async fn until_stopped(
+        &mut self,
+        shutdown: impl Future<Output = ()>,
+        ready: &watch::Sender<bool>,
+    ) -> Result<(), RunError> {
         let result = tokio::select! {
             _ = shutdown => Ok(()),
             r = &mut self.intake => Err(stopped("intake", r)),
             r = &mut self.engine => Err(stopped("uplink engine", r)),
             r = &mut self.downlink => Err(stopped("downlink", r)),
             r = &mut self.south_stopped => Err(RunError::Stopped(r.unwrap_or_else(|e| format!("south side panicked: {e}")))),
+            // Only ever early: at a shutdown it exits after the pipelines.
+            cause = &mut self.store_exited => Err(store_stopped(cause)),
+            () = &mut self.store_stopping => {
+                ready.send_replace(false);
+                Err(store_stopped((&mut self.store_exited).await))
+            }
         };
         self.sides.abort_unwaited();
         result
@@ -268,8 +296,10 @@ impl Running {
         outcome.merge(
             wait_all(
                 vec![Part::new("store writer", async {
-                    store_exited.await;
-                    Ok(())
+                    match store_exited.await {
+                        Some(cause) => Err(cause),
+                        None => Ok(()),
+                    }
                 })],
                 plan.deadline,
             )
@@ -410,6 +440,13 @@ fn joined(name: &'static str, task: tokio::task::JoinHandle<Result<(), StoreErro
             Err(e) => Err(format!("panicked: {e}")),
         }
     })
+}
+
+/// The run's end when the store's writer stopped on its own.
+fn store_stopped(cause: Option<String>) -> RunError {
+    RunError::Store(StoreError::Stopped(
+        cause.unwrap_or_else(|| "the store writer ended".into()),
+    ))
 }
 
 fn stopped(what: &str, r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> RunError {

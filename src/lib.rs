@@ -32,8 +32,9 @@
 //!    publish followed to its PUBACK, one of several endpoints at a time),
 //!    [`store`] (SQLite owned by one writer thread, group commit,
 //!    migrations, the records it persists; every call one future of
-//!    `Result<T, StoreError>`), [`status_file`] (the gateway's live
-//!    `status.json` and the lock on its data directory).
+//!    `Result<T, StoreError>`; one gateway per store by a lock on its
+//!    database file, whose files it watches), [`status_file`] (the
+//!    gateway's live `status.json` and `ferry.pid`).
 //! 5. The seams: [`south`] (the devices' broker, `embedded` — ferry's own
 //!    rumqttd, receipts delivered straight to each device's connection,
 //!    presence from the broker's client-event hook — or `external`, a

@@ -113,7 +113,11 @@ fn run(config: &Path) -> Exit {
         Err(e) => {
             tracing::error!(event = "gateway_failed", error = %e, "ferry stopped");
             eprintln!("ferry: {e}");
-            Exit::Runtime
+            if e.is_config() {
+                Exit::Usage
+            } else {
+                Exit::Runtime
+            }
         }
     }
 }

@@ -4,11 +4,12 @@
 //! reader sees the old file or the new one, never half of one. It is kept
 //! by a thread of its own, fed over a channel: the pipelines never wait on
 //! the disk for it. It is not durable state (no fsync). It is read as the
-//! running gateway's only while its pid is that of the gateway holding the
-//! data directory's [`claim`] (a lock, not a process name: a gateway binary
-//! under any name is seen, a dead one's file is not).
+//! running gateway's only while its pid is that of the process holding the
+//! store's lock, which the reader finds (a lock, not a process name: a
+//! gateway binary under any name is seen, a dead one's file is not).
+//! Beside it, [`pid_file`] keeps `ferry.pid`.
 
-pub mod claim;
+pub mod pid_file;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -287,10 +288,11 @@ fn write(path: &Path, status: &LiveStatus) {
 }
 
 /// The status file in `data_dir`, if one is there and its writer is the
-/// gateway running on `data_dir` now (a file left by an earlier one, even
-/// for a moment while the next starts, is not).
-pub fn read(data_dir: &Path) -> Option<LiveStatus> {
-    let running = claim::holder(data_dir)?;
+/// gateway running on `data_dir` now, `running` (the pid holding the
+/// store's lock, if any): a file left by an earlier one, even for a moment
+/// while the next starts, is not.
+pub fn read(data_dir: &Path, running: Option<u32>) -> Option<LiveStatus> {
+    let running = running?;
     let text = std::fs::read(data_dir.join(STATUS_FILE)).ok()?;
     let status: LiveStatus = serde_json::from_slice(&text).ok()?;
     (status.pid == running).then_some(status)
@@ -300,8 +302,8 @@ pub fn read(data_dir: &Path) -> Option<LiveStatus> {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_status_file_is_read_as_running_only_while_its_writer_holds_the_claim() {
+    #[test]
+    fn a_status_file_is_read_as_running_only_while_its_writer_holds_the_lock() {
         let dir = tempfile::tempdir().unwrap();
         let mut status = LiveStatus {
             gateway: "gw".into(),
@@ -325,19 +327,18 @@ mod tests {
             updated_ms: 0,
         };
         write(&dir.path().join(STATUS_FILE), &status);
-        assert_eq!(read(dir.path()), None, "no gateway holds the claim");
-        // A live process (this one, whatever its name) holding no claim:
+        assert_eq!(read(dir.path(), None), None, "no gateway holds the lock");
+        // A live process (this one, whatever its name) holding no lock:
         // a pid reused after the gateway died.
         status.pid = std::process::id();
         write(&dir.path().join(STATUS_FILE), &status);
-        assert_eq!(read(dir.path()), None);
-        let held = claim::claim(dir.path()).await.expect("the claim");
-        assert_eq!(read(dir.path()), Some(status.clone()));
+        assert_eq!(read(dir.path(), None), None);
+        let me = Some(std::process::id());
+        assert_eq!(read(dir.path(), me), Some(status.clone()));
         // The file an earlier gateway left, read while this one starts.
         status.pid = u32::MAX - 1;
         write(&dir.path().join(STATUS_FILE), &status);
-        assert_eq!(read(dir.path()), None);
-        drop(held);
+        assert_eq!(read(dir.path(), me), None);
         assert!(dir.path().join(STATUS_FILE).exists());
         assert!(!dir.path().join("status.json.tmp").exists());
     }

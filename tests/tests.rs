@@ -45,6 +45,7 @@ mod external_v5;
 mod faults;
 mod fleet;
 mod hostile;
+mod integrity;
 mod isolation;
 mod lifecycle;
 mod limits;

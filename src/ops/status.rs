@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{sqlite, OpsError};
 use crate::status_file::{self as live, Backend, Link, NorthLink};
 use crate::store::clock::{self, Now};
-use crate::store::{figures, DB_FILE};
+use crate::store::{figures, Holder, DB_FILE};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DeviceBacklog {
@@ -94,7 +94,14 @@ pub fn status(
     let size = |name: String| std::fs::metadata(data_dir.join(name)).map_or(0, |m| m.len());
     let db_bytes = size(DB_FILE.to_string());
     let wal_bytes = size(format!("{DB_FILE}-wal"));
-    let live = live::read(data_dir);
+    // The gateway holding the store's lock (found without touching the
+    // database file); `ferry.pid` only when /proc/locks cannot name it.
+    let running = match crate::store::holder(data_dir) {
+        Holder::Nobody => None,
+        Holder::Pid(pid) => Some(pid),
+        Holder::Unknown => live::pid_file::read(data_dir),
+    };
+    let live = live::read(data_dir, running);
     Ok(StatusView {
         running: live.is_some(),
         gateway: live.as_ref().map(|l| l.gateway.clone()),

@@ -19,6 +19,9 @@ pub struct Store {
     pub(super) tx: mpsc::UnboundedSender<Op>,
     /// Why the writer stopped, once it has.
     pub(super) stopped: Arc<OnceLock<String>>,
+    /// True from the moment the writer begins to stop on an error (before
+    /// it saves what it holds, when its files went).
+    pub(super) stopping: watch::Receiver<bool>,
     /// Its sender lives as long as the writer thread, connection included.
     pub(super) exited: watch::Receiver<()>,
     /// Bumped by the writer at every commit attempt, retries included.
@@ -40,11 +43,29 @@ impl Store {
 
     /// Resolves once the writer thread has exited: after the last handle
     /// is dropped it commits everything queued, closes the database and
-    /// exits (or it stopped earlier on a damaged database). The future
-    /// holds no handle itself.
-    pub fn exited(&self) -> impl Future<Output = ()> + Send + 'static {
+    /// exits (`None`), or it stopped earlier on an error (a damaged
+    /// database, a failed fsync, its files gone: `Some(cause)`). The
+    /// future holds no handle itself.
+    pub fn exited(&self) -> impl Future<Output = Option<String>> + Send + 'static {
         let mut exited = self.exited.clone();
-        async move { while exited.changed().await.is_ok() {} }
+        let stopped = self.stopped.clone();
+        async move {
+            while exited.changed().await.is_ok() {}
+            stopped.get().cloned()
+        }
+    }
+
+    /// Resolves once the writer begins to stop on an error: from then on
+    /// nothing more is answered `stored`, and [`Store::exited`] follows
+    /// once what the store holds is saved. Pending forever on a store that
+    /// closes normally. The future holds no handle itself.
+    pub fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.clone();
+        async move {
+            if stopping.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Bumped at every commit attempt: moving while pings go unanswered

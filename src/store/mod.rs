@@ -7,13 +7,30 @@
 //!   `store.max_batch`), applies it in one transaction, commits (one fsync
 //!   with `synchronous=FULL`) and only then answers any of them. A reply is
 //!   therefore proof of a commit.
-//! - A commit that fails for a passing reason (disk full, I/O error, a lock)
-//!   is tried again, the same batch, until it succeeds: nobody is answered
-//!   meanwhile, unanswered requests pile up to their callers' bounds and
-//!   intake stops, so the broker holds the devices back. Nothing is lost and
-//!   nothing waits for a reconnect.
+//! - One gateway per store: the store holds an exclusive `flock` on the
+//!   database file's inode for the writer's whole life ([`lock`]); a
+//!   second gateway on the same store stops at its start, naming the
+//!   first, whatever became of `ferry.pid`. A file system that gives no
+//!   lock stops the start as well.
+//! - A commit that fails for a passing reason (disk full, a lock held by
+//!   a reader) is tried again, the same batch, until it succeeds: nobody
+//!   is answered meanwhile, unanswered requests pile up to their callers'
+//!   bounds and intake stops, so the broker holds the devices back.
+//!   Nothing is lost and nothing waits for a reconnect.
+//! - A failed fsync (any SQLite I/O error) is never retried on the same
+//!   connection: after one, the kernel may have dropped the pages it did
+//!   not write and cleared the error, so the next fsync's success proves
+//!   nothing. The store stops, answering nothing of the failed batch, and
+//!   the gateway exits; a restart reopens the store from its files. (The
+//!   writer's module docs say why a full disk is different.)
 //! - A database that turns out corrupt stops the writer; every asker, and
 //!   the gateway's exit, names the cause.
+//! - The store's files stay the ones its names give (`files`): after
+//!   every commit, before anything is answered, and every second besides,
+//!   `ferry.db`, its WAL and its index are checked by inode. One deleted
+//!   or replaced stops the store the same way, after what the connection
+//!   still holds is saved (to `ferry.db`, or beside a file that took its
+//!   name), so nothing answered `stored` is missing after a restart.
 //! - Per-device sequence numbers are assigned inside the same transaction
 //!   as the message they number, and every receipt for the backend is
 //!   committed in the outbox (`receipt_outbox`) with the change it reports.
@@ -30,7 +47,8 @@
 //!   one request with an error ([`StoreError::IllegalMove`],
 //!   [`StoreError::CorruptRow`]); the rest of the batch commits.
 //!
-//! The parts, bottom up: `error` is the one error type; [`clock`] the
+//! The parts, bottom up: `error` is the one error type; [`lock`] the
+//! store's lock and [`files`] its watch on its files; [`clock`] the
 //! store clock and [`budget`] the disk budget; [`record`] the records it
 //! persists and hands back; `schema` the ordered migrations; `uplink`,
 //! `downlink`, `outbox`, [`prune`] and [`figures`] the SQL of each concern,
@@ -46,8 +64,10 @@ pub mod clock;
 mod downlink;
 mod error;
 pub mod figures;
+mod files;
 mod handle;
 mod keys;
+pub mod lock;
 mod op;
 mod open;
 mod outbox;
@@ -61,8 +81,16 @@ mod writer;
 pub use error::StoreError;
 pub use figures::{AlertScan, Backlog, DeadSummary};
 pub use handle::Store;
+pub use lock::Holder;
 pub use op::Timing;
 pub use open::DB_FILE;
+
+/// Who holds the lock of the store in `data_dir`: the running gateway's
+/// pid, as far as `/proc/locks` shows (see [`lock`]). Never opens the
+/// database file.
+pub fn holder(data_dir: &std::path::Path) -> Holder {
+    lock::holder(&data_dir.join(DB_FILE))
+}
 
 /// The schema version this build writes (`PRAGMA user_version`).
 pub fn schema_version() -> usize {

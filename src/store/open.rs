@@ -1,6 +1,9 @@
-//! Opening the store: the data directory, the connection and its pragmas,
-//! the schema check and migrations, the store clock, and the writer
-//! thread that owns the connection from then on.
+//! Opening the store: the data directory, the store's lock (see
+//! [`super::lock`]: taken before SQLite opens the file), the connection
+//! and its pragmas, the schema check and migrations, the store clock, the
+//! files' identities (see [`super::files`]), and the writer thread that
+//! owns the connection (and then the lock) from then on, with the thread
+//! that watches the files.
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -11,8 +14,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::budget::Budget;
 use super::error::StoreError;
+use super::files::{self, Files};
 use super::handle::Store;
-use super::{clock, schema, writer};
+use super::{clock, lock, schema, writer};
 use crate::config::{StoreConfig, SyncMode};
 use crate::health::Heartbeat;
 
@@ -27,8 +31,11 @@ impl Store {
             path: data_dir.to_path_buf(),
             source,
         })?;
+        let db = data_dir.join(DB_FILE);
+        // Before SQLite opens the file: a second gateway stops here.
+        let hold = lock::take(&db)?;
         let mut conn = Connection::open_with_flags(
-            data_dir.join(DB_FILE),
+            &db,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -50,21 +57,36 @@ impl Store {
         schema::check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
         let (clock, boot_id) = clock::start(&conn)?;
+        // SQLite has its WAL and index open by now.
+        let files = Arc::new(
+            Files::record(&db, hold.id).map_err(|gone| StoreError::Open {
+                path: db.clone(),
+                source: std::io::Error::other(format!(
+                    "{} was {:?} while the store was opened",
+                    db.display(),
+                    gone.how
+                )),
+            })?,
+        );
 
         let (tx, rx) = mpsc::unbounded_channel();
         let max_batch = cfg.max_batch;
         let stopped = Arc::new(OnceLock::new());
+        let (stopping_tx, stopping) = watch::channel(false);
         let beat = Heartbeat::default();
         let budget = Budget::new(cfg.max_db_bytes);
-        let mut wal = data_dir.join(DB_FILE).into_os_string();
-        wal.push("-wal");
         let writer = writer::Writer::new(
             conn,
             stopped.clone(),
             beat.clone(),
             budget.clone(),
-            wal.into(),
+            files.path(files::Which::Wal).to_path_buf(),
             (clock, boot_id),
+            writer::Held {
+                hold,
+                files: files.clone(),
+                stopping: stopping_tx,
+            },
         );
         let (exiting, exited) = watch::channel(());
         thread::Builder::new()
@@ -78,9 +100,18 @@ impl Store {
                 path: data_dir.to_path_buf(),
                 source: e,
             })?;
+        let writer_queue = tx.downgrade();
+        thread::Builder::new()
+            .name("ferry-store-watch".into())
+            .spawn(move || files::watch(files, writer_queue))
+            .map_err(|e| StoreError::DataDir {
+                path: data_dir.to_path_buf(),
+                source: e,
+            })?;
         Ok(Store {
             tx,
             stopped,
+            stopping,
             exited,
             beat,
             budget,

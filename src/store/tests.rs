@@ -30,6 +30,16 @@ fn intake(device: &str, msg_id: &str) -> Intake {
     )
 }
 
+impl Store {
+    /// Drops this handle (the last one) and waits until the writer has
+    /// closed the database and let go of its lock.
+    pub(crate) async fn exited_when_dropped(self) -> Option<String> {
+        let exited = self.exited();
+        drop(self);
+        exited.await
+    }
+}
+
 async fn put(store: &Store, device: &str, msg_id: &str) -> IntakeOutcome {
     store.intake(intake(device, msg_id)).await.unwrap()
 }
@@ -220,6 +230,8 @@ async fn a_reopened_store_resumes_seqs_and_pending_work() {
         for i in 0..3 {
             put(&store, "a", &format!("m{i}")).await;
         }
+        // One store per database: the next opens once this one closed.
+        store.exited_when_dropped().await;
     }
     let store = Store::open(dir.path(), &cfg()).unwrap();
     assert_eq!(
@@ -244,6 +256,7 @@ async fn a_reopened_store_resumes_seqs_and_pending_work() {
 mod clocks;
 mod down;
 mod errors;
+mod files;
 mod outbox;
 mod prune;
 mod user_props;
@@ -306,6 +319,7 @@ async fn a_damaged_database_is_refused_at_open_with_its_cause() {
         for i in 0..200 {
             put(&store, "a", &format!("m{i}")).await;
         }
+        store.exited_when_dropped().await;
     }
     // Checkpoint the WAL into the main file, then scribble over its pages
     // (not the header, which would only make it "not a database").

@@ -1,26 +1,55 @@
 //! The writer thread: the only user of the SQLite connection.
 //!
 //! It takes what is queued (up to `store.max_batch` requests), applies it
-//! in one transaction and commits; only then are the requests answered, in
-//! order. A batch is applied from borrowed requests, each keeping its
-//! outcome until the commit (see [`super::op`]), so a commit that fails for
-//! a passing reason (disk full, I/O error, busy) is simply applied and
-//! committed again after a pause, until it goes through. A corrupt database
-//! stops the writer: every request is answered with the cause, which the
-//! handles keep. A request refused on its own (an illegal move, an
-//! unreadable row) is answered with its error and the batch goes on.
+//! in one transaction and commits; then it checks that the store's files
+//! are still the ones it has open (see [`super::files`]), and only then
+//! are the requests answered, in order. A batch is applied from borrowed
+//! requests, each keeping its outcome until the commit (see
+//! [`super::op`]), so a commit that fails for a passing reason is simply
+//! applied and committed again after a pause, until it goes through.
+//! A request refused on its own (an illegal move, an unreadable row) is
+//! answered with its error and the batch goes on.
+//!
+//! What a failed commit means ([`classify`]):
+//! - `SQLITE_BUSY`, `SQLITE_LOCKED` (a CLI connection holds a lock), out
+//!   of memory, `SQLITE_CANTOPEN`: passing; the same batch again.
+//! - `SQLITE_FULL` (disk full): passing too. SQLite reports it when a
+//!   `write` or `ftruncate` itself returns `ENOSPC`: the kernel refused
+//!   the bytes, so no page it took was dropped behind SQLite's back, and
+//!   SQLite rolled the transaction back; the retry writes it whole again.
+//!   (Space refused only at writeback, as on a thin or network volume,
+//!   fails the fsync instead, and is treated as below.)
+//! - Any `SQLITE_IOERR` (`IOERR_FSYNC`, `IOERR_WRITE`, `IOERR_DIR_FSYNC`,
+//!   `IOERR_READ`, ...): the store stops, never retried on this
+//!   connection. After a failed fsync the kernel may have dropped the
+//!   dirty pages and cleared the error (PostgreSQL's "fsyncgate", 2018),
+//!   so a later fsync that succeeds proves nothing about them; what this
+//!   connection believes is on disk may not be. Nothing of the failed
+//!   batch is answered; every request is answered with the cause, the
+//!   connection is left unclosed (no checkpoint runs on a disk that
+//!   failed), the gateway exits, and a restart opens the store afresh:
+//!   SQLite rebuilds its view from the files, the integrity check runs,
+//!   and devices resend what was not answered (their ids make a resend
+//!   of a stored message a duplicate, answered with its seq). What was
+//!   answered `stored` before the failure had its fsync succeed.
+//! - `SQLITE_CORRUPT`, `SQLITE_NOTADB`: the database is damaged; the
+//!   store stops the same way.
+//! - Anything else (a bug in a statement): the batch fails, the store
+//!   goes on.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn};
 
 use super::budget::{self, Budget, Change};
 use super::clock::{self, StoreClock};
-use super::error::StoreError;
+use super::error::{io_words, StoreError};
+use super::files::{self, Files};
+use super::lock::Hold;
 use super::op::{clone_err, Batch, Cx, Op};
 use super::uplink;
 use crate::health::Heartbeat;
@@ -33,10 +62,14 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// A failing store is reported again this often while it lasts.
 const REPORT_EVERY: Duration = Duration::from_secs(30);
 
-/// What a failed commit means.
+/// What a failed commit means (see the module docs).
+#[derive(Debug, PartialEq, Eq)]
 enum Failure {
-    /// Disk full, I/O, locks: try the same batch again later.
+    /// Disk full, locks, memory: try the same batch again later.
     Passing,
+    /// An I/O error (a failed fsync, write or read): stop, never retry on
+    /// this connection.
+    Poisoned,
     /// The database is damaged: stop.
     Fatal,
     /// Anything else (a bug in a statement): the batch fails.
@@ -47,15 +80,25 @@ fn classify(e: &rusqlite::Error) -> Failure {
     match e.sqlite_error_code() {
         Some(
             ErrorCode::DiskFull
-            | ErrorCode::SystemIoFailure
             | ErrorCode::DatabaseBusy
             | ErrorCode::DatabaseLocked
             | ErrorCode::OutOfMemory
             | ErrorCode::CannotOpen,
         ) => Failure::Passing,
+        Some(ErrorCode::SystemIoFailure) => Failure::Poisoned,
         Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => Failure::Fatal,
         _ => Failure::Batch,
     }
+}
+
+/// What the writer holds besides its connection: the store's lock (let
+/// go only after the connection is closed), the files it watches, and
+/// where it says, first thing, that it is stopping on an error (so the
+/// gateway is unready while what the store holds is being saved).
+pub(super) struct Held {
+    pub hold: Hold,
+    pub files: Arc<Files>,
+    pub stopping: watch::Sender<bool>,
 }
 
 pub(super) struct Writer {
@@ -72,6 +115,7 @@ pub(super) struct Writer {
     /// Set by a prune that deleted rows in the batch being committed; read
     /// and cleared after the commit.
     rows_pruned: bool,
+    held: Held,
 }
 
 impl Writer {
@@ -82,6 +126,7 @@ impl Writer {
         budget: Budget,
         wal: PathBuf,
         clock: (StoreClock, String),
+        held: Held,
     ) -> Writer {
         let mut w = Writer {
             conn,
@@ -93,6 +138,7 @@ impl Writer {
             measured: Instant::now(),
             clock,
             rows_pruned: false,
+            held,
         };
         // A store opened at its budget refuses from the first message.
         w.measure_budget();
@@ -150,6 +196,12 @@ impl Writer {
                 while let Ok(op) = rx.try_recv() {
                     op.fail(&StoreError::Stopped(cause.clone()));
                 }
+                // Left as they are, unclosed until the process ends: a
+                // close would checkpoint (on a disk that failed, or into
+                // files no longer at their names) and, closing the lock's
+                // descriptor, drop SQLite's locks with it.
+                std::mem::forget(self.conn);
+                std::mem::forget(self.held.hold);
                 return;
             }
         }
@@ -159,7 +211,43 @@ impl Writer {
         if let Err(e) = clock::save(&self.conn, &clock::mark(clock, boot_id)) {
             warn!(event = "store_clock_not_saved", error = %e, "the store clock was not saved at close; a restart resumes from its last mark");
         }
+        // The connection first: the lock's descriptor closes after it.
+        drop(self.conn);
+        drop(self.held.hold);
         debug!("store writer stopped: every handle dropped");
+    }
+
+    /// Stops the store with `cause`: every request of `batch`, and every
+    /// later one, is answered with it.
+    fn stop(&mut self, cause: String, batch: &mut Vec<Op>) {
+        self.held.stopping.send_replace(true);
+        let _ = self.stopped.set(cause.clone());
+        for op in batch.drain(..) {
+            op.fail(&StoreError::Stopped(cause.clone()));
+        }
+    }
+
+    /// An I/O error in words, with the OS error behind it.
+    fn io_failure(&self, e: &rusqlite::Error) -> String {
+        // SAFETY: the connection's handle, open, on its own thread.
+        let errno = unsafe { rusqlite::ffi::sqlite3_system_errno(self.conn.handle()) };
+        io_words(e, errno)
+    }
+
+    /// Stops on an I/O error (see the module docs); `batch` is what it
+    /// leaves unanswered.
+    fn poisoned(&mut self, e: &rusqlite::Error, batch: &mut Vec<Op>) {
+        let what = self.io_failure(e);
+        error!(
+            event = "store_io_failed",
+            error = %what,
+            batch = batch.len(),
+            "store stopped: an I/O error on the store's disk: {what}. Nothing of the failed batch was answered and it is not retried on this connection (after a failed fsync the disk may not hold what the kernel said it would); ferry exits, and a restart reopens the store from its files. If it happens again, the disk or its file system is failing: see the kernel log (dmesg) and move gateway.data_dir to a healthy disk"
+        );
+        self.stop(
+            format!("an I/O error on the store's disk: {what}; restart ferry (it reopens the store), and if it happens again, check the disk"),
+            batch,
+        );
     }
 
     /// Commits `batch` (emptying it) and answers it; false if the store
@@ -179,6 +267,13 @@ impl Writer {
                     };
                     crate::metrics::commit_took(done.committed - started);
                     self.seqs.committed();
+                    // Committed, but to the files the names still give?
+                    if let Err(gone) = self.held.files.check() {
+                        self.held.stopping.send_replace(true);
+                        let cause = files::stop(&self.conn, &self.held.files, gone, &self.beat);
+                        self.stop(cause, batch);
+                        return false;
+                    }
                     if let Some(since) = failing_since {
                         info!(
                             event = "store_commits_again",
@@ -202,6 +297,10 @@ impl Writer {
                             self.conn
                                 .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
                         {
+                            if classify(&e) == Failure::Poisoned {
+                                self.poisoned(&e, &mut Vec::new());
+                                return false;
+                            }
                             debug!(error = %e, "WAL not truncated after a prune");
                         }
                     }
@@ -223,13 +322,13 @@ impl Writer {
                             std::thread::sleep(pause);
                             pause = (pause * 2).min(RETRY_MAX);
                         }
+                        Failure::Poisoned => {
+                            self.poisoned(&e, batch);
+                            return false;
+                        }
                         Failure::Fatal => {
-                            let cause = format!("the database is damaged: {e}");
                             error!(event = "store_damaged", error = %e, "store stopped: the database is damaged");
-                            let _ = self.stopped.set(cause.clone());
-                            for op in batch.drain(..) {
-                                op.fail(&StoreError::Stopped(cause.clone()));
-                            }
+                            self.stop(format!("the database is damaged: {e}"), batch);
                             return false;
                         }
                         Failure::Batch => {

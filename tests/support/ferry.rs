@@ -368,6 +368,18 @@ impl Ferry {
         })
     }
 
+    /// Waits up to `timeout` for ferry to exit on its own: how it exited,
+    /// or `None` if it still runs (it is left running).
+    pub fn exit_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        if !blocking(|| wait_exit(child, timeout)) {
+            return None;
+        }
+        let status = child.try_wait().ok().flatten();
+        self.child = None;
+        status
+    }
+
     /// Starts it again: same config, data dir and ports (killing it first).
     pub fn restart(&mut self) {
         self.kill();

@@ -23,6 +23,19 @@
  * fsynced has no image: a cut leaves it absent). Writes through mmap are
  * not seen; SQLite maps only its -shm file, which it never syncs and
  * rebuilds when it is gone.
+ *
+ * Two faults on demand, for the store's failure paths:
+ *
+ *   POWERCUT_FSYNC_EIO_IF  a path: while a file is there, fsync and
+ *                          fdatasync of a tracked file fail with EIO, and
+ *                          the writes pending since its last sync are
+ *                          dropped from the image, as a kernel that
+ *                          marks the pages it failed to write clean
+ *                          ("fsyncgate"): a later sync that succeeds does
+ *                          not bring them back, though the process still
+ *                          reads them from the file.
+ *   POWERCUT_NO_FLOCK      set: flock fails with ENOLCK, as on a file
+ *                          system without locks.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -77,6 +90,9 @@ static int (*real_renameat)(int, const char *, int, const char *);
 static int (*real_renameat2)(int, const char *, int, const char *, unsigned);
 static void (*real_sync)(void);
 static int (*real_syncfs)(int);
+static int (*real_flock)(int, int);
+static char fail_sync_if[PATH_MAX];
+static int no_flock;
 
 static void die(const char *what) {
     char line[512];
@@ -114,6 +130,11 @@ static void init_once(void) {
     real_renameat2 = next("renameat2");
     real_sync = next("sync");
     real_syncfs = next("syncfs");
+    real_flock = next("flock");
+    const char *f = getenv("POWERCUT_FSYNC_EIO_IF");
+    if (f)
+        snprintf(fail_sync_if, sizeof fail_sync_if, "%s", f);
+    no_flock = getenv("POWERCUT_NO_FLOCK") != NULL;
     const char *d = getenv("POWERCUT_DIR");
     const char *s = getenv("POWERCUT_SHADOW");
     if (!d || !s || d[0] != '/' || s[0] != '/') {
@@ -424,8 +445,36 @@ static int after_sync(int fd, int rc) {
     }
     return rc;
 }
-int fsync(int fd) { init(); return after_sync(fd, real_fsync(fd)); }
-int fdatasync(int fd) { init(); return after_sync(fd, real_fdatasync(fd)); }
+/* POWERCUT_FSYNC_EIO_IF: whether syncs fail now; if so, name t's pending
+ * writes are dropped (never to reach the image) and EIO is returned. */
+static int sync_failed(int t) {
+    if (!t || !fail_sync_if[0] || access(fail_sync_if, F_OK) != 0)
+        return 0;
+    pthread_mutex_lock(&lock);
+    if (real_ftruncate64(pending_fd(t - 1), 0) != 0)
+        die("drop a pending log");
+    pthread_mutex_unlock(&lock);
+    errno = EIO;
+    return 1;
+}
+int fsync(int fd) { init();
+    if (sync_failed(tracked_fd(fd)))
+        return -1;
+    return after_sync(fd, real_fsync(fd));
+}
+int fdatasync(int fd) { init();
+    if (sync_failed(tracked_fd(fd)))
+        return -1;
+    return after_sync(fd, real_fdatasync(fd));
+}
+
+int flock(int fd, int op) { init();
+    if (no_flock) {
+        errno = ENOLCK;
+        return -1;
+    }
+    return real_flock(fd, op);
+}
 
 static void all_durable(void) {
     pthread_mutex_lock(&lock);

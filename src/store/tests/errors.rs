@@ -37,8 +37,7 @@ async fn an_unknown_state_in_the_database_is_an_error_not_stored() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &cfg()).unwrap();
     put(&store, "a", "m1").await;
-    drop(store);
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    store.exited_when_dropped().await;
     let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
     conn.execute("UPDATE uplink SET state = 'teleported'", [])
         .unwrap();
@@ -84,8 +83,7 @@ async fn an_unknown_delivery_state_fails_the_read_that_meets_it() {
         })
         .await
         .unwrap();
-    drop(store);
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    store.exited_when_dropped().await;
     let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
     conn.execute("UPDATE down_delivery SET state = 'lost'", [])
         .unwrap();

@@ -57,8 +57,7 @@ async fn receipts_stay_in_the_outbox_across_a_restart_until_acknowledged() {
         .unwrap();
     let ids: Vec<i64> = out.receipts.iter().map(|r| r.id).collect();
     assert_eq!(ids.len(), 2);
-    drop(store);
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    store.exited_when_dropped().await;
 
     let store = Store::open(dir.path(), &cfg()).unwrap();
     let page = store.outbox_page(0, 100).await.unwrap();

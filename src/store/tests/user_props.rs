@@ -48,6 +48,7 @@ async fn user_properties_and_the_expiry_ttl_survive_a_reopen() {
             IntakeOutcome::Stored(_)
         ));
         store.intake(v5("m2", &[], None)).await.unwrap();
+        store.exited_when_dropped().await;
     }
     let store = Store::open(dir.path(), &cfg()).unwrap();
     let m1 = body(&store, "m1").await;
