@@ -181,8 +181,12 @@ impl Monitor {
             out.push(alert(
                 AlertKind::DiskBudget,
                 format!(
-                    "the store is at store.max_db_bytes ({} of {} bytes): new messages are refused until delivered ones are pruned",
-                    scan.used_bytes, scan.max_db_bytes
+                    "the store is at store.max_db_bytes ({} of {} bytes): new messages are refused until delivered ones are pruned; whose: {}",
+                    scan.used_bytes,
+                    scan.max_db_bytes,
+                    scan.holders
+                        .as_ref()
+                        .map_or_else(|| "not read".to_string(), ToString::to_string)
                 ),
             ));
         } else if !scan.over_budget {
@@ -363,6 +367,7 @@ pub async fn run(
                     }
                 };
                 after_dead = after_dead.max(scan.max_dead_id);
+                metrics::set_budget_holders(&budget_holders(&scan));
                 for alert in monitor.check(Instant::now(), now_ms(), &scan) {
                     if alert.kind != AlertKind::DeadLetter {
                         open.send_modify(|o| {
@@ -402,6 +407,34 @@ pub async fn run(
             marked = alerted;
         }
     }
+}
+
+/// The largest holder of each kind while the store is at its budget (none
+/// otherwise), for `ferry_disk_budget_holder`.
+fn budget_holders(scan: &AlertScan) -> Vec<metrics::BudgetHolder> {
+    let Some(h) = scan.holders.as_ref().filter(|_| scan.over_budget) else {
+        return Vec::new();
+    };
+    let by_device = |kind, top: &[(String, i64)]| {
+        top.first().map(|(d, n)| metrics::BudgetHolder {
+            kind,
+            holder: d.clone(),
+            value: *n,
+        })
+    };
+    let shares = h.dead_letters.first().map(|s| metrics::BudgetHolder {
+        kind: "dead_letter_bytes",
+        holder: s.share.clone(),
+        value: s.bytes,
+    });
+    [
+        by_device("uplinks", &h.uplinks),
+        by_device("downlinks", &h.downlinks),
+        shares,
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use budget::{set_budget_holders, BudgetHolder};
 pub use count::Count;
 use labels::{dir, Dir, DirReason, Kind, REJECT_REASONS};
 pub use stages::Stage;
@@ -276,6 +277,7 @@ impl Metrics {
         );
         r.register_collector(Box::new(count::Counts(m.counts.clone())));
         r.register_collector(Box::new(broker::Broker));
+        r.register_collector(Box::new(budget::Holders));
         // Every series from the start, at 0: a rate over a series that
         // appears only with its first event misses that event.
         // (The per-direction counters and histograms made theirs in
@@ -480,6 +482,7 @@ pub fn render() -> String {
 }
 
 mod broker;
+mod budget;
 mod count;
 mod labels;
 mod stages;

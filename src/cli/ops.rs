@@ -9,11 +9,14 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use ferry::config::Config;
 use ferry::dead_letter::Direction;
-use ferry::ops::{self, dlq, fmt_ms, status, table, trace, OpsError};
+use ferry::ops::{self, dlq, fmt_ms, table, trace, OpsError};
 use serde::Serialize;
 
 use super::exit::Exit;
 use super::output::{self, OutputError, Text};
+
+mod status_text;
+use status_text::status;
 
 /// Why a command stopped short.
 #[derive(Debug)]
@@ -177,6 +180,32 @@ fn print_json(value: &impl Serialize) -> Outcome {
     Ok(text.print()?)
 }
 
+/// How many refusals a dead letter stands for: one, or a summary's count
+/// and its latest.
+fn refusals(d: &dlq::DeadLetterDetail) -> String {
+    match d.last_refusal_ms {
+        Some(at) if d.refusals > 1 || d.row.reason.starts_with("summarised") => {
+            format!("{} (summary; the latest {})", d.refusals, fmt_ms(at))
+        }
+        _ => d.refusals.to_string(),
+    }
+}
+
+/// What a dead letter keeps of its payload: all of it, or its head of
+/// the size sent, with the hash of all of it.
+fn kept(d: &dlq::DeadLetterDetail) -> String {
+    let p = &d.payload;
+    let sent = d.payload_bytes.unwrap_or(p.bytes as i64);
+    let mut line = match sent > p.bytes as i64 {
+        true => format!("the first {} of {sent} bytes, {}", p.bytes, p.encoding),
+        false => format!("{} bytes, {}", p.bytes, p.encoding),
+    };
+    if let Some(sha) = &d.payload_sha256 {
+        line.push_str(&format!(", sha256 {sha}"));
+    }
+    line
+}
+
 fn opt(s: &Option<String>) -> String {
     s.clone().unwrap_or_else(|| "-".into())
 }
@@ -252,10 +281,8 @@ fn dlq(cmd: DlqCommand) -> Outcome {
                 ("topic", opt(&d.topic)),
                 ("message state", opt(&d.message_state)),
                 ("replayable", d.row.replayable.to_string()),
-                (
-                    "payload",
-                    format!("{} bytes, {}", d.payload.bytes, d.payload.encoding),
-                ),
+                ("refusals", refusals(&d)),
+                ("payload", kept(&d)),
             ];
             let mut text = Text::new();
             for (k, v) in lines {
@@ -362,99 +389,6 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
     text.push(&table::render(
         &["AT", "DIR", "SEQ", "EVENT", "DETAIL"],
         &cells,
-    ));
-    Ok(text.print()?)
-}
-
-fn status(common: Common, top: usize) -> Outcome {
-    let cfg = Config::load(&common.config)
-        .map_err(|e| (Exit::Usage, super::config_problems(&common.config, &e)))?;
-    let dir = cfg.data_dir;
-    let conn = ops::open_read(&dir).map_err(fail)?;
-    let s =
-        status::status(&conn, &dir, cfg.store.max_db_bytes, top, ops::now_ms()).map_err(fail)?;
-    if common.json {
-        return print_json(&s);
-    }
-    let link = |l: &Option<ferry::status_file::Link>| match l {
-        Some(l) => format!(
-            "{} since {}",
-            if l.up { "up" } else { "down" },
-            fmt_ms(l.since_ms)
-        ),
-        None => "-".into(),
-    };
-    let age = |a: Option<f64>| a.map_or("-".into(), |a| format!("{a:.1}s"));
-    let mut text = Text::new();
-    if s.running {
-        text.line(format_args!(
-            "gateway: {} running (pid {})",
-            s.gateway.as_deref().unwrap_or("-"),
-            s.pid.unwrap_or_default()
-        ));
-        if let Some(v) = &s.version {
-            text.line(format_args!(
-                "version: {v}, up {}",
-                s.uptime_s.map_or("-".into(), |u| format!("{u}s"))
-            ));
-        }
-    } else {
-        text.line("gateway: not running (figures from the store)");
-    }
-    match &s.north {
-        Some(n) => {
-            let at = n.endpoint.as_deref().map_or(String::new(), |e| {
-                format!(" ({} {e})", if n.up { "on" } else { "last tried" })
-            });
-            text.line(format_args!(
-                "north: {} since {}{at}",
-                if n.up { "up" } else { "down" },
-                fmt_ms(n.since_ms)
-            ));
-            if let (Some(error), Some(at)) = (&n.last_error, n.last_error_ms) {
-                text.line(format_args!("  last error {}: {error}", fmt_ms(at)));
-            }
-        }
-        None => text.line("north: -"),
-    }
-    text.line(format_args!(
-        "south: {} ({})",
-        link(&s.south),
-        s.south_mode.as_deref().unwrap_or("-")
-    ));
-    text.line(format_args!(
-        "backend: {}",
-        match &s.backend {
-            Some(b) => format!(
-                "{} since {}, last ack {}",
-                if b.present { "present" } else { "silent" },
-                fmt_ms(b.since_ms),
-                b.last_ack_ms.map_or("none yet".into(), fmt_ms)
-            ),
-            None => "-".into(),
-        }
-    ));
-    text.line(format_args!(
-        "devices online: {}",
-        s.devices_online.map_or("-".into(), |n| n.to_string())
-    ));
-    text.line(format_args!(
-        "uplink backlog: {} (oldest {})",
-        s.uplink_backlog,
-        age(s.uplink_oldest_age_s)
-    ));
-    text.line(format_args!(
-        "downlink backlog: {} (oldest {})",
-        s.downlink_backlog,
-        age(s.downlink_oldest_age_s)
-    ));
-    for d in &s.downlink_top {
-        text.line(format_args!("  {}: {}", d.device, d.messages));
-    }
-    text.line(format_args!("dead letters: {}", s.dead_letters));
-    text.line(format_args!(
-        "store: {} bytes (db {}, wal {}), budget {} bytes",
-        s.store.total_bytes, s.store.db_bytes, s.store.wal_bytes, s.store.budget_bytes
     ));
     Ok(text.print()?)
 }

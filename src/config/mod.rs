@@ -26,6 +26,7 @@ mod north;
 pub mod passwords;
 mod raw;
 mod south;
+mod store;
 mod tls;
 mod version;
 pub use admin::{AdminConfig, Host, HostName, MAX_ALLOWED_HOSTS};
@@ -34,6 +35,7 @@ pub use check::{ConfigError, ConfigErrors};
 pub use north::{Endpoint, NorthConfig, MAX_ENDPOINTS};
 pub use raw::*;
 pub use south::{ExternalSouth, RateLimit, SouthAuth, SouthConfig, SouthMode, MAX_UNANSWERED};
+pub use store::{RefusalShares, StoreConfig, SyncMode, TOTAL_SHARE_OF_BUDGET};
 pub use tls::{ClientTls, ListenerTls};
 pub use version::MqttVersion;
 
@@ -47,15 +49,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// How hard the store pushes each commit to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyncMode {
-    /// fsync on every commit: a `stored` receipt survives a power cut.
-    Full,
-    /// WAL without fsync per commit: survives a crash of ferry only.
-    Normal,
-}
-
 impl LogFormat {
     /// `log.format`'s value: "text" or "json".
     fn parse(value: &str) -> Result<LogFormat, ConfigError> {
@@ -65,20 +58,6 @@ impl LogFormat {
             other => Err(ConfigError::new(
                 "log.format",
                 format!("must be \"text\" or \"json\" (got {other:?})"),
-            )),
-        }
-    }
-}
-
-impl SyncMode {
-    /// `store.sync`'s value: "full" or "normal".
-    fn parse(value: &str) -> Result<SyncMode, ConfigError> {
-        match value {
-            "full" => Ok(SyncMode::Full),
-            "normal" => Ok(SyncMode::Normal),
-            other => Err(ConfigError::new(
-                "store.sync",
-                format!("must be \"full\" or \"normal\" (got {other:?})"),
             )),
         }
     }
@@ -118,21 +97,6 @@ pub struct DownlinkConfig {
     pub batch_size: usize,
     pub confirm_timeout: Duration,
     pub queue_cap: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct StoreConfig {
-    pub sync: SyncMode,
-    pub max_batch: usize,
-    /// `store.max_db_bytes`: the disk budget (pages in use plus the WAL).
-    pub max_db_bytes: u64,
-    /// `store.retention_days`: how long delivered messages are kept.
-    pub retention: Duration,
-    /// `store.dead_letter_retention_days`.
-    pub dead_letter_retention: Duration,
-    /// `store.min_dedup_s`: how long a dedup key outlives a message pruned
-    /// at the disk budget, at least.
-    pub min_dedup: Duration,
 }
 
 impl Config {
@@ -195,29 +159,7 @@ impl Config {
             ));
         }
 
-        let sync = p.take(SyncMode::parse(&raw.store.sync));
-        p.take(in_range("store.max_batch", raw.store.max_batch, 1, 100_000));
-        // Below 1 MiB the WAL of a few commits alone would fill it; above
-        // 1 PiB is a typo. There is no "unlimited": a full disk stalls
-        // every commit, a reached budget only refuses new messages.
-        p.take(in_range(
-            "store.max_db_bytes",
-            raw.store.max_db_bytes,
-            1 << 20,
-            1 << 50,
-        ));
-        p.take(in_range(
-            "store.retention_days",
-            raw.store.retention_days,
-            1,
-            36_500,
-        ));
-        p.take(in_range(
-            "store.min_dedup_s",
-            raw.store.min_dedup_s,
-            1,
-            31_536_000,
-        ));
+        let store = store::check(&raw.store, p);
         p.take(in_range(
             "alerts.north_down_s",
             raw.alerts.north_down_s,
@@ -236,12 +178,6 @@ impl Config {
             raw.alerts.backlog_age_s,
             1,
             31_536_000,
-        ));
-        p.take(in_range(
-            "store.dead_letter_retention_days",
-            raw.store.dead_letter_retention_days,
-            1,
-            36_500,
         ));
 
         p.take(in_range(
@@ -291,14 +227,7 @@ impl Config {
                 max_attempts: raw.retry.max_attempts,
                 jitter: raw.retry.jitter,
             },
-            store: StoreConfig {
-                sync: sync?,
-                max_batch: raw.store.max_batch,
-                max_db_bytes: raw.store.max_db_bytes,
-                retention: days(raw.store.retention_days),
-                dead_letter_retention: days(raw.store.dead_letter_retention_days),
-                min_dedup: Duration::from_secs(raw.store.min_dedup_s),
-            },
+            store: store?,
             downlink: DownlinkConfig {
                 batch_size: raw.downlink.batch_size,
                 confirm_timeout: Duration::from_millis(raw.downlink.confirm_timeout_ms),
@@ -316,10 +245,6 @@ impl Config {
             admin: admin?,
         })
     }
-}
-
-fn days(n: u32) -> Duration {
-    Duration::from_secs(u64::from(n) * 86_400)
 }
 
 #[cfg(test)]

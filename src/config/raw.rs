@@ -354,6 +354,16 @@ pub struct RawStore {
     /// dedup keys (what a resend is answered with) are kept at least this
     /// many seconds.
     pub min_dedup_s: u64,
+    /// Dead letters one peer's refusals (malformed, too large, unauthorized,
+    /// a bad topic) may fill, in rows; past its share, its further refusals
+    /// are summed in one row.
+    pub dead_letter_share_rows: u64,
+    /// The same share in bytes.
+    pub dead_letter_share_bytes: u64,
+    /// Dead letters all peers' refusals together may fill, in bytes (at
+    /// most a twentieth of `max_db_bytes`); past it, every refusal is summed
+    /// in one row.
+    pub dead_letter_total_bytes: u64,
 }
 
 impl Default for RawStore {
@@ -365,6 +375,9 @@ impl Default for RawStore {
             retention_days: 30,
             dead_letter_retention_days: 90,
             min_dedup_s: 3600,
+            dead_letter_share_rows: 1000,
+            dead_letter_share_bytes: 1 << 20,
+            dead_letter_total_bytes: 256 << 20,
         }
     }
 }

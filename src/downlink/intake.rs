@@ -18,6 +18,7 @@ use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Reject
 use crate::protocol::receipt::NorthReceipt;
 use crate::state::DeliveryState;
 use crate::store::record::downlink::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
+use crate::store::refusal::Refusal;
 use crate::store::StoreError;
 
 impl Downlink {
@@ -54,41 +55,6 @@ impl Downlink {
             Ok((env, to))
         });
         match parsed {
-            // At the disk budget a new downlink is not stored: the backend
-            // gets `rejected` (reason `disk_budget`, no dead letter: there
-            // is nothing to replay) and sends it again later.
-            Ok((env, _)) if self.store.budget().over() => {
-                let budget = self.store.budget();
-                let receipt = NorthReceipt {
-                    msg_id: Some(env.msg_id.to_string()),
-                    device: self
-                        .topics
-                        .parse_north_down(topic)
-                        .flatten()
-                        .map(str::to_string),
-                    status: "rejected",
-                    seq: None,
-                    ts: stored_ms,
-                    reason: Some(format!(
-                        "{}: the store is at store.max_db_bytes ({} of {} bytes); resend later",
-                        RejectCode::DiskBudget.as_str(),
-                        budget.used(),
-                        budget.limit()
-                    )),
-                };
-                debug!(topic = %Clip(topic), msg_id = %env.msg_id, "downlink refused: disk budget reached");
-                let refused = self.store.refuse_downlink(receipt);
-                self.pending.push(Box::pin(async move {
-                    Done::Rejected {
-                        token,
-                        code: RejectCode::DiskBudget,
-                        result: refused.await.map(|receipt| Rejected {
-                            dead_letter: None,
-                            receipt,
-                        }),
-                    }
-                }));
-            }
             Ok((env, to)) => {
                 let msg = DownIntake {
                     msg_id: env.msg_id,
@@ -100,6 +66,7 @@ impl Downlink {
                         .ttl
                         .map(|t| now.store_ms.saturating_add(t.as_millis() as i64)),
                     to,
+                    by_topic: matches!(self.topics.parse_north_down(topic), Some(Some(_))),
                     queue_cap: self.settings.cfg.queue_cap,
                 };
                 let stored = self.store.down_intake(msg);
@@ -207,6 +174,15 @@ impl Downlink {
             }
         }
         count_events(&out.expired);
+        if out.refused > 0 {
+            debug!(
+                refused = out.refused,
+                "downlink deliveries refused: disk budget reached"
+            );
+            for _ in 0..out.refused {
+                metrics::rejected(Direction::Down, RejectCode::DiskBudget);
+            }
+        }
         self.send_receipts(out.receipts);
         self.execute(actions).await
     }
@@ -222,7 +198,17 @@ impl Downlink {
     ) {
         match result {
             Ok(rejected) => {
-                metrics::rejected(Direction::Down, code);
+                match &rejected.refusal {
+                    Refusal::Filed { summary, .. } => {
+                        metrics::rejected(Direction::Down, code);
+                        if let Some(summary) = summary {
+                            summary.report();
+                        }
+                    }
+                    Refusal::AtBudget { .. } => {
+                        metrics::rejected(Direction::Down, RejectCode::DiskBudget)
+                    }
+                }
                 self.north.ack(token);
                 self.send_receipts([rejected.receipt]);
             }

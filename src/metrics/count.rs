@@ -35,11 +35,14 @@ pub enum Count {
     /// An uplink's ack timeout not counted: the backend acked only older
     /// sends (there, but behind); the uplink was sent again.
     UplinkResendsBackendBehind,
+    /// A refusal at the door summed in a summary dead letter: its sender's
+    /// dead-letter share (or all shares together) was full.
+    RefusalsSummarised,
 }
 
 impl Count {
     /// In the order they are exposed.
-    pub(super) const ALL: [Count; 12] = [
+    pub(super) const ALL: [Count; 13] = [
         Count::DevicesRefused,
         Count::OversizedFromDevices,
         Count::UnauthorizedFromDevices,
@@ -52,6 +55,7 @@ impl Count {
         Count::DiskBudgetReached,
         Count::AlertsDropped,
         Count::UplinkResendsBackendBehind,
+        Count::RefusalsSummarised,
     ];
 
     /// The metric's name under the `ferry_` prefix (the sample adds
@@ -70,6 +74,7 @@ impl Count {
             Count::DiskBudgetReached => "disk_budget_reached",
             Count::AlertsDropped => "alerts_dropped",
             Count::UplinkResendsBackendBehind => "uplink_resends_backend_behind",
+            Count::RefusalsSummarised => "refusals_summarised",
         }
     }
 
@@ -87,6 +92,7 @@ impl Count {
             Count::DiskBudgetReached => "Times the store reached store.max_db_bytes",
             Count::AlertsDropped => "Alerts dropped: the in-memory queue was full or the upstream refused one",
             Count::UplinkResendsBackendBehind => "Uplink ack timeouts not counted as failures: the backend acked only messages sent earlier (it is there, but behind), so the uplink was sent again after the retry backoff",
+            Count::RefusalsSummarised => "Refusals at the door (malformed, too large, unauthorized, bad topic) summed in one dead letter instead of one each: their sender's dead-letter share, or all shares together, was full",
         }
     }
 }

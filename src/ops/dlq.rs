@@ -125,7 +125,13 @@ pub struct Payload {
 
 impl Payload {
     pub fn of(raw: &[u8]) -> Payload {
-        match std::str::from_utf8(raw) {
+        // A head a dead letter kept may end inside a character: text up to
+        // there is still text.
+        let text = std::str::from_utf8(raw).or_else(|e| match e.error_len() {
+            None => std::str::from_utf8(&raw[..e.valid_up_to()]),
+            Some(_) => Err(e),
+        });
+        match text {
             Ok(text) => Payload {
                 encoding: "utf8",
                 data: text.to_string(),
@@ -152,7 +158,20 @@ pub struct DeadLetterDetail {
     pub seq: Option<i64>,
     /// That uplink's state now.
     pub message_state: Option<String>,
+    /// What it keeps of the payload: all of it, or (a refusal at the door
+    /// larger than that, or a message that died) its first bytes.
     pub payload: Payload,
+    /// The payload's size as sent, when known (`payload` may be its head).
+    pub payload_bytes: Option<i64>,
+    /// The SHA-256 of the whole payload as sent (refusals at the door).
+    pub payload_sha256: Option<String>,
+    /// The topic's size as sent (`topic` may be its head).
+    pub topic_bytes: Option<i64>,
+    /// How many refusals the row stands for: 1, or more for a summary of a
+    /// peer past its dead-letter share (its latest in `last_error`).
+    pub refusals: i64,
+    /// A summary's latest refusal.
+    pub last_refusal_ms: Option<i64>,
 }
 
 /// One dead letter; `None` if there is none with that id.
@@ -162,32 +181,31 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<DeadLetterDetail>, OpsE
     let Some(base) = conn.query_row(&sql, [id], row).optional().map_err(&read)? else {
         return Ok(None);
     };
-    let (topic, last_error, uplink_id, raw, seq, state) = conn
+    let detail = conn
         .query_row(
-            "SELECT d.topic, d.last_error, d.uplink_id, CAST(d.raw AS BLOB), u.seq, u.state
+            "SELECT d.topic, d.last_error, d.uplink_id, CAST(d.raw AS BLOB), u.seq, u.state,
+                    d.raw_bytes, d.raw_sha256, d.topic_bytes, d.refusals, d.last_ms
              FROM dead_letter d LEFT JOIN uplink u ON u.id = d.uplink_id WHERE d.id = ?1",
             [id],
             |r| {
-                Ok((
-                    r.get::<_, Option<String>>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, Option<i64>>(2)?,
-                    r.get::<_, Vec<u8>>(3)?,
-                    r.get::<_, Option<i64>>(4)?,
-                    r.get::<_, Option<String>>(5)?,
-                ))
+                Ok(DeadLetterDetail {
+                    row: base.clone(),
+                    topic: r.get(0)?,
+                    last_error: r.get(1)?,
+                    uplink_id: r.get(2)?,
+                    payload: Payload::of(&r.get::<_, Vec<u8>>(3)?),
+                    seq: r.get(4)?,
+                    message_state: r.get(5)?,
+                    payload_bytes: r.get(6)?,
+                    payload_sha256: r.get(7)?,
+                    topic_bytes: r.get(8)?,
+                    refusals: r.get(9)?,
+                    last_refusal_ms: r.get(10)?,
+                })
             },
         )
         .map_err(read)?;
-    Ok(Some(DeadLetterDetail {
-        row: base,
-        topic,
-        last_error,
-        uplink_id,
-        seq,
-        message_state: state,
-        payload: Payload::of(&raw),
-    }))
+    Ok(Some(detail))
 }
 
 /// What became of one dead letter `dlq replay` was asked to send again.

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::{sqlite, OpsError};
 use crate::status_file::{self as live, Backend, Link, NorthLink};
 use crate::store::clock::{self, Now};
+use crate::store::figures::ShareUse;
 use crate::store::{figures, Holder, DB_FILE};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -48,6 +49,8 @@ pub struct StatusView {
     pub backend: Option<Backend>,
     /// Uplinks stored and not yet acked by the backend.
     pub uplink_backlog: i64,
+    /// The devices with the most of them, most first.
+    pub uplink_top: Vec<DeviceBacklog>,
     /// Age of the oldest of them, in seconds.
     pub uplink_oldest_age_s: Option<f64>,
     /// Downlink queue entries past their device's confirm cursor: stored
@@ -58,6 +61,9 @@ pub struct StatusView {
     pub downlink_top: Vec<DeviceBacklog>,
     pub downlink_oldest_age_s: Option<f64>,
     pub dead_letters: i64,
+    /// The largest shares of the dead letters refused at the door (whose
+    /// refusals they are), by bytes.
+    pub dead_letter_top: Vec<ShareUse>,
     pub store: StoreSize,
 }
 
@@ -83,11 +89,14 @@ pub fn status(
         store_ms: clock::read_now(conn).map_err(&read)?,
     };
     let oldest = figures::oldest(conn, now).map_err(&read)?;
-    let downlink_top = figures::downlink_top(conn, top)
-        .map_err(&read)?
-        .into_iter()
-        .map(|(device, messages)| DeviceBacklog { device, messages })
-        .collect();
+    let by_device = |top: Vec<(String, i64)>| {
+        top.into_iter()
+            .map(|(device, messages)| DeviceBacklog { device, messages })
+            .collect()
+    };
+    let uplink_top = by_device(figures::uplink_top(conn, top).map_err(&read)?);
+    let downlink_top = by_device(figures::downlink_top(conn, top).map_err(&read)?);
+    let dead_letter_top = figures::dead_letter_top(conn, top).map_err(&read)?;
     let dead_letters: i64 = conn
         .query_row("SELECT count(*) FROM dead_letter", [], |r| r.get(0))
         .map_err(read)?;
@@ -115,11 +124,13 @@ pub fn status(
         devices_online: live.as_ref().and_then(|l| l.devices_online),
         backend: live.as_ref().and_then(|l| l.backend),
         uplink_backlog: backlog.uplinks as i64,
+        uplink_top,
         uplink_oldest_age_s: age_s(oldest.uplink),
         downlink_backlog: backlog.downlinks as i64,
         downlink_top,
         downlink_oldest_age_s: age_s(oldest.downlink),
         dead_letters,
+        dead_letter_top,
         store: StoreSize {
             db_bytes,
             wal_bytes,

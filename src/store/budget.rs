@@ -1,22 +1,31 @@
 //! The disk budget (`store.max_db_bytes`): how much of the disk the store
 //! may use, and whether it is at it.
 //!
-//! The writer measures after its commits (at most every
-//! [`MEASURE_EVERY`]): the database's pages in use (page count less free
-//! pages, so space that pruning frees counts as free even though the file
-//! keeps its size) plus the WAL file. At the budget the store is *over*:
-//! intake refuses new uplinks and downlinks (nothing is written for them),
-//! and the pruner deletes delivered messages before their retention. It is
-//! not over again until the use falls below [`RESUME_AT`] of the budget,
-//! so a store at the edge does not flap with every commit. Nothing
-//! undelivered is ever deleted to make room.
+//! The writer measures after its commits: the database's pages in use
+//! (page count less free pages, so space that pruning frees counts as free
+//! even though the file keeps its size) plus the WAL file. Far from the
+//! budget at most every [`MEASURE_EVERY`], within [`NEAR_PERCENT`] of it
+//! after every commit. Between measures every request that adds a
+//! message or a dead letter is [`Budget::admit`]ted by its estimated
+//! cost, inside the writer, so the store does not overshoot the budget
+//! by what arrives between two measures: at most by one batch's misjudged
+//! cost (pages a row did not fill, the WAL's frames). At the budget the
+//! store is *over*: new uplinks and downlinks and new dead letters are
+//! refused (a resend of a message the store knows is still answered, as
+//! the duplicate it is), and the pruner deletes delivered messages before
+//! their retention. It is not over again until the use falls below
+//! [`RESUME_AT`] of the budget, so a store at the edge does not flap with
+//! every commit. Nothing undelivered is ever deleted to make room.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The writer measures at most this often.
+/// Far from the budget, the writer measures at most this often.
 pub(super) const MEASURE_EVERY: Duration = Duration::from_millis(200);
+/// From this share of the budget (in percent) on, the writer measures
+/// after every commit.
+pub(super) const NEAR_PERCENT: u64 = 75;
 /// Once over, the store takes new messages again below this share of the
 /// budget (in percent).
 pub const RESUME_AT: u64 = 95;
@@ -27,6 +36,8 @@ pub const RESUME_AT: u64 = 95;
 pub struct Budget {
     limit: u64,
     used: Arc<AtomicU64>,
+    /// Estimated bytes admitted since the latest measure.
+    added: Arc<AtomicU64>,
     over: Arc<AtomicBool>,
 }
 
@@ -42,6 +53,7 @@ impl Budget {
         Budget {
             limit,
             used: Arc::default(),
+            added: Arc::default(),
             over: Arc::default(),
         }
     }
@@ -51,31 +63,67 @@ impl Budget {
         self.over.load(Ordering::Relaxed)
     }
 
-    /// Bytes in use at the latest measure.
+    /// Bytes in use: the latest measure, and what was admitted since.
     pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
+        self.used.load(Ordering::Relaxed) + self.added.load(Ordering::Relaxed)
+    }
+
+    /// Whether something of `cost` bytes may be written: false at the
+    /// budget, or when it would reach it (the store is then over, until a
+    /// measure finds it below [`RESUME_AT`] again). Called by the writer
+    /// only, for each request that adds data, before it writes it.
+    pub(super) fn admit(&self, cost: u64) -> bool {
+        if self.over() {
+            return false;
+        }
+        if self.used().saturating_add(cost) >= self.limit {
+            self.over.store(true, Ordering::Relaxed);
+            return false;
+        }
+        self.added.fetch_add(cost, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether the writer should measure after every commit: within
+    /// [`NEAR_PERCENT`] of the budget, or over it.
+    pub(super) fn near(&self) -> bool {
+        u128::from(self.used()) * 100 >= u128::from(self.limit) * u128::from(NEAR_PERCENT)
     }
 
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
-    /// Takes a measure; says whether the store just reached the budget or
-    /// just came back under it.
-    pub(super) fn record(&self, used: u64) -> Option<Change> {
+    /// Why something is refused at the budget, for a `disk_budget` reason
+    /// (after its code).
+    pub fn refusal_detail(&self) -> String {
+        format!(
+            "the store is at store.max_db_bytes ({} of {} bytes); resend later",
+            self.used(),
+            self.limit
+        )
+    }
+
+    /// Takes a measure; says whether the store reached the budget or came
+    /// back under it since `announced` (whether it was over when last
+    /// said). Once over (by a measure, or by an [`Budget::admit`] that
+    /// would have reached it), it stays over until the use is below
+    /// [`RESUME_AT`] of the budget.
+    pub(super) fn record(&self, used: u64, announced: bool) -> Option<Change> {
         self.used.store(used, Ordering::Relaxed);
-        let was = self.over();
-        let now = if was {
+        self.added.store(0, Ordering::Relaxed);
+        let now = if self.over() {
             // Compared as used / limit >= 95 / 100, without overflow.
             u128::from(used) * 100 >= u128::from(self.limit) * u128::from(RESUME_AT)
         } else {
             used >= self.limit
         };
-        if now == was {
-            return None;
-        }
         self.over.store(now, Ordering::Relaxed);
-        Some(if now { Change::Reached } else { Change::Freed })
+        match (announced, now) {
+            (false, true) => Some(Change::Reached),
+            (true, false) => Some(Change::Freed),
+            _ => None,
+        }
     }
 }
 
@@ -97,18 +145,57 @@ mod tests {
     #[test]
     fn the_budget_is_reached_at_its_limit_and_freed_only_below_95_percent() {
         let b = Budget::new(1000);
-        assert_eq!(b.record(500), None);
+        assert_eq!(b.record(500, false), None);
         assert!(!b.over());
-        assert_eq!(b.record(1000), Some(Change::Reached));
+        assert_eq!(b.record(1000, false), Some(Change::Reached));
         assert!(b.over());
-        assert_eq!(b.record(1200), None);
+        assert_eq!(b.record(1200, true), None);
         // Pruning a little is not enough: no flapping at the edge.
-        assert_eq!(b.record(960), None);
+        assert_eq!(b.record(960, true), None);
         assert!(b.over());
-        assert_eq!(b.record(949), Some(Change::Freed));
+        assert_eq!(b.record(949, true), Some(Change::Freed));
         assert!(!b.over());
         assert_eq!(b.used(), 949);
-        assert_eq!(b.record(999), None);
+        assert_eq!(b.record(999, false), None);
+    }
+
+    #[test]
+    fn what_is_admitted_between_measures_counts_and_what_would_reach_the_budget_is_not() {
+        let b = Budget::new(1000);
+        assert_eq!(b.record(600, false), None);
+        assert!(!b.near());
+        assert!(b.admit(200));
+        assert_eq!(b.used(), 800);
+        assert!(b.near(), "within 75% of the budget");
+        // 800 + 200 would reach it: refused, and the store is over now,
+        // for everything, small or not.
+        assert!(!b.admit(200));
+        assert!(b.over());
+        assert!(!b.admit(1));
+        // The next measure finds 960 in use: reached (it was not said
+        // before), and it stays over above 95%.
+        assert_eq!(b.record(960, false), Some(Change::Reached));
+        assert!(b.over());
+        assert_eq!(b.used(), 960, "a measure replaces the estimate");
+        assert_eq!(b.record(940, true), Some(Change::Freed));
+        assert!(b.admit(10));
+    }
+
+    #[test]
+    fn an_admit_that_would_reach_the_budget_holds_until_a_measure_is_below_95_percent() {
+        let b = Budget::new(1000);
+        assert_eq!(b.record(900, false), None);
+        assert!(!b.admit(150));
+        // Measured under the limit but above 95%: still over, and said so.
+        assert_eq!(b.record(970, false), Some(Change::Reached));
+        assert!(b.over());
+        // Below 95% from the start: over by the estimate only, freed
+        // without having been said to be reached.
+        let c = Budget::new(1000);
+        assert_eq!(c.record(900, false), None);
+        assert!(!c.admit(150));
+        assert_eq!(c.record(900, false), None);
+        assert!(!c.over());
     }
 
     #[test]

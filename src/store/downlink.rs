@@ -16,15 +16,18 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use super::clock::Now;
 use super::error::StoreError;
 use super::outbox;
+use super::refusal::HEAD;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::state::DeliveryState;
 use crate::store::record::downlink::{
-    reason, BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntake,
-    DownIntakeOutcome, Swept,
+    reason, BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, Swept,
 };
 
+mod intake;
 mod known;
 mod replay;
+
+pub use intake::intake;
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -77,100 +80,9 @@ pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> Result<Cursors> {
         .unwrap_or_default())
 }
 
-/// Stores the message once and queues it for every addressed device that
-/// does not have it yet; `store_ms` (the store clock) stamps what it
-/// writes beside `msg.stored_ms`.
-pub fn intake(tx: &Transaction<'_>, msg: &DownIntake, store_ms: i64) -> Result<DownIntakeOutcome> {
-    let existing: Option<i64> = tx
-        .prepare_cached("SELECT id FROM down_message WHERE msg_id = ?1")?
-        .query_row([msg.msg_id.as_str()], |r| r.get(0))
-        .optional()?;
-    // A message pruned under the disk budget left a key per delivery:
-    // its devices are answered from those, never queued it again.
-    let kept = match existing {
-        Some(_) => Vec::new(),
-        None => super::keys::downlink(tx, &msg.msg_id)?,
-    };
-    let mut message_id = existing;
-    let mut out = DownIntakeOutcome::default();
-    for device in &msg.to {
-        if let Some((s, st)) = known::delivery(tx, message_id, &kept, device)? {
-            let event = DeliveryEvent {
-                device: device.clone(),
-                seq: seq(s),
-                msg_id: msg.msg_id.clone(),
-                state: state(&st)?,
-                reason: None,
-            };
-            out.queued.push((event, false));
-            continue;
-        }
-        let message_id = match message_id {
-            Some(id) => id,
-            None => {
-                tx.prepare_cached("INSERT INTO down_message (msg_id, body, stored_ms, expires_ms, received_ms, stored_store_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
-                    .execute(params![msg.msg_id.as_str(), &msg.body[..], msg.stored_ms, msg.expires_ms, msg.received_ms, store_ms])?;
-                let id = tx.last_insert_rowid();
-                message_id = Some(id);
-                id
-            }
-        };
-        tx.prepare_cached(
-            "INSERT INTO devices (device) VALUES (?1) ON CONFLICT (device) DO NOTHING",
-        )?
-        .execute([device.as_str()])?;
-        let s: i64 = tx
-            .prepare_cached(
-                "UPDATE devices SET down_seq = down_seq + 1 WHERE device = ?1 RETURNING down_seq",
-            )?
-            .query_row([device.as_str()], |r| r.get(0))?;
-        tx.prepare_cached(
-            "INSERT INTO down_delivery (device, seq, message_id, state, at_ms, at_store_ms) VALUES (?1, ?2, ?3, 'stored', ?4, ?5)",
-        )?
-        .execute(params![device.as_str(), s, message_id, msg.stored_ms, store_ms])?;
-        let event = DeliveryEvent {
-            device: device.clone(),
-            seq: seq(s),
-            msg_id: msg.msg_id.clone(),
-            state: DeliveryState::Stored,
-            reason: None,
-        };
-        out.queued.push((event, true));
-        // The queue keeps `queue_cap` undelivered deliveries: the one that
-        // many places back loses its automatic resend.
-        let old = s - msg.queue_cap as i64;
-        if old >= 1 {
-            let pushed: Option<i64> = tx
-                .prepare_cached(
-                    "UPDATE down_delivery SET state = 'expired', at_ms = ?3, at_store_ms = ?4
-                     WHERE device = ?1 AND seq = ?2 AND state = 'stored' RETURNING message_id",
-                )?
-                .query_row(
-                    params![device.as_str(), old, msg.stored_ms, store_ms],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if let Some(mid) = pushed {
-                out.expired.push(DeliveryEvent {
-                    device: device.clone(),
-                    seq: seq(old),
-                    msg_id: message_msg_id(tx, mid)?,
-                    state: DeliveryState::Expired,
-                    reason: Some(reason::queue_cap(msg.queue_cap)),
-                });
-            }
-        }
-    }
-    let new = out.queued.iter().filter(|(_, new)| *new).map(|(e, _)| e);
-    history(tx, new.chain(&out.expired), msg.stored_ms)?;
-    let queued = out.queued.iter().map(|(e, _)| e);
-    out.receipts = outbox::report(tx, queued.chain(&out.expired), msg.stored_ms)?;
-    Ok(out)
-}
-
 /// Appends each delivery's change to its history (`down_history`), in the
 /// transaction that makes it.
-fn history<'a>(
+pub(super) fn history<'a>(
     tx: &Transaction<'_>,
     events: impl IntoIterator<Item = &'a DeliveryEvent>,
     at_ms: i64,
@@ -190,7 +102,7 @@ fn history<'a>(
     Ok(())
 }
 
-fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> Result<MsgId> {
+pub(super) fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> Result<MsgId> {
     Ok(message_of(tx, message_id)?.0)
 }
 
@@ -411,8 +323,8 @@ pub fn nack(
     };
     let id = message_msg_id(tx, mid)?;
     tx.prepare_cached(
-        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw, at_store_ms)
-         SELECT ?1, 'down', ?2, msg_id, ?3, ?4, body, ?6 FROM down_message WHERE id = ?5",
+        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw, raw_bytes, at_store_ms)
+         SELECT ?1, 'down', ?2, msg_id, ?3, ?4, substr(body, 1, ?7), length(body), ?6 FROM down_message WHERE id = ?5",
     )?
     .execute(params![
         now_ms,
@@ -420,7 +332,8 @@ pub fn nack(
         reason,
         format!("seq {}", at.0),
         mid,
-        now.store_ms
+        now.store_ms,
+        HEAD as i64
     ])?;
     if at == c.delivered_upto.next() {
         c.delivered_upto = at;

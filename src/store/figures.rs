@@ -102,6 +102,102 @@ pub fn downlink_top(conn: &Connection, top: usize) -> Result<Vec<(String, i64)>>
     .collect()
 }
 
+/// The `top` devices with the most undelivered uplinks, most first:
+/// (device, messages). Read from the partial index of stored rows.
+pub fn uplink_top(conn: &Connection, top: usize) -> Result<Vec<(String, i64)>> {
+    conn.prepare_cached(
+        "SELECT device, count(*) AS n FROM uplink WHERE state = 'stored'
+         GROUP BY device ORDER BY n DESC, device LIMIT ?1",
+    )?
+    .query_map(params![i64::try_from(top).unwrap_or(i64::MAX)], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })?
+    .collect()
+}
+
+/// One peer's share of the dead letters refused at the door
+/// (`store::refusal`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ShareUse {
+    /// `device:{id}`, `device:?` (publishers naming no valid device) or
+    /// `backend`.
+    pub share: String,
+    pub rows: i64,
+    pub bytes: i64,
+    /// Its refusals summed in a summary, once its share was full.
+    pub summarised: i64,
+}
+
+/// The `top` shares of the dead letters by bytes, most first.
+pub fn dead_letter_top(conn: &Connection, top: usize) -> Result<Vec<ShareUse>> {
+    conn.prepare_cached(
+        "SELECT share, rows, bytes, summarised FROM dead_letter_share
+         WHERE share != '*' AND (rows > 0 OR summarised > 0)
+         ORDER BY bytes DESC, share LIMIT ?1",
+    )?
+    .query_map(params![i64::try_from(top).unwrap_or(i64::MAX)], |r| {
+        Ok(ShareUse {
+            share: r.get(0)?,
+            rows: r.get(1)?,
+            bytes: r.get(2)?,
+            summarised: r.get(3)?,
+        })
+    })?
+    .collect()
+}
+
+/// Whose data fills the store, for when it is at its disk budget: the
+/// devices with the most undelivered messages each way, the delivered
+/// uplinks kept (which the pruner deletes first), and the largest shares
+/// of the dead letters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holders {
+    pub uplinks: Vec<(String, i64)>,
+    pub downlinks: Vec<(String, i64)>,
+    pub delivered: i64,
+    pub dead_letters: Vec<ShareUse>,
+}
+
+/// [`Holders`], `top` of each. A pass over the undelivered uplinks' index
+/// and the delivered ones': read while the store is at its budget only.
+pub fn holders(conn: &Connection, top: usize) -> Result<Holders> {
+    Ok(Holders {
+        uplinks: uplink_top(conn, top)?,
+        downlinks: downlink_top(conn, top)?,
+        delivered: conn
+            .prepare_cached("SELECT count(*) FROM uplink WHERE state = 'delivered'")?
+            .query_row([], |r| r.get(0))?,
+        dead_letters: dead_letter_top(conn, top)?,
+    })
+}
+
+impl std::fmt::Display for Holders {
+    /// One line: `undelivered uplinks: press-7 (120000), ...; downlink
+    /// queues: ...; delivered uplinks kept: N; dead letters: device:x
+    /// (1000 rows, 1048576 bytes), ...`; a part with nothing says `none`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |items: Vec<String>| match items.is_empty() {
+            true => "none".to_string(),
+            false => items.join(", "),
+        };
+        let by_device =
+            |v: &[(String, i64)]| list(v.iter().map(|(d, n)| format!("{d} ({n})")).collect());
+        write!(
+            f,
+            "undelivered uplinks: {}; downlink queues: {}; delivered uplinks kept: {}; dead letters: {}",
+            by_device(&self.uplinks),
+            by_device(&self.downlinks),
+            self.delivered,
+            list(
+                self.dead_letters
+                    .iter()
+                    .map(|s| format!("{} ({} rows, {} bytes)", s.share, s.rows, s.bytes))
+                    .collect()
+            )
+        )
+    }
+}
+
 /// Dead letters past a mark, the backlog's age and size, and the disk
 /// budget: what warrants a warning, read in one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -122,6 +218,8 @@ pub struct AlertScan {
     /// Every dead letter up to this id had its alert acknowledged by the
     /// upstream, in this run or an earlier one (`alert_mark`).
     pub dead_alerted: i64,
+    /// Whose data fills the store: read only while it is at its budget.
+    pub holders: Option<Holders>,
     /// Filled in from the budget, not by the writer.
     pub over_budget: bool,
     pub used_bytes: u64,

@@ -11,6 +11,7 @@ use super::budget::Budget;
 use super::clock::{Now, StoreClock};
 use super::error::StoreError;
 use super::op::{Asked, Cx, Op, Timing, Told};
+use crate::config::RefusalShares;
 use crate::health::Heartbeat;
 
 /// A cheap, cloneable handle to the writer thread.
@@ -28,6 +29,8 @@ pub struct Store {
     pub(super) beat: Heartbeat,
     pub(super) budget: Budget,
     pub(super) clock: StoreClock,
+    /// What refusals at the door may fill (`store::refusal`).
+    pub(super) refusals: RefusalShares,
 }
 
 impl Store {

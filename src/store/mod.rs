@@ -73,6 +73,7 @@ mod open;
 mod outbox;
 pub mod prune;
 pub mod record;
+pub mod refusal;
 mod requests;
 mod schema;
 mod uplink;

@@ -50,9 +50,14 @@ impl Store {
         };
         conn.pragma_update(None, "synchronous", sync)?;
         conn.pragma_update(None, "busy_timeout", 5000)?;
-        // The WAL counts against store.max_db_bytes: after a checkpoint
-        // it is cut back to 64 MiB rather than kept at its high-water mark.
-        conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
+        // The WAL counts against store.max_db_bytes: it is checkpointed
+        // (every 1,000 pages, or every 1/32 of a small budget) and then
+        // cut back to 64 MiB (or 1/16 of a small budget) rather than kept
+        // at its high-water mark, so on a small budget it is not the WAL
+        // that fills it.
+        let (checkpoint_pages, wal_limit) = wal_bounds(cfg.max_db_bytes);
+        conn.pragma_update(None, "wal_autocheckpoint", checkpoint_pages)?;
+        conn.pragma_update(None, "journal_size_limit", wal_limit)?;
         conn.set_prepared_statement_cache_capacity(64);
         schema::check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
@@ -116,6 +121,27 @@ impl Store {
             beat,
             budget,
             clock,
+            refusals: cfg.refusals,
         })
+    }
+}
+
+/// The WAL's checkpoint interval (pages) and size limit (bytes) for a
+/// budget of `max_db_bytes`: SQLite's 1,000 pages and ferry's 64 MiB, or
+/// less on a budget too small for them.
+fn wal_bounds(max_db_bytes: u64) -> (i64, i64) {
+    const PAGE: u64 = 4096;
+    let pages = (max_db_bytes / 32 / PAGE).clamp(16, 1000);
+    let limit = (max_db_bytes / 16).min(64 << 20);
+    (pages as i64, limit as i64)
+}
+
+#[cfg(test)]
+mod wal_tests {
+    #[test]
+    fn the_wal_is_held_to_a_small_share_of_a_small_budget_and_to_sqlites_default_otherwise() {
+        assert_eq!(super::wal_bounds(8 << 30), (1000, 64 << 20));
+        assert_eq!(super::wal_bounds(4 << 20), (32, 256 << 10));
+        assert_eq!(super::wal_bounds(1 << 20), (16, 64 << 10));
     }
 }

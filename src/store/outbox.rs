@@ -7,9 +7,11 @@
 use bytes::Bytes;
 use rusqlite::{params, Transaction};
 
+use super::budget::Budget;
 use super::error::StoreError;
-use super::uplink;
-use crate::dead_letter::DeadLetter;
+use super::refusal::{self, Kept, Refusal};
+use crate::config::RefusalShares;
+use crate::protocol::envelope::RejectCode;
 use crate::protocol::receipt::NorthReceipt;
 use crate::store::record::downlink::{reason, DeliveryEvent, OutboxReceipt, Rejected};
 
@@ -66,26 +68,34 @@ pub fn delete(tx: &Transaction<'_>, ids: &[i64]) -> Result<()> {
 
 /// A receipt the upstream will never take: out of the outbox and into the
 /// dead letters, in one transaction. Returns the dead letter's id.
-pub fn dead_letter(tx: &Transaction<'_>, id: i64, dl: &DeadLetter, store_ms: i64) -> Result<i64> {
+pub fn dead_letter(tx: &Transaction<'_>, id: i64, dl: &Kept, store_ms: i64) -> Result<i64> {
     delete(tx, &[id])?;
-    uplink::dead_letter(tx, dl, store_ms)
+    Ok(refusal::file_unshared(tx, dl, store_ms)?)
 }
 
-/// A downlink refused at intake: its dead letter and its `rejected`
-/// receipt (naming the dead letter), in one transaction.
+/// A downlink refused at intake: its dead letter, filed against the
+/// backend's share, and its `rejected` receipt (naming the row that holds
+/// it), in one transaction; at the disk budget nothing but the receipt,
+/// which then says `disk_budget`.
 pub fn reject(
     tx: &Transaction<'_>,
-    dl: &DeadLetter,
+    dl: &Kept,
     receipt: &NorthReceipt,
+    shares: &RefusalShares,
+    budget: &Budget,
     store_ms: i64,
 ) -> Result<Rejected> {
-    let dead_letter = uplink::dead_letter(tx, dl, store_ms)?;
+    let refusal = refusal::file(tx, dl, shares, budget, store_ms)?;
+    let reason = match &refusal {
+        Refusal::Filed { id, .. } => reason::rejected(&dl.reason, *id),
+        Refusal::AtBudget { detail } => format!("{}: {detail}", RejectCode::DiskBudget.as_str()),
+    };
     let receipt = NorthReceipt {
-        reason: Some(reason::rejected(&dl.reason, dead_letter)),
+        reason: Some(reason),
         ..receipt.clone()
     };
     Ok(Rejected {
-        dead_letter: Some(dead_letter),
+        refusal,
         receipt: put(tx, &receipt)?,
     })
 }

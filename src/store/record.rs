@@ -7,6 +7,9 @@
 //! - [`downlink`]: a message for one or more devices, inbox batches,
 //!   cursors and their moves, the receipts committed with them, and the
 //!   words of every reason a delivery ends with.
+//! - [`refusal`]: a message refused at the door as its dead letter keeps
+//!   it, and what became of it.
 
 pub mod downlink;
+pub mod refusal;
 pub mod uplink;

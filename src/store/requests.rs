@@ -21,10 +21,15 @@ use super::record::uplink::{
     AttemptRecord, Duplicate, Intake, IntakeOutcome, Moved, PendingMessage, Transition,
     EXPIRED_REASON,
 };
+use super::refusal::{self, Kept, Refusal};
 use super::{clock, downlink, outbox, prune, uplink};
 use crate::dead_letter::DeadLetter;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::receipt::NorthReceipt;
+
+/// Devices (and dead-letter shares) named per kind when the store is at
+/// its budget.
+const HOLDERS_TOP: usize = 3;
 
 /// At most this many rows per call of the sweeps that take what is due
 /// ([`Store::expire_due`], [`Store::take_replays`]).
@@ -47,15 +52,20 @@ impl Store {
         &self,
         msg: Intake,
     ) -> impl Future<Output = Result<(IntakeOutcome, Timing), StoreError>> + Send + 'static {
-        self.call_timed(move |cx| uplink::intake(cx.tx, cx.seqs, &msg, cx.store_ms))
+        let budget = self.budget.clone();
+        self.call_timed(move |cx| uplink::intake(cx.tx, cx.seqs, &msg, &budget, cx.store_ms))
     }
 
-    /// Writes a dead letter for a rejected message; resolves to its id.
+    /// Files a message refused at the door as a dead letter against its
+    /// sender's share (`store::refusal`): resolves to the row that holds
+    /// it, or to [`Refusal::AtBudget`] if nothing could be written.
     pub fn reject(
         &self,
         dl: DeadLetter,
-    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'static {
-        self.call(move |cx| uplink::dead_letter(cx.tx, &dl, cx.store_ms))
+    ) -> impl Future<Output = Result<Refusal, StoreError>> + Send + 'static {
+        let kept = Kept::of(dl);
+        let (shares, budget) = (self.refusals, self.budget.clone());
+        self.call(move |cx| Ok(refusal::file(cx.tx, &kept, &shares, &budget, cx.store_ms)?))
     }
 
     /// Moves a stored uplink to a final state; resolves to what moved
@@ -147,7 +157,8 @@ impl Store {
         &self,
         msg: DownIntake,
     ) -> impl Future<Output = Result<DownIntakeOutcome, StoreError>> + Send + 'static {
-        self.call(move |cx| downlink::intake(cx.tx, &msg, cx.store_ms))
+        let budget = self.budget.clone();
+        self.call(move |cx| downlink::intake(cx.tx, &msg, &budget, cx.store_ms))
     }
 
     /// Reads up to `limit` queue entries of `device` after `after`,
@@ -213,23 +224,17 @@ impl Store {
         self.call(move |cx| downlink::sweep_expired(cx.tx, now))
     }
 
-    /// Dead-letters a downlink refused at intake and commits its `rejected`
-    /// receipt (`receipt` with the reason naming the dead letter).
+    /// Dead-letters a downlink refused at intake against the backend's
+    /// share and commits its `rejected` receipt (`receipt` with the reason
+    /// naming the dead letter; `disk_budget` if none could be written).
     pub fn reject_downlink(
         &self,
         dl: DeadLetter,
         receipt: NorthReceipt,
     ) -> impl Future<Output = Result<Rejected, StoreError>> + Send + 'static {
-        self.call(move |cx| outbox::reject(cx.tx, &dl, &receipt, cx.store_ms))
-    }
-
-    /// Commits the `rejected` receipt of a downlink that is not stored
-    /// (refused at the disk budget), with no dead letter.
-    pub fn refuse_downlink(
-        &self,
-        receipt: NorthReceipt,
-    ) -> impl Future<Output = Result<OutboxReceipt, StoreError>> + Send + 'static {
-        self.call(move |cx| outbox::put(cx.tx, &receipt))
+        let kept = Kept::of(dl);
+        let (shares, budget) = (self.refusals, self.budget.clone());
+        self.call(move |cx| outbox::reject(cx.tx, &kept, &receipt, &shares, &budget, cx.store_ms))
     }
 
     /// Up to `limit` receipts of the outbox with `id >= from`, in id order.
@@ -259,7 +264,8 @@ impl Store {
         id: i64,
         dl: DeadLetter,
     ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'static {
-        self.call(move |cx| outbox::dead_letter(cx.tx, id, &dl, cx.store_ms))
+        let kept = Kept::of(dl);
+        self.call(move |cx| outbox::dead_letter(cx.tx, id, &kept, cx.store_ms))
     }
 }
 
@@ -307,8 +313,14 @@ impl Store {
         limit: usize,
     ) -> impl Future<Output = Result<AlertScan, StoreError>> + Send + 'static {
         let budget = self.budget.clone();
-        let scan =
-            self.call(move |cx| uplink::alert_scan(cx.tx, cx.clock.now(), after_dead, limit));
+        let over = budget.clone();
+        let scan = self.call(move |cx| {
+            let mut scan = uplink::alert_scan(cx.tx, cx.clock.now(), after_dead, limit)?;
+            if over.over() {
+                scan.holders = Some(figures::holders(cx.tx, HOLDERS_TOP)?);
+            }
+            Ok(scan)
+        });
         async move {
             let mut scan = scan.await?;
             scan.over_budget = budget.over();

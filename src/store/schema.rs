@@ -275,6 +275,43 @@ const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX down_key_by_time ON down_key (done_store_ms, done_ms);
     "#,
+    // 15: refusals bounded per peer (store::refusal). A dead letter made
+    // at the door keeps the head of what was sent, its size and hash, and
+    // counts against its sender's share; past the share, refusals are
+    // summed in one row. Rows from before count against no share.
+    r#"
+    ALTER TABLE dead_letter ADD COLUMN raw_bytes INTEGER;     -- the payload's size as sent (raw: its head)
+    ALTER TABLE dead_letter ADD COLUMN raw_sha256 TEXT;       -- hex SHA-256 of the whole payload
+    ALTER TABLE dead_letter ADD COLUMN topic_bytes INTEGER;   -- the topic's size as sent (topic: its head)
+    ALTER TABLE dead_letter ADD COLUMN share TEXT;            -- the refusal share it counts against
+    ALTER TABLE dead_letter ADD COLUMN refusals INTEGER NOT NULL DEFAULT 1; -- a summary: how many it sums
+    ALTER TABLE dead_letter ADD COLUMN last_ms INTEGER;       -- a summary: its latest refusal
+    -- Kept by the triggers below, so every delete (retention, purge,
+    -- replay, by the gateway or the CLI) gives its room back; '*' is the
+    -- sum of all shares.
+    CREATE TABLE dead_letter_share (
+        share       TEXT PRIMARY KEY,
+        rows        INTEGER NOT NULL DEFAULT 0,
+        bytes       INTEGER NOT NULL DEFAULT 0,
+        summary_id  INTEGER,                    -- where refusals past the share are summed
+        summarised  INTEGER NOT NULL DEFAULT 0  -- refusals summed, ever
+    ) WITHOUT ROWID;
+    CREATE TRIGGER dead_letter_share_in AFTER INSERT ON dead_letter
+    WHEN NEW.share IS NOT NULL BEGIN
+        INSERT INTO dead_letter_share (share, rows, bytes)
+            SELECT s, 1, octet_length(NEW.raw) + coalesce(octet_length(NEW.topic), 0) + octet_length(NEW.reason) + 64
+            FROM (SELECT NEW.share AS s UNION ALL SELECT '*')
+            WHERE true
+            ON CONFLICT (share) DO UPDATE SET rows = rows + 1, bytes = bytes + excluded.bytes;
+    END;
+    CREATE TRIGGER dead_letter_share_out AFTER DELETE ON dead_letter
+    WHEN OLD.share IS NOT NULL BEGIN
+        UPDATE dead_letter_share
+            SET rows = rows - 1,
+                bytes = bytes - (octet_length(OLD.raw) + coalesce(octet_length(OLD.topic), 0) + octet_length(OLD.reason) + 64)
+            WHERE share IN (OLD.share, '*');
+    END;
+    "#,
 ];
 
 /// Brings the database to the newest schema; each step in its own transaction.

@@ -15,7 +15,17 @@ fn cfg() -> StoreConfig {
         retention: std::time::Duration::from_secs(30 * 86_400),
         dead_letter_retention: std::time::Duration::from_secs(90 * 86_400),
         min_dedup: std::time::Duration::from_secs(3600),
+        refusals: crate::config::RefusalShares {
+            rows: 1000,
+            bytes: 1 << 20,
+            total_bytes: 16 << 20,
+        },
     }
+}
+
+/// A budget nothing reaches.
+pub(super) fn roomy() -> super::budget::Budget {
+    super::budget::Budget::new(u64::MAX / 2)
 }
 
 fn intake(device: &str, msg_id: &str) -> Intake {
@@ -48,6 +58,7 @@ fn seq_of(o: &IntakeOutcome) -> Seq {
     match o {
         IntakeOutcome::Stored(m) => m.seq,
         IntakeOutcome::Duplicate(d) => d.seq,
+        IntakeOutcome::AtBudget { .. } => panic!("at the budget"),
     }
 }
 
@@ -384,11 +395,15 @@ async fn dead_letter_ids_are_never_reused_after_the_newest_is_deleted() {
         raw: bytes::Bytes::from_static(b"{"),
         at_ms: 1,
     };
-    let first = store.reject(dl()).await.unwrap();
+    let filed = |r| match r {
+        crate::store::refusal::Refusal::Filed { id, .. } => id,
+        other => panic!("{other:?}"),
+    };
+    let first = filed(store.reject(dl()).await.unwrap());
     // A replay or a purge deletes the newest dead letter.
     let conn = rusqlite::Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
     conn.execute("DELETE FROM dead_letter WHERE id = ?1", [first])
         .unwrap();
-    let second = store.reject(dl()).await.unwrap();
+    let second = filed(store.reject(dl()).await.unwrap());
     assert!(second > first, "id {first} handed out again as {second}");
 }

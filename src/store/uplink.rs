@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::budget::Budget;
 use super::clock::Now;
 use super::error::StoreError;
-use crate::dead_letter::DeadLetter;
+use super::refusal::HEAD;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::north::with_seq;
 use crate::state::MessageState;
@@ -81,11 +82,23 @@ pub fn intake(
     tx: &Transaction<'_>,
     seqs: &mut SeqCache,
     msg: &Intake,
+    budget: &Budget,
     store_ms: i64,
 ) -> Result<IntakeOutcome> {
     // A message pruned under the disk budget is known by its key alone.
     if let Some(dup) = super::keys::uplink(tx, &msg.device, &msg.msg_id)? {
         return Ok(IntakeOutcome::Duplicate(dup));
+    }
+    // At the budget only what the store knows is answered (as the
+    // duplicate it is); nothing new is written.
+    if !budget.admit(msg.cost()) {
+        return Ok(match existing(tx, &msg.device, &msg.msg_id)? {
+            Some(dup) => IntakeOutcome::Duplicate(dup),
+            None => IntakeOutcome::AtBudget {
+                msg_id: msg.msg_id.clone(),
+                detail: budget.refusal_detail(),
+            },
+        });
     }
     let seq = Seq(seqs.last(tx, &msg.device)? + 1);
     let body = Bytes::from(with_seq(&msg.body, seq));
@@ -217,32 +230,12 @@ pub fn transition(tx: &Transaction<'_>, t: &Transition, store_ms: i64) -> Result
     }
     if t.to == MessageState::Dead {
         tx.prepare_cached(
-            "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw, at_store_ms)
-             SELECT ?2, 'up', device, msg_id, id, ?3, attempts, last_error, stream, body, ?4 FROM uplink WHERE id = ?1",
+            "INSERT INTO dead_letter (at_ms, direction, device, msg_id, uplink_id, reason, attempts, last_error, topic, raw, raw_bytes, at_store_ms)
+             SELECT ?2, 'up', device, msg_id, id, ?3, attempts, last_error, stream, substr(body, 1, ?5), length(body), ?4 FROM uplink WHERE id = ?1",
         )?
-        .execute(params![moved.id, t.at_ms, t.dead_reason(), store_ms])?;
+        .execute(params![moved.id, t.at_ms, t.dead_reason(), store_ms, HEAD as i64])?;
     }
     Ok(Some(moved))
-}
-
-/// Writes a rejected message to the dead-letter table, at `dl.at_ms` and
-/// `store_ms` (the store clock); returns its id.
-pub fn dead_letter(tx: &Transaction<'_>, dl: &DeadLetter, store_ms: i64) -> Result<i64> {
-    tx.prepare_cached(
-        "INSERT INTO dead_letter (at_ms, direction, device, msg_id, reason, topic, raw, at_store_ms)
-         VALUES (?1, ?7, ?2, ?3, ?4, ?5, ?6, ?8)",
-    )?
-    .execute(params![
-        dl.at_ms,
-        dl.device,
-        dl.msg_id,
-        dl.reason,
-        dl.topic,
-        &dl.raw[..],
-        dl.direction,
-        store_ms
-    ])?;
-    Ok(tx.last_insert_rowid())
 }
 
 pub fn record_attempt(tx: &Transaction<'_>, rec: &AttemptRecord) -> Result<()> {

@@ -110,6 +110,8 @@ pub(super) struct Writer {
     /// The WAL file, measured with the database against the budget.
     wal: PathBuf,
     measured: Instant,
+    /// Whether the store was over its budget when last said (logged).
+    announced_over: bool,
     /// The store clock and this boot's id, for its marks.
     clock: (StoreClock, String),
     /// Set by a prune that deleted rows in the batch being committed; read
@@ -136,6 +138,7 @@ impl Writer {
             budget,
             wal,
             measured: Instant::now(),
+            announced_over: false,
             clock,
             rows_pruned: false,
             held,
@@ -155,7 +158,9 @@ impl Writer {
                 return;
             }
         };
-        match self.budget.record(used) {
+        let change = self.budget.record(used, self.announced_over);
+        self.announced_over = self.budget.over();
+        match change {
             Some(Change::Reached) => warn!(
                 event = "disk_budget_reached",
                 used_bytes = used,
@@ -304,7 +309,13 @@ impl Writer {
                             debug!(error = %e, "WAL not truncated after a prune");
                         }
                     }
-                    if pruned || self.measured.elapsed() >= budget::MEASURE_EVERY {
+                    // Near the budget every commit is measured, so what
+                    // was admitted by estimate is soon replaced by what
+                    // the files hold.
+                    if pruned
+                        || self.budget.near()
+                        || self.measured.elapsed() >= budget::MEASURE_EVERY
+                    {
                         self.measure_budget();
                     }
                     return true;

@@ -12,16 +12,18 @@ use tracing::warn;
 
 use super::limits::{Lines, Sender};
 use crate::clip::Clip;
-use crate::dead_letter::Direction;
+use crate::dead_letter::{DeadLetter, Direction};
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Stage};
-use crate::protocol::envelope::Rejection;
+use crate::protocol::envelope::{RejectCode, Rejection};
+use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
 use crate::protocol::topics::Topics;
-use crate::south::{Ack, SouthSender};
+use crate::south::{Ack, SouthMessage, SouthSender};
 use crate::state::MessageState;
 use crate::store::record::uplink::{IntakeOutcome, ToEngine};
-use crate::store::{StoreError, Timing};
+use crate::store::refusal::Refusal;
+use crate::store::{Store, StoreError, Timing};
 
 /// A store answer and who it is for.
 pub(super) enum Answer {
@@ -32,7 +34,7 @@ pub(super) enum Answer {
     Rejected {
         device: Option<DeviceId>,
         rejection: Rejection,
-        result: Result<i64, StoreError>,
+        result: Result<Refusal, StoreError>,
     },
     /// Refused over a limit, before the store: nothing was kept.
     Refused {
@@ -114,6 +116,17 @@ async fn answer_device(
         }
         Answer::Stored {
             device,
+            result: Ok((IntakeOutcome::AtBudget { msg_id, detail }, _)),
+        } => {
+            let rejection = Rejection {
+                code: RejectCode::DiskBudget,
+                detail,
+                msg_id: Some(msg_id),
+            };
+            refused(device, rejection)
+        }
+        Answer::Stored {
+            device,
             result: Err(e),
         } => {
             if e.is_fatal() {
@@ -123,10 +136,38 @@ async fn answer_device(
             return Ok(true);
         }
         Answer::Rejected {
+            device: Some(device),
+            rejection,
+            result: Ok(Refusal::AtBudget { detail }),
+        } => {
+            let rejection = Rejection {
+                code: RejectCode::DiskBudget,
+                detail,
+                ..rejection
+            };
+            refused(device, rejection)
+        }
+        // Nobody to answer, nothing kept.
+        Answer::Rejected {
+            device: None,
+            result: Ok(Refusal::AtBudget { .. }),
+            ..
+        } => {
+            metrics::rejected(Direction::Up, RejectCode::DiskBudget);
+            return Ok(true);
+        }
+        Answer::Rejected {
             device,
             rejection,
-            result: Ok(dead_letter),
+            result:
+                Ok(Refusal::Filed {
+                    id: dead_letter,
+                    summary,
+                }),
         } => {
+            if let Some(summary) = summary {
+                summary.report();
+            }
             // "-": published on a topic that names no valid device.
             metrics::rejected(Direction::Up, rejection.code);
             let named = device.as_ref().map_or("-", DeviceId::as_str);
@@ -142,14 +183,7 @@ async fn answer_device(
                 None,
             )
         }
-        Answer::Refused { device, rejection } => {
-            metrics::rejected(Direction::Up, rejection.code);
-            (
-                device,
-                Receipt::refused(rejection.msg_id.as_ref(), rejection.reason()),
-                None,
-            )
-        }
+        Answer::Refused { device, rejection } => refused(device, rejection),
         Answer::Rejected { result: Err(e), .. } => {
             if e.is_fatal() {
                 return Err(e);
@@ -179,4 +213,48 @@ async fn answer_device(
         }
         None => true,
     })
+}
+
+/// The receipt of a publish refused with a retryable reason (`rate`,
+/// `disk_budget`): nothing was kept.
+fn refused(device: DeviceId, rejection: Rejection) -> (DeviceId, Receipt, Option<ToEngine>) {
+    metrics::rejected(Direction::Up, rejection.code);
+    let receipt = Receipt::refused(rejection.msg_id.as_ref(), rejection.reason());
+    (device, receipt, None)
+}
+
+/// Files a publish refused at the door as a dead letter (against its
+/// sender's share, `store::refusal`), answered once that is committed.
+pub(super) fn reject(
+    store: &Store,
+    device: Option<DeviceId>,
+    rejection: Rejection,
+    msg: &SouthMessage,
+) -> AnswerFuture {
+    let dl = DeadLetter {
+        direction: Direction::Up,
+        device: device
+            .as_ref()
+            .map(|d| d.to_string())
+            .or_else(|| msg.publisher.clone())
+            .or_else(|| raw_device(&msg.topic)),
+        msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
+        topic: msg.topic.clone(),
+        reason: rejection.reason(),
+        raw: msg.payload.clone(),
+        at_ms: now_ms(),
+    };
+    let dead_letter = store.reject(dl);
+    Box::pin(async move {
+        Answer::Rejected {
+            device,
+            rejection,
+            result: dead_letter.await,
+        }
+    })
+}
+
+/// The second topic level as written, for the dead-letter row of a bad topic.
+fn raw_device(topic: &str) -> Option<String> {
+    topic.split('/').nth(1).map(str::to_string)
 }

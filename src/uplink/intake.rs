@@ -32,19 +32,19 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::answer::{finish, Answer, AnswerFuture, Taken};
+use super::answer::{finish, reject, Answer, AnswerFuture, Taken};
 use super::limits::{Limits, Lines, Rate, Sender};
 use super::route::Route;
 use crate::clip::{self, Clip};
 use crate::config::{RateLimit, MAX_UNANSWERED};
-use crate::dead_letter::{DeadLetter, Direction};
-use crate::ids::{DeviceId, MsgId};
+use crate::dead_letter::Direction;
+use crate::ids::DeviceId;
 use crate::metrics::{self, Count};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, with_publish, RejectCode, Rejection};
+use crate::protocol::publish_packet_len;
 use crate::protocol::topics::Topics;
-use crate::protocol::{now_ms, publish_packet_len};
 use crate::shutdown::Shutdown;
 use crate::south::{DeviceControl, Inbound, SouthMessage, SouthSender};
 use crate::status_file::{LiveEvent, LiveSender};
@@ -274,16 +274,20 @@ async fn accept(
         }
         return Verdict::Done;
     }
-    // Everything else goes to the store and is answered; at the disk
-    // budget nothing new is written (dead letters included).
-    if store.budget().over() {
-        let budget = store.budget();
-        let detail = format!(
-            "the store is at store.max_db_bytes ({} of {} bytes); resend later",
-            budget.used(),
-            budget.limit()
+    // Everything else goes to the store and is answered. At the disk
+    // budget the store writes nothing new (dead letters included), but a
+    // resend of a message it knows is answered as the duplicate it is:
+    // an uplink that names its msg_id goes to the store, which tells the
+    // two apart; anything else is refused here.
+    if store.budget().over()
+        && !(matches!(route, Route::Up { .. }) && sniff_msg_id(&msg.payload).is_some())
+    {
+        return refuse(
+            sender,
+            RejectCode::DiskBudget,
+            store.budget().refusal_detail(),
+            &msg,
         );
-        return refuse(sender, RejectCode::DiskBudget, detail, &msg);
     }
     if limited && !limits.admit(&sender) {
         return refuse(sender, RejectCode::Rate, limits.in_flight_detail(), &msg);
@@ -455,44 +459,10 @@ fn judge(
     }
 }
 
-fn reject(
-    store: &Store,
-    device: Option<DeviceId>,
-    rejection: Rejection,
-    msg: &SouthMessage,
-) -> AnswerFuture {
-    let dl = DeadLetter {
-        direction: Direction::Up,
-        device: device
-            .as_ref()
-            .map(|d| d.to_string())
-            .or_else(|| msg.publisher.clone())
-            .or_else(|| raw_device(&msg.topic)),
-        msg_id: rejection.msg_id.as_ref().map(MsgId::to_string),
-        topic: msg.topic.clone(),
-        reason: rejection.reason(),
-        raw: msg.payload.clone(),
-        at_ms: now_ms(),
-    };
-    let dead_letter = store.reject(dl);
-    Box::pin(async move {
-        Answer::Rejected {
-            device,
-            rejection,
-            result: dead_letter.await,
-        }
-    })
-}
-
 /// The largest the message's north PUBLISH can be once its seq is spliced in.
 fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
     /// `"seq":` plus a u64 and a comma, in place of nothing.
     const SEQ_FIELD: usize = 7 + 20;
     let topic_len = topics.north_up_len(&intake.device, &intake.stream);
     publish_packet_len(topic_len, intake.body.len() + SEQ_FIELD)
-}
-
-/// The second topic level as written, for the dead-letter row of a bad topic.
-fn raw_device(topic: &str) -> Option<String> {
-    topic.split('/').nth(1).map(str::to_string)
 }

@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 
+use super::refusal::Refusal;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::protocol::inbox::InboxRow;
 use crate::protocol::receipt::Delivery;
@@ -49,6 +50,9 @@ pub struct DownIntake {
     /// On the store clock: `ttl_s` counts time in the store.
     pub expires_ms: Option<i64>,
     pub to: Vec<DeviceId>,
+    /// Whether it came on `down/{device}` (its one device named by the
+    /// topic): a refusal at the disk budget then names the device.
+    pub by_topic: bool,
     pub queue_cap: u64,
 }
 
@@ -94,6 +98,9 @@ pub struct DownIntakeOutcome {
     pub expired: Vec<DeliveryEvent>,
     /// The receipts of all of them, committed in the outbox.
     pub receipts: Vec<OutboxReceipt>,
+    /// Deliveries refused at the disk budget (not queued; answered
+    /// `rejected` with reason `disk_budget`, receipts included above).
+    pub refused: usize,
 }
 
 /// One entry of an inbox batch; `body: None` is a tombstone.
@@ -164,7 +171,7 @@ pub struct Swept {
 /// A rejected downlink, dead-lettered, and its `rejected` receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
-    /// `None` when nothing was kept (a downlink refused at the disk budget).
-    pub dead_letter: Option<i64>,
+    /// The dead letter that holds it, or why there is none.
+    pub refusal: Refusal,
     pub receipt: OutboxReceipt,
 }

@@ -33,6 +33,13 @@ pub struct Intake {
 }
 
 impl Intake {
+    /// What storing it costs, as the disk budget estimates it: its body,
+    /// its ids (in the row and in the dedup index) and a row's overhead.
+    pub fn cost(&self) -> u64 {
+        let ids = self.device.as_str().len() + self.msg_id.as_str().len();
+        (self.body.len() + self.stream.len() + 2 * ids) as u64 + 96
+    }
+
     /// Stamps `envelope` for the store at `now`: `stored_ms` on the wall
     /// clock, its expiry on the store clock. The JSON work happens here,
     /// on the caller's thread, not on the store's writer.
@@ -138,6 +145,12 @@ pub enum ToEngine {
 pub enum IntakeOutcome {
     Stored(PendingMessage),
     Duplicate(Duplicate),
+    /// New, and not stored: the store is at its disk budget (`detail`:
+    /// the reason's words after its code).
+    AtBudget {
+        msg_id: MsgId,
+        detail: String,
+    },
 }
 
 /// Move a stored message to a final state.

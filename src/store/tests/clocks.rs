@@ -63,13 +63,13 @@ fn fill(conn: &mut rusqlite::Connection, at: Now) {
     let tx = conn.transaction().unwrap();
     let mut seqs = uplink::SeqCache::default();
     for m in ["delivered", "dead", "waiting"] {
-        uplink::intake(&tx, &mut seqs, &up("a", m, at), at.store_ms).unwrap();
+        uplink::intake(&tx, &mut seqs, &up("a", m, at), &roomy(), at.store_ms).unwrap();
     }
     seqs.flush(&tx).unwrap();
     finish(&tx, "delivered", MessageState::Delivered, at);
     finish(&tx, "dead", MessageState::Dead, at);
     for m in ["confirmed", "nacked", "queued"] {
-        downlink::intake(&tx, &down(m, at), at.store_ms).unwrap();
+        downlink::intake(&tx, &down(m, at), &roomy(), at.store_ms).unwrap();
     }
     let p = dev("p");
     downlink::read_batch(&tx, &p, Seq(0), 2, at).unwrap();

@@ -17,6 +17,7 @@ pub(super) fn msg(id: &str, to: &[&str], cap: u64, expires_ms: Option<i64>) -> D
         stored_ms: 1,
         expires_ms,
         to: to.iter().map(|d| dev(d)).collect(),
+        by_topic: false,
         queue_cap: cap,
     }
 }

@@ -79,6 +79,7 @@ async fn an_unknown_delivery_state_fails_the_read_that_meets_it() {
             stored_ms: 1,
             expires_ms: None,
             to: vec![a.clone()],
+            by_topic: false,
             queue_cap: 10,
         })
         .await

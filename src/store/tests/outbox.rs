@@ -17,7 +17,7 @@ fn a_receipt_commits_or_rolls_back_with_the_state_change_it_reports() {
     schema::migrate(&mut conn).unwrap();
     let a = dev("a");
     let tx = conn.transaction().unwrap();
-    let out = downlink::intake(&tx, &msg("n-1", &["a"], 10, None), 1).unwrap();
+    let out = downlink::intake(&tx, &msg("n-1", &["a"], 10, None), &roomy(), 1).unwrap();
     assert_eq!(
         out.receipts.len(),
         1,
@@ -120,7 +120,10 @@ async fn a_rejected_downlink_commits_its_dead_letter_and_a_receipt_naming_it() {
         r["reason"],
         format!(
             "malformed: expected JSON object (dead letter {})",
-            rejected.dead_letter.unwrap()
+            match rejected.refusal {
+                crate::store::refusal::Refusal::Filed { id, .. } => id,
+                other => panic!("{other:?}"),
+            }
         )
     );
     assert_eq!(
