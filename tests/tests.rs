@@ -32,6 +32,7 @@ mod admin;
 mod admin_edges;
 mod architecture;
 mod auth;
+mod budget;
 mod clock;
 mod config;
 mod conformance;
