@@ -37,7 +37,8 @@ pub mod alert {
     pub fn cursorjump(client_id: &str, filter: &str, lost: usize) -> Alert {
         let timestamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
+            // ferry: a wall clock before 1970 reads as 0, never a panic (patch 65).
+            .unwrap_or_default()
             .as_millis();
 
         Alert {
@@ -54,7 +55,8 @@ pub mod alert {
     pub fn _badpublish(client_id: &str, topic: &str) -> Alert {
         let timestamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
+            // ferry: a wall clock before 1970 reads as 0, never a panic (patch 65).
+            .unwrap_or_default()
             .as_millis();
 
         Alert {

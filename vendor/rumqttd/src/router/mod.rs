@@ -319,7 +319,8 @@ impl RouterMeter {
         if self.total_publishes > 0 || self.failed_publishes > 0 {
             self.timestamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
+                // ferry: a wall clock before 1970 reads as 0, never a panic (patch 65).
+                .unwrap_or_default()
                 .as_millis();
             self.sequence += 1;
 
@@ -351,7 +352,8 @@ impl SubscriptionMeter {
         if self.count > 0 {
             self.timestamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
+                // ferry: a wall clock before 1970 reads as 0, never a panic (patch 65).
+                .unwrap_or_default()
                 .as_millis();
             self.sequence += 1;
 
