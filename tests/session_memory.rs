@@ -13,7 +13,6 @@ use futures_util::stream::{self, StreamExt};
 use serde_json::json;
 
 use crate::support::admin::Metrics;
-use crate::support::raw_mqtt::RawStream;
 use crate::support::{free_port, logged, rss_kib, Ferry, FerryOpts, RawMqtt};
 
 const SECS_30: Duration = Duration::from_secs(30);
@@ -30,17 +29,7 @@ const SESSION_KIB: u64 = 48;
 /// A CONNECT as `id` with this clean session flag, its `ack` subscribed
 /// if `subscribe`; the client and whether its session was present.
 async fn connect(port: u16, id: &str, clean_session: bool, subscribe: bool) -> (RawMqtt, bool) {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("tcp connect");
-    let stream: Box<dyn RawStream> = Box::new(tcp);
-    let mut connect = rumqttc::Connect::new(id);
-    connect.keep_alive = 60;
-    connect.clean_session = clean_session;
-    let (mut raw, ack) = RawMqtt::try_connect_packet(stream, connect)
-        .await
-        .unwrap_or_else(|e| panic!("{id}: {e}"));
-    assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success, "{id}");
+    let (mut raw, ack) = RawMqtt::connect_session(port, id, clean_session).await;
     if subscribe {
         raw.subscribe(&[format!("devices/{id}/ack")]).await;
     }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::raw_mqtt::RawStream;
 use crate::support::{free_port, Ferry, FerryOpts, RawMqtt};
 
 const SECS_10: Duration = Duration::from_secs(10);
@@ -19,18 +18,7 @@ const SECS_10: Duration = Duration::from_secs(10);
 /// A CONNECT as `id` with keep-alive 60 and this clean session flag; the
 /// client and its CONNACK.
 async fn connect(port: u16, id: &str, clean_session: bool) -> (RawMqtt, rumqttc::ConnAck) {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("tcp connect");
-    let stream: Box<dyn RawStream> = Box::new(tcp);
-    let mut connect = rumqttc::Connect::new(id);
-    connect.keep_alive = 60;
-    connect.clean_session = clean_session;
-    let (raw, ack) = RawMqtt::try_connect_packet(stream, connect)
-        .await
-        .unwrap_or_else(|e| panic!("{id}: {e}"));
-    assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success, "{id}");
-    (raw, ack)
+    RawMqtt::connect_session(port, id, clean_session).await
 }
 
 /// The next receipt PUBLISH, not acknowledged: its packet, payload parsed.

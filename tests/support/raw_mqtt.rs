@@ -115,6 +115,26 @@ impl RawMqtt {
         RawMqtt::try_connect_packet(stream, connect).await
     }
 
+    /// A CONNECT as `id` to 127.0.0.1:`port`, keep-alive 60 and this clean
+    /// session flag, that must be accepted; the client and its CONNACK.
+    pub async fn connect_session(
+        port: u16,
+        id: &str,
+        clean_session: bool,
+    ) -> (RawMqtt, rumqttc::ConnAck) {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("tcp connect");
+        let mut connect = rumqttc::Connect::new(id);
+        connect.keep_alive = 60;
+        connect.clean_session = clean_session;
+        let (raw, ack) = RawMqtt::try_connect_packet(Box::new(tcp), connect)
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success, "{id}");
+        (raw, ack)
+    }
+
     /// `connect` (any CONNECT: a will, a long id) on an open stream; the
     /// CONNACK, or why there is none.
     pub async fn try_connect_packet(
