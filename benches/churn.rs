@@ -83,7 +83,8 @@ async fn main() {
     support::raise_fd_limit(max as u64 * 2 + 1024);
     let ferry = Ferry::start(FerryOpts::new("gw-churn", free_port()).with(|c| {
         c.south.max_connections = max;
-        c.log.level = "warn".to_string();
+        // The harness sees ferry up by its `gateway_started` line.
+        c.log.level = "warn,ferry::gateway=info".to_string();
     }));
     let pid = ferry.pid().expect("ferry runs");
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -9,14 +9,13 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use ferry::config::Config;
 use ferry::dead_letter::Direction;
-use ferry::ops::{self, dlq, fmt_ms, table, trace, OpsError};
+use ferry::ops::{self, dlq, fmt_ms, status, table, trace, OpsError};
 use serde::Serialize;
 
 use super::exit::Exit;
 use super::output::{self, OutputError, Text};
 
 mod status_text;
-use status_text::status;
 
 /// Why a command stopped short.
 #[derive(Debug)]
@@ -391,6 +390,19 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
         &cells,
     ));
     Ok(text.print()?)
+}
+
+fn status(common: Common, top: usize) -> Outcome {
+    let cfg = Config::load(&common.config)
+        .map_err(|e| (Exit::Usage, super::config_problems(&common.config, &e)))?;
+    let dir = cfg.data_dir;
+    let conn = ops::open_read(&dir).map_err(fail)?;
+    let s =
+        status::status(&conn, &dir, cfg.store.max_db_bytes, top, ops::now_ms()).map_err(fail)?;
+    if common.json {
+        return print_json(&s);
+    }
+    Ok(status_text::text(&s).print()?)
 }
 
 /// A progress bar on stderr, only when stdout is a terminal and there is

@@ -17,7 +17,7 @@ use super::clock::Now;
 use super::error::StoreError;
 use super::outbox;
 use super::refusal::HEAD;
-use crate::ids::{DeviceId, MsgId, Seq};
+use crate::ids::{DeviceId, Seq};
 use crate::state::DeliveryState;
 use crate::store::record::downlink::{
     reason, BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, Swept,
@@ -26,6 +26,9 @@ use crate::store::record::downlink::{
 mod intake;
 mod known;
 mod replay;
+mod rows;
+
+use rows::{history, message_msg_id, message_of, msg_id, seq, sql, state};
 
 pub use intake::intake;
 
@@ -33,36 +36,6 @@ type Result<T> = std::result::Result<T, StoreError>;
 
 /// `(seq, state, msg_id, body, expires_ms)` of one queue entry.
 type QueueRow = (i64, String, String, Vec<u8>, Option<i64>);
-
-fn seq(v: i64) -> Seq {
-    Seq(v.max(0) as u64)
-}
-
-/// A seq as an SQL parameter. Seqs the store assigns fit an i64 (SQLite's
-/// INTEGER); one past `i64::MAX` can only be a device's word (`pull
-/// {"after": 2^63}`, a `confirm` or `nack` as large) and is past every seq
-/// the store holds, so it saturates there. A plain `as i64` would wrap it
-/// to a negative number, before every seq: a pull after it would replay
-/// the whole queue.
-fn sql(s: Seq) -> i64 {
-    i64::try_from(s.0).unwrap_or(i64::MAX)
-}
-
-fn msg_id(s: String) -> Result<MsgId> {
-    MsgId::new(s.as_str()).map_err(|e| StoreError::CorruptRow {
-        table: "down_message",
-        detail: format!("msg_id {s:?}: {e}"),
-    })
-}
-
-/// A delivery's state as written; a name this build does not know is an
-/// error, never taken for `stored`.
-pub(super) fn state(s: &str) -> Result<DeliveryState> {
-    DeliveryState::parse(s).ok_or_else(|| StoreError::CorruptRow {
-        table: "down_delivery",
-        detail: format!("unknown state {s:?}"),
-    })
-}
 
 pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> Result<Cursors> {
     Ok(tx
@@ -78,40 +51,6 @@ pub fn cursors(tx: &Transaction<'_>, device: &DeviceId) -> Result<Cursors> {
         })
         .optional()?
         .unwrap_or_default())
-}
-
-/// Appends each delivery's change to its history (`down_history`), in the
-/// transaction that makes it.
-pub(super) fn history<'a>(
-    tx: &Transaction<'_>,
-    events: impl IntoIterator<Item = &'a DeliveryEvent>,
-    at_ms: i64,
-) -> Result<()> {
-    let mut stmt = tx.prepare_cached(
-        "INSERT INTO down_history (device, seq, at_ms, state, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
-    for e in events {
-        stmt.execute(params![
-            e.device.as_str(),
-            sql(e.seq),
-            at_ms,
-            e.state.as_str(),
-            e.reason
-        ])?;
-    }
-    Ok(())
-}
-
-pub(super) fn message_msg_id(tx: &Transaction<'_>, message_id: i64) -> Result<MsgId> {
-    Ok(message_of(tx, message_id)?.0)
-}
-
-/// A downlink message's msg_id and when it was stored.
-fn message_of(tx: &Transaction<'_>, message_id: i64) -> Result<(MsgId, i64)> {
-    let (s, stored_ms): (String, i64) = tx
-        .prepare_cached("SELECT msg_id, stored_ms FROM down_message WHERE id = ?1")?
-        .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok((msg_id(s)?, stored_ms))
 }
 
 /// Reads up to `limit` queue entries after `after`; a stored delivery whose

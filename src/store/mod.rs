@@ -43,6 +43,12 @@
 //!   messages or 32 MiB; the downlink task: 4,096 requests; the uplink
 //!   engine: 16,384 before it applies more backend acks), so a stalled store still holds the
 //!   devices back.
+//! - Every request that adds data (a message, a delivery, a dead letter) is
+//!   admitted against the disk budget by its estimated size in the
+//!   writer, before it writes ([`budget`]); at the budget a message the
+//!   store knows is still answered as the duplicate it is, and only what
+//!   is new is refused. Refusals at the door are held to their sender's
+//!   share of the dead letters ([`refusal`]).
 //! - An illegal state change or a row this build cannot read answers that
 //!   one request with an error ([`StoreError::IllegalMove`],
 //!   [`StoreError::CorruptRow`]); the rest of the batch commits.
@@ -51,7 +57,8 @@
 //! store's lock and [`files`] its watch on its files; [`clock`] the
 //! store clock and [`budget`] the disk budget; [`record`] the records it
 //! persists and hands back; `schema` the ordered migrations; `uplink`,
-//! `downlink`, `outbox`, [`prune`] and [`figures`] the SQL of each concern,
+//! `downlink`, `outbox`, [`refusal`] (refusals at the door, bounded per
+//! peer), [`prune`] and [`figures`] the SQL of each concern,
 //! each run inside the writer's transaction; `op` is how the writer holds
 //! a request (applied, answered or failed the same way for all); `writer`
 //! the thread and its group commit; `handle` the [`Store`] everyone holds;

@@ -194,16 +194,42 @@ impl Ferry {
             start_timeout: FERRY_START_TIMEOUT,
             last_start: Duration::ZERO,
         };
-        ferry.spawn();
-        ferry
+        // A port free when picked can be taken by another test's process
+        // before ferry binds it: then ferry exits at once, and is started
+        // again on another port.
+        for _ in 0..4 {
+            let ups_before = ferry.spawn_child();
+            match ferry.try_wait_ready(ups_before) {
+                Ok(()) => return ferry,
+                Err(lost) => {
+                    eprintln!("harness: south port taken, trying another: {lost}");
+                    let port = free_port();
+                    ferry.south_port = port;
+                    ferry.config.south.listen = format!("127.0.0.1:{port}");
+                    fs::write(&ferry.config_path, to_toml(&ferry.config))
+                        .expect("write ferry.toml");
+                }
+            }
+        }
+        panic!("ferry's south port was taken four times in a row");
     }
 
     /// Whether devices can be served: the embedded listener accepts TCP,
     /// or (external mode) ferry subscribed on the site broker once more
     /// than `ups_before` times.
+    ///
+    /// Embedded, `ups_before` is the log's length at the spawn: the port
+    /// must accept and ferry must have logged its start (`gateway_started`,
+    /// INFO, which any log level that keeps `ferry::gateway`'s INFO shows)
+    /// since: ferry binds the port before, so another process that took
+    /// the port between `free_port` and ferry's bind is not taken for
+    /// ferry.
     fn south_ready(&self, ups_before: usize) -> bool {
         match self.mode {
-            Mode::Embedded => port_accepts(self.south_port),
+            Mode::Embedded => {
+                port_accepts(self.south_port)
+                    && self.log()[ups_before.min(self.log().len())..].contains("gateway_started")
+            }
             Mode::External => south_ups(&self.log()) > ups_before,
         }
     }
@@ -282,10 +308,14 @@ impl Ferry {
         panic!("ferry (pid {pid}) never held or caught SIGHUP");
     }
 
-    /// Spawns `ferry run`; how often the log said the south side was up
-    /// before.
+    /// Spawns `ferry run`; what [`Ferry::south_ready`] compares with: how
+    /// often the log said the south side was up before (external), or the
+    /// log's length (embedded).
     fn spawn_child(&mut self) -> usize {
-        let ups_before = south_ups(&self.log());
+        let ups_before = match self.mode {
+            Mode::Embedded => self.log().len(),
+            Mode::External => south_ups(&self.log()),
+        };
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -309,22 +339,38 @@ impl Ferry {
 
     /// Waits until devices can be served (see [`Ferry::south_ready`]).
     fn wait_ready(&mut self, ups_before: usize) {
+        if let Err(lost) = self.try_wait_ready(ups_before) {
+            panic!("{lost}");
+        }
+    }
+
+    /// [`Ferry::wait_ready`]; `Err` if ferry exited because its south port
+    /// was taken meanwhile (by another test's process).
+    fn try_wait_ready(&mut self, ups_before: usize) -> Result<(), String> {
         let port = self.south_port;
         let started = Instant::now();
         let limit = self.start_timeout;
         blocking(|| loop {
             if self.south_ready(ups_before) {
                 self.last_start = started.elapsed();
-                return;
+                return Ok(());
             }
             let child = self.child.as_mut().expect("child");
             if let Ok(Some(status)) = child.try_wait() {
                 self.child = None;
-                panic!(
+                let lost = format!(
                     "ferry exited with {status} before its south port {port} accepted TCP\n\
                      --- ferry log tail ---\n{}",
                     self.log_tail()
                 );
+                if self.mode == Mode::Embedded
+                    && self.log().contains(&format!(
+                        "south.listen 127.0.0.1:{port}: cannot listen: Address already in use"
+                    ))
+                {
+                    return Err(lost);
+                }
+                panic!("{lost}");
             }
             if started.elapsed() > limit {
                 panic!(
@@ -334,7 +380,7 @@ impl Ferry {
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
-        });
+        })
     }
 
     /// SIGKILL and reap: no shutdown path runs.

@@ -1,24 +1,14 @@
-//! `ferry status` as text (or JSON with `--json`): the running gateway's
-//! links and the store's figures, with whose messages wait and whose
-//! refusals fill the dead letters.
+//! `ferry status` as text: the running gateway's links and the store's
+//! figures, with whose messages wait and whose refusals fill the dead
+//! letters.
 
-use ferry::config::Config;
-use ferry::ops::{self, fmt_ms, status};
+use ferry::ops::fmt_ms;
+use ferry::ops::status::StatusView;
 
-use super::{fail, print_json, Common, Outcome};
-use crate::cli::exit::Exit;
 use crate::cli::output::Text;
 
-pub(super) fn status(common: Common, top: usize) -> Outcome {
-    let cfg = Config::load(&common.config)
-        .map_err(|e| (Exit::Usage, crate::cli::config_problems(&common.config, &e)))?;
-    let dir = cfg.data_dir;
-    let conn = ops::open_read(&dir).map_err(fail)?;
-    let s =
-        status::status(&conn, &dir, cfg.store.max_db_bytes, top, ops::now_ms()).map_err(fail)?;
-    if common.json {
-        return print_json(&s);
-    }
+/// The lines `ferry status` prints for `s`.
+pub(super) fn text(s: &StatusView) -> Text {
     let link = |l: &Option<ferry::status_file::Link>| match l {
         Some(l) => format!(
             "{} since {}",
@@ -108,5 +98,5 @@ pub(super) fn status(common: Common, top: usize) -> Outcome {
         "store: {} bytes (db {}, wal {}), budget {} bytes",
         s.store.total_bytes, s.store.db_bytes, s.store.wal_bytes, s.store.budget_bytes
     ));
-    Ok(text.print()?)
+    text
 }

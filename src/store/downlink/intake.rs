@@ -5,7 +5,12 @@
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::{history, known, message_msg_id, outbox, seq, state, Result};
+use super::known;
+use super::rows::{history, message_msg_id, seq, state};
+use crate::store::error::StoreError;
+use crate::store::outbox;
+
+type Result<T> = std::result::Result<T, StoreError>;
 use crate::ids::DeviceId;
 use crate::protocol::envelope::RejectCode;
 use crate::protocol::receipt::NorthReceipt;

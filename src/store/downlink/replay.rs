@@ -3,7 +3,7 @@
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::{message_msg_id, seq};
+use super::rows::{message_msg_id, seq};
 use crate::ids::DeviceId;
 use crate::state::DeliveryState;
 use crate::store::clock::Now;
