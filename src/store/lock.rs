@@ -118,11 +118,26 @@ pub fn holder(db: &Path) -> Holder {
     }
 }
 
+/// How many times `/proc/locks` is read before "nobody holds it" is
+/// believed.
+const LOCKS_READS: usize = 4;
+
+/// `/proc/locks` is no snapshot: the kernel hands it out a page at a
+/// time, and a line can slip past between two pages when other locks come
+/// and go (SQLite's, in this process and others). A holder seen in any
+/// read is the holder; nobody is believed only once every read says so.
 fn holder_of(id: FileId) -> Holder {
-    match std::fs::read_to_string("/proc/locks") {
-        Ok(locks) => flock_holder(&locks, id),
-        Err(_) => Holder::Unknown,
+    let mut seen = Holder::Nobody;
+    for _ in 0..LOCKS_READS {
+        seen = match std::fs::read_to_string("/proc/locks") {
+            Ok(locks) => flock_holder(&locks, id),
+            Err(_) => Holder::Unknown,
+        };
+        if seen != Holder::Nobody {
+            return seen;
+        }
     }
+    seen
 }
 
 /// The process holding an exclusive `flock` on `id`, from the text of

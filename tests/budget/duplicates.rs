@@ -53,6 +53,12 @@ async fn at_the_disk_budget_a_resend_is_answered_with_its_receipt_and_seq_both_w
         vec![north_topics("gw-dup").receipts()],
     )
     .await;
+    let mut alerts = BareClient::connect(
+        mosquitto.port,
+        "dup-alerts",
+        vec!["ferry/gw-dup/alerts".to_string()],
+    )
+    .await;
     let mut device = Device::connect(ferry.south_port, "press-1").await;
     let boot = boot_id();
 
@@ -177,4 +183,31 @@ async fn at_the_disk_budget_a_resend_is_answered_with_its_receipt_and_seq_both_w
         0
     );
     assert_eq!(ferry.query_i64("SELECT count(*) FROM down_message", []), 1);
+
+    // Whose data it is: the alert, the metric and `ferry status` name the
+    // device whose undelivered uplinks fill the store.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let detail = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let a = alerts
+            .next_json(left)
+            .await
+            .unwrap_or_else(|| panic!("no disk_budget alert\n{}", ferry.log_tail()));
+        if a["kind"] == "disk_budget" {
+            break a["detail"].as_str().unwrap_or("").to_string();
+        }
+    };
+    assert!(
+        detail.contains("whose: undelivered uplinks: press-1 ("),
+        "{detail}"
+    );
+    eventually(Duration::from_secs(10), "the holder metric", || {
+        ferry
+            .metrics()
+            .get(r#"ferry_disk_budget_holder{kind="uplinks",holder="press-1"}"#)
+            .is_some_and(|n| n > 10.0)
+    })
+    .await;
+    let status = crate::ops::cli_json(&ferry, &["status"]);
+    assert_eq!(status["uplink_top"][0]["device"], "press-1", "{status}");
 }
