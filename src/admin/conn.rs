@@ -45,6 +45,11 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Longest wait for a request's headers: an idle or trickling client lets
 /// go of its slot.
 pub(super) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most bytes of a request's head (request line and headers). hyper's
+/// read buffer alone (about 400 KiB) is no bound: one read may take more
+/// than it, and a head that arrived whole is then parsed and served, so
+/// whether a larger head got 431 depended on how the bytes came in.
+const MAX_HEAD_BYTES: usize = 128 * 1024;
 /// Longest a connection lives, however slow its reader.
 const CONNECTION_MAX: Duration = Duration::from_secs(300);
 /// Most bytes of hyper's held-back refusal kept (its status line).
@@ -102,6 +107,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, app: Router) {
     let mut conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
+        .max_header_size(MAX_HEAD_BYTES)
         .keep_alive(false)
         // The router writes `Date` (see `super::date`).
         .auto_date_header(false)

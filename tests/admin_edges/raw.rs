@@ -18,6 +18,12 @@ fn what_hyper_cannot_parse_is_answered_with_its_status_and_a_json_error() {
         "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
         "a".repeat(500_000)
     );
+    // Under hyper's read buffer, so it always arrives whole and parses:
+    // refused by the head limit, not answered.
+    let whole_header = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(200_000)
+    );
     for (request, status, says) in [
         (b"garbage\r\n\r\n".to_vec(), 400, "method"),
         (
@@ -42,6 +48,7 @@ fn what_hyper_cannot_parse_is_answered_with_its_status_and_a_json_error() {
         ),
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(), 400, "HTTP2"),
         (long_target.into_bytes(), 414, "URI"),
+        (whole_header.into_bytes(), 431, "too large"),
         (long_header.into_bytes(), 431, "too large"),
     ] {
         let shown = String::from_utf8_lossy(&request[..request.len().min(40)]).into_owned();
