@@ -29,6 +29,7 @@
 //! cargo bench --bench compare -- [--quick] [--publishers 100] [--per 2000]
 //!     [--paced-per 500] [--rate 10000] [--payload-bytes 200] [--window 64]
 //!     [--only a,b,c,d] [--timeout-s 120] [--quiet-wait-s 60]
+//!     [--batch-max 1] [--batch-linger-ms 5]
 //! ```
 
 mod support;
@@ -84,6 +85,12 @@ struct Args {
     /// Most messages a publisher keeps unacknowledged by the first hop.
     #[arg(long, default_value_t = 64)]
     window: usize,
+    /// ferry's `north.batch_max`: most uplinks in one publish north (1: no batches).
+    #[arg(long, default_value_t = 1)]
+    batch_max: usize,
+    /// ferry's `north.batch_linger_ms`.
+    #[arg(long, default_value_t = 5)]
+    batch_linger_ms: u64,
     /// The paths to run, in this order.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d")]
     only: Vec<Path>,
@@ -134,6 +141,8 @@ impl Args {
 
     fn configure(&self, c: &mut RawConfig) {
         c.south.max_payload_bytes = 65536.max(self.payload_bytes + 1024);
+        c.north.batch_max = self.batch_max;
+        c.north.batch_linger_ms = self.batch_linger_ms;
     }
 }
 

@@ -24,6 +24,7 @@ use crate::protocol::topics::Topics;
 use crate::shutdown::{self, wait_all, Outcome, Part, Plan, Shutdown};
 use crate::south::SouthSender;
 use crate::store::{Store, StoreError};
+use crate::uplink::batch::BatchConfig;
 use crate::uplink::intake::{self, IntakeConfig};
 use crate::uplink::scheduler::SchedulerConfig;
 use crate::uplink::{run_engine, Engine};
@@ -182,6 +183,7 @@ impl Running {
         }));
         let (engine, backend_silence) = Engine::new(
             SchedulerConfig::of(&cfg.north, cfg.retry),
+            BatchConfig::of(&cfg.north),
             store.clone(),
             north_tx.clone(),
             south.outbound.clone(),

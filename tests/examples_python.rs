@@ -385,6 +385,38 @@ async fn readings_are_stored_once_acked_after_commit_and_delivered(mode: Mode) {
     );
 }
 
+/// North batches (`north.batch_max` > 1): the example backend reads the
+/// arrays, commits each reading once and acks them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readings_sent_north_in_batches_are_stored_once_and_delivered() {
+    let s = Setup::start_with("gw-py-batch", |o| {
+        o.with(|c| {
+            c.north.batch_max = 20;
+            c.north.batch_linger_ms = 300;
+        })
+    });
+    let backend = s.backend(&[]).await;
+    let mut device = s.device("py-press-b", &["--send", "10"]);
+    device
+        .until_count("receipt", 10, SECS_10, |e| e["status"] == "delivered")
+        .await;
+    let journaled = device.msg_ids("journaled", |_| true);
+    device.stop().await;
+    let backend_seen = backend.stop().await;
+    let uplinks: Vec<&Value> = backend_seen
+        .iter()
+        .filter(|e| e["event"] == "uplink")
+        .collect();
+    assert!(
+        !uplinks.is_empty() && uplinks.iter().all(|e| e["batch"] == true),
+        "{backend_seen:?}"
+    );
+    let committed = s.committed("py-press-b");
+    let ids: Vec<String> = committed.iter().map(|(m, _)| m.clone()).collect();
+    assert_eq!(ids, journaled, "committed in seq order, each once");
+    assert_eq!(s.stored("py-press-b"), 10);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_killed_before_it_could_send_resends_its_journal_after_a_restart() {
     let s = Setup::start("gw-py-journal", Mode::Embedded);

@@ -155,16 +155,24 @@ async fn read_uplinks(
         match event {
             Event::Message(m) => {
                 stats.received.fetch_add(1, Ordering::Relaxed);
-                match serde_json::from_slice::<NorthMessage>(&m.payload) {
-                    Ok(up) => {
-                        if let Some(arrivals) = &arrivals {
-                            let sent_ns = match &up.envelope.payload {
-                                Payload::Json(v) => v.get("t").and_then(Value::as_u64),
-                                Payload::Base64(_) => None,
-                            };
-                            arrivals.record_id(up.envelope.msg_id.as_str(), sent_ns);
+                // One uplink, or a batch (`north.batch_max` > 1).
+                let parsed = if m.payload.first() == Some(&b'[') {
+                    serde_json::from_slice::<Vec<NorthMessage>>(&m.payload)
+                } else {
+                    serde_json::from_slice::<NorthMessage>(&m.payload).map(|up| vec![up])
+                };
+                match parsed {
+                    Ok(ups) => {
+                        for up in ups {
+                            if let Some(arrivals) = &arrivals {
+                                let sent_ns = match &up.envelope.payload {
+                                    Payload::Json(v) => v.get("t").and_then(Value::as_u64),
+                                    Payload::Base64(_) => None,
+                                };
+                                arrivals.record_id(up.envelope.msg_id.as_str(), sent_ns);
+                            }
+                            let _ = acks.send(BackendAck::ok(up.device, up.envelope.msg_id));
                         }
-                        let _ = acks.send(BackendAck::ok(up.device, up.envelope.msg_id));
                     }
                     Err(_) => {
                         if let Some(arrivals) = &arrivals {

@@ -6,7 +6,9 @@
 The protocol points it shows:
 
 - Uplinks arrive on `ferry/{gateway}/up/{device}/{stream...}` with the
-  gateway's `seq`. Each is committed to SQLite, deduplicated by
+  gateway's `seq`, or, from a gateway with `north.batch_max` > 1, as JSON
+  arrays of the same bodies on `ferry/{gateway}/up` (a batch is committed
+  in one transaction and acked with one ack array). Each is committed to SQLite, deduplicated by
   (gateway, device, msg_id), and only then acked on `ferry/{gateway}/ack`
   with `{"device", "msg_id", "status": "ok"}`. A duplicate (the gateway
   resends what it has no ack for) is acked again and not stored twice.
@@ -133,7 +135,9 @@ class Backend:
         else:
             return
         if rest.startswith("up/"):
-            self.on_uplink(gateway, body)
+            self.on_uplinks(gateway, [body])
+        elif rest == "up":
+            self.on_uplinks(gateway, body if isinstance(body, list) else [body], batch=True)
         elif rest == "receipts":
             for r in as_list(body):
                 if isinstance(r, dict):
@@ -143,21 +147,32 @@ class Backend:
 
     # Uplinks: commit (dedup), then ack.
 
-    def on_uplink(self, gateway, m):
-        if not (isinstance(m, dict) and isinstance(m.get("device"), str)
-                and isinstance(m.get("msg_id"), str)):
-            emit("ignored", body=shown(m))  # nothing to ack it by
+    def on_uplinks(self, gateway, messages, batch=False):
+        """One uplink, or a batch (a gateway with north.batch_max > 1
+        publishes a JSON array on ferry/{gateway}/up): committed in one
+        transaction, then acked with one ack array."""
+        good = []
+        for m in messages:
+            if (isinstance(m, dict) and isinstance(m.get("device"), str)
+                    and isinstance(m.get("msg_id"), str)):
+                good.append(m)
+            else:
+                emit("ignored", body=shown(m))  # nothing to ack it by
+        if not good:
             return
         with self.lock, self.db:
-            new = self.db.execute(
+            new = [self.db.execute(
                 "INSERT OR IGNORE INTO uplink VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (gateway, m["device"], m["msg_id"], m.get("seq"),
                  str(m.get("stream")), json.dumps(m), self.id, now_ms())).rowcount
+                for m in good]
         # Committed: now, and only now, the ack.
-        ack = {"device": m["device"], "msg_id": m["msg_id"], "status": "ok"}
-        self.client.publish(f"{self.args.prefix}/{gateway}/ack", json.dumps(ack), qos=1)
-        emit("uplink", gateway=gateway, device=shown(m["device"]), msg_id=shown(m["msg_id"]),
-             seq=m.get("seq"), duplicate=not new, payload=shown(m.get("payload")))
+        acks = [{"device": m["device"], "msg_id": m["msg_id"], "status": "ok"} for m in good]
+        self.client.publish(f"{self.args.prefix}/{gateway}/ack",
+                            json.dumps(acks[0] if len(acks) == 1 else acks), qos=1)
+        for m, n in zip(good, new):
+            emit("uplink", gateway=gateway, device=shown(m["device"]), msg_id=shown(m["msg_id"]),
+                 seq=m.get("seq"), duplicate=not n, batch=batch, payload=shown(m.get("payload")))
 
     # Downlinks: journal, publish, resend until stored; record receipts.
 

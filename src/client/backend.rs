@@ -75,7 +75,8 @@ impl BackendOptions {
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendEvent {
     Connected,
-    /// An uplink message (`{prefix}/{gateway}/up/...`); ack it after committing.
+    /// An uplink message (`{prefix}/{gateway}/up/...`, or one of a batch's
+    /// on `{prefix}/{gateway}/up`); ack it after committing.
     Uplink(NorthMessage),
     /// A receipt from `{prefix}/{gateway}/receipts` (arrays are split).
     Receipt(NorthReceipt),
@@ -312,6 +313,20 @@ impl Task {
         let event = match self.topics.parse(topic) {
             Some(NorthTopic::Up { .. }) => {
                 serde_json::from_slice(payload).map(BackendEvent::Uplink)
+            }
+            // A batch: each body as if it had come alone, in order.
+            Some(NorthTopic::UpBatch) => {
+                match serde_json::from_slice::<Vec<NorthMessage>>(payload) {
+                    Ok(batch) => {
+                        for m in batch {
+                            if self.events.send(BackendEvent::Uplink(m)).is_err() {
+                                return false;
+                            }
+                        }
+                        return true;
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Some(NorthTopic::Status) => serde_json::from_slice(payload).map(BackendEvent::Status),
             Some(NorthTopic::Receipts) => match NorthReceipt::parse_many(payload) {

@@ -42,6 +42,10 @@ pub struct NorthConfig {
     pub mqtt_version: MqttVersion,
     pub ack_timeout: Duration,
     pub max_inflight: usize,
+    /// `north.batch_max`: most uplinks in one publish; 1 is no batches.
+    pub batch_max: usize,
+    /// `north.batch_linger_ms`: how long a batch's first uplink waits.
+    pub batch_linger: Duration,
     /// `{topic_prefix}/{gateway}`.
     pub prefix: String,
     /// Largest MQTT packet ferry sends north or accepts from the upstream.
@@ -167,6 +171,13 @@ pub(super) fn check(
         3_600_000,
     ));
     p.take(in_range("north.max_inflight", raw.max_inflight, 1, 1000));
+    p.take(in_range("north.batch_max", raw.batch_max, 1, 1000));
+    p.take(in_range(
+        "north.batch_linger_ms",
+        raw.batch_linger_ms,
+        0,
+        10_000,
+    ));
     if raw.max_packet_bytes < max_payload_bytes + 4096 {
         p.note(ConfigError::new(
             "north.max_packet_bytes",
@@ -202,6 +213,8 @@ pub(super) fn check(
         mqtt_version: mqtt_version?,
         ack_timeout: Duration::from_millis(raw.ack_timeout_ms),
         max_inflight: raw.max_inflight,
+        batch_max: raw.batch_max,
+        batch_linger: Duration::from_millis(raw.batch_linger_ms),
         prefix: format!("{}/{}", raw.topic_prefix, gateway),
         max_packet_bytes: raw.max_packet_bytes,
         tls: tls?,

@@ -281,6 +281,11 @@ pub struct RawNorth {
     pub ack_timeout_ms: u64,
     /// Most unacked messages per device.
     pub max_inflight: usize,
+    /// Most uplinks in one publish north (a JSON array on `{prefix}/up`);
+    /// 1 publishes each alone on its own topic.
+    pub batch_max: usize,
+    /// How long, ms, a batch's first uplink waits for others.
+    pub batch_linger_ms: u64,
     /// North topic prefix; the full prefix is `{topic_prefix}/{gateway.id}`.
     pub topic_prefix: String,
     /// Largest MQTT packet exchanged with the upstream broker, bytes.
@@ -305,6 +310,8 @@ impl Default for RawNorth {
             mqtt_version: "3.1.1".into(),
             ack_timeout_ms: 10_000,
             max_inflight: 32,
+            batch_max: 1,
+            batch_linger_ms: 5,
             topic_prefix: "ferry".into(),
             max_packet_bytes: 16 << 20,
             tls: RawClientTls::default(),

@@ -400,3 +400,21 @@ fn a_refused_key_leaves_the_others_checked_against_their_defaults() {
     let err = load_all("[gateway]\nid = \"g\"\n[south]\nport = \"x\"\n").unwrap_err();
     assert_eq!(err.iter().count(), 1, "{err}");
 }
+
+#[test]
+fn north_batches_are_off_by_default_and_their_bounds_name_their_keys() {
+    let cfg = load_str("[gateway]\nid = \"g\"\n").unwrap();
+    assert_eq!(cfg.north.batch_max, 1, "no batches unless asked");
+    let cfg =
+        load_str("[gateway]\nid = \"g\"\n[north]\nbatch_max = 50\nbatch_linger_ms = 0\n").unwrap();
+    assert_eq!(cfg.north.batch_max, 50);
+    assert_eq!(cfg.north.batch_linger, std::time::Duration::ZERO);
+    for (line, key) in [
+        ("batch_max = 0", "north.batch_max"),
+        ("batch_max = 1001", "north.batch_max"),
+        ("batch_linger_ms = 10001", "north.batch_linger_ms"),
+    ] {
+        let err = load_str(&format!("[gateway]\nid = \"g\"\n[north]\n{line}\n")).unwrap_err();
+        assert_eq!(err.key, key, "{line}: {err}");
+    }
+}

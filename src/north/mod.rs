@@ -57,6 +57,9 @@ pub enum Tag {
         device: DeviceId,
         seq: Seq,
     },
+    /// A batch of uplinks (`north.batch_max` > 1), in the order of its
+    /// array.
+    Uplinks(Vec<(DeviceId, Seq)>),
     /// A message of receipts north, numbered by the downlink pipeline.
     Receipts(u64),
     /// An alert, numbered by its sender.
@@ -85,6 +88,8 @@ pub enum UplinkEvent {
         device: DeviceId,
         seq: Seq,
     },
+    /// The same, for a batch of uplinks: a failed attempt for each.
+    RefusedBatch(Vec<(DeviceId, Seq)>),
 }
 
 /// A downlink envelope. It is PUBACKed only when `token` is passed to
@@ -301,7 +306,10 @@ impl Router {
                 Event::Refused(Tag::Alert(id)) => {
                     let _ = self.alerts.try_send(AlertEvent::Refused(id));
                 }
-                Event::Published(Tag::Uplink { .. }) => {}
+                Event::Published(Tag::Uplink { .. } | Tag::Uplinks(_)) => {}
+                Event::Refused(Tag::Uplinks(batch)) => {
+                    let _ = self.uplink.send(UplinkEvent::RefusedBatch(batch)).await;
+                }
                 Event::Refused(Tag::Uplink { device, seq }) => {
                     let _ = self.uplink.send(UplinkEvent::Refused { device, seq }).await;
                 }

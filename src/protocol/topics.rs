@@ -100,6 +100,8 @@ pub enum NorthTopic<'t> {
         device: &'t str,
         stream: &'t str,
     },
+    /// `{base}/up`: a batch of uplink messages.
+    UpBatch,
     Ack,
     /// `{base}/down` (`None`, a `to` list) or `{base}/down/{device}`.
     Down(Option<&'t str>),
@@ -138,7 +140,13 @@ impl NorthTopics {
         self.base.len() + "/up/".len() + device.as_str().len() + 1 + stream.len()
     }
 
-    /// `{base}/up/#`: every uplink message.
+    /// `{base}/up`: batches of uplink messages (gw → backend), each a JSON
+    /// array of the bodies they would have had alone.
+    pub fn up_batch(&self) -> String {
+        format!("{}/up", self.base)
+    }
+
+    /// `{base}/up/#`: every uplink message, batches included.
     pub fn up_filter(&self) -> String {
         format!("{}/up/#", self.base)
     }
@@ -183,6 +191,7 @@ impl NorthTopics {
         let rest = topic.strip_prefix(self.base.as_str())?.strip_prefix('/')?;
         Some(match rest {
             "ack" => NorthTopic::Ack,
+            "up" => NorthTopic::UpBatch,
             "down" => NorthTopic::Down(None),
             "receipts" => NorthTopic::Receipts,
             "status" => NorthTopic::Status,
@@ -364,6 +373,11 @@ impl Topics {
     /// The length of [`Topics::north_up`]'s topic, without making it.
     pub fn north_up_len(&self, device: &DeviceId, stream: &str) -> usize {
         self.north.up_len(device, stream)
+    }
+
+    /// `{prefix}/up`: batches of uplinks.
+    pub fn north_up_batch(&self) -> String {
+        self.north.up_batch()
     }
 
     pub fn north_ack(&self) -> String {

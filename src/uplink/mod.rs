@@ -21,11 +21,13 @@
 
 mod answer;
 pub mod backend;
+pub mod batch;
 mod done;
 pub mod intake;
 pub mod limits;
 mod route;
 pub mod scheduler;
+mod send;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -42,7 +44,7 @@ use crate::deadlines::sleep_until;
 use crate::health::Probed;
 use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Stage};
-use crate::north::{Link, NorthSender, Tag, UplinkEvent};
+use crate::north::{Link, NorthSender, UplinkEvent};
 use crate::protocol::ack::{parse_acks, BackendAck};
 use crate::protocol::now_ms;
 use crate::protocol::receipt::Receipt;
@@ -115,6 +117,8 @@ pub struct Engine {
     pub acks: std::collections::VecDeque<BackendAck>,
     /// Where whether the backend is there is reported.
     pub backend: backend::BackendReport,
+    /// The north batch being gathered (`north.batch_max` > 1).
+    pub batcher: batch::Batcher,
 }
 
 impl Engine {
@@ -122,6 +126,7 @@ impl Engine {
     /// when) that its backend report keeps.
     pub fn new(
         cfg: SchedulerConfig,
+        batch: batch::BatchConfig,
         store: Store,
         north: NorthSender,
         south: SouthSender,
@@ -138,6 +143,7 @@ impl Engine {
             link: Link::Down,
             acks: Default::default(),
             backend,
+            batcher: batch::Batcher::new(batch),
         };
         (engine, silence)
     }
@@ -190,12 +196,14 @@ pub async fn run_engine(
                 Some(UplinkEvent::Link(Link::Up(epoch))) => {
                     info!(event = "north_link_up", epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");
                     engine.link = Link::Up(epoch);
+                    engine.batcher.drop_open();
                     engine.scheduler.on_link_up(epoch);
                     Vec::new()
                 }
                 Some(UplinkEvent::Link(Link::Down)) => {
                     warn!(event = "north_link_down", "north link down: holding messages until it returns");
                     engine.link = Link::Down;
+                    engine.batcher.drop_open();
                     engine.scheduler.on_link_down();
                     Vec::new()
                 }
@@ -209,6 +217,7 @@ pub async fn run_engine(
                 Some(UplinkEvent::Refused { device, seq }) => {
                     engine.scheduler.on_refused(&device, seq, Instant::now())
                 }
+                Some(UplinkEvent::RefusedBatch(batch)) => engine.batch_refused(batch),
                 None => return Ok(()),
             },
             _ = std::future::ready(()), if !engine.acks.is_empty() && pending.len() < MAX_PENDING => engine.apply_acks(),
@@ -217,6 +226,7 @@ pub async fn run_engine(
                 Vec::new()
             }
             _ = sleep => engine.scheduler.on_tick(Instant::now()),
+            _ = sleep_until(engine.batcher.due()) => Vec::new(),
             // The watchdog's ping: answered from the loop, so an answer
             // proves the loop turns.
             ack = probed.recv() => {
@@ -265,6 +275,8 @@ pub async fn run_engine(
         if !delivers.is_empty() {
             pending.push(engine.deliver(delivers));
         }
+        // A batch goes out at its linger; in a shutdown, at once.
+        engine.flush_batch(!phase.is_running());
         let now = Instant::now();
         engine
             .backend
@@ -368,21 +380,7 @@ impl Engine {
     async fn execute(&mut self, action: Action) -> Result<Option<DoneFuture>, StoreError> {
         match action {
             Action::Publish { msg, committed } => {
-                let topic = self.topics.north_up(&msg.device, &msg.stream);
-                let tag = Tag::Uplink {
-                    device: msg.device.clone(),
-                    seq: msg.seq,
-                };
-                let sent = match self.link {
-                    Link::Up(epoch) => self.north.publish(topic, msg.body.clone(), tag, epoch),
-                    Link::Down => false,
-                };
-                if !sent {
-                    self.scheduler
-                        .on_publish_refused(&msg.device, msg.seq, Instant::now());
-                } else if let Some(committed) = committed {
-                    metrics::stage_took(Stage::NorthPublish, committed.elapsed());
-                }
+                self.publish(msg, committed);
                 Ok(None)
             }
             Action::Deliver {

@@ -432,6 +432,14 @@ impl Ferry {
         self.spawn();
     }
 
+    /// Starts it again (killing it first) on its config as `change` leaves
+    /// it; same data dir and ports.
+    pub fn restart_with(&mut self, change: impl FnOnce(&mut RawConfig)) {
+        change(&mut self.config);
+        fs::write(&self.config_path, to_toml(&self.config)).expect("write ferry.toml");
+        self.restart();
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }

@@ -18,6 +18,7 @@ use crate::support::{
 use ferry::ids::DeviceId;
 
 mod backend;
+mod batch;
 mod delivery;
 mod failover;
 mod fairness;

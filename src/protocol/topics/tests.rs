@@ -164,6 +164,8 @@ fn a_backend_and_the_gateway_name_the_same_topics() {
         })
     );
     assert_eq!(n.parse(&n.ack()), Some(NorthTopic::Ack));
+    assert_eq!(n.parse(&n.up_batch()), Some(NorthTopic::UpBatch));
+    assert_eq!(n.up_batch(), format!("{}/up", n.base()));
     assert_eq!(n.parse(&n.down()), Some(NorthTopic::Down(None)));
     assert_eq!(
         n.parse(&n.down_to(&d)),
