@@ -271,6 +271,18 @@ async fn run_phase(
             "DUPLICATED: {} messages reached the consumer more than once",
             arrived.duplicates
         ));
+        // What the gateway said meanwhile (a reconnect, a timeout, ...).
+        if setup.path.is_ferry() {
+            let said: Vec<String> = setup
+                .log_tail()
+                .lines()
+                .filter(|l| {
+                    l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("north_link")
+                })
+                .map(String::from)
+                .collect();
+            problems.push(format!("ferry's log meanwhile:\n{}", said.join("\n")));
+        }
     }
     if arrived.unstamped > 0 {
         problems.push(format!("{} arrivals had no time stamp", arrived.unstamped));

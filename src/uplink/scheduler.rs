@@ -40,7 +40,7 @@ use crate::deadlines::Deadlines;
 use crate::ids::{DeviceId, MsgId, Seq};
 use crate::store::record::uplink::{PendingMessage, EXPIRED_REASON};
 use backend::Backend;
-use queue::{arm, DeviceQueue, Entry, Refill, Status, Timers};
+use queue::{arm, queue, DeviceQueue, Entry, Refill, Status, Timers};
 
 /// The failed attempt when the upstream closed the link on a message.
 pub const REFUSED: &str = "the upstream broker closed the connection on this message";
@@ -124,7 +124,15 @@ pub struct Scheduler {
     /// Ack timeouts not counted because the backend was behind, since
     /// [`Scheduler::take_behind`] last read them.
     behind: u64,
+    /// The `loaded_upto` of devices forgotten with nothing left (see
+    /// [`queue`]), at most [`FORGOTTEN_MAX`].
+    forgotten: HashMap<DeviceId, Seq>,
 }
+
+/// Most forgotten devices whose loaded seq is remembered; past it the
+/// memory starts again (a stale store notice for one of them could then
+/// send a message once more, which the backend drops as a duplicate).
+const FORGOTTEN_MAX: usize = 16_384;
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Scheduler {
@@ -136,6 +144,7 @@ impl Scheduler {
             backend: Backend::default(),
             dirty: HashSet::new(),
             behind: 0,
+            forgotten: HashMap::new(),
         }
     }
 
@@ -166,7 +175,7 @@ impl Scheduler {
 
     /// A device has stored messages that are not in memory yet (start-up).
     pub fn on_backlog(&mut self, device: DeviceId) {
-        let q = self.devices.entry(device.clone()).or_default();
+        let q = queue(&mut self.devices, &mut self.forgotten, &device);
         q.refill = match q.refill {
             Refill::Reading { .. } => Refill::Reading { stored_since: true },
             _ => Refill::InStore,
@@ -184,14 +193,15 @@ impl Scheduler {
         now_ms: i64,
     ) {
         let device = msg.device.clone();
-        let q = self.devices.entry(device.clone()).or_default();
+        let window = self.cfg.window;
+        let q = queue(&mut self.devices, &mut self.forgotten, &device);
         if msg.seq <= q.loaded_upto {
             return;
         }
         q.refill = match q.refill {
             Refill::Reading { .. } => Refill::Reading { stored_since: true },
             Refill::InStore => Refill::InStore,
-            Refill::InMemory if q.entries.len() >= self.cfg.window => Refill::InStore,
+            Refill::InMemory if q.entries.len() >= window => Refill::InStore,
             Refill::InMemory => {
                 q.loaded_upto = msg.seq;
                 Self::insert(&mut self.timers, q, msg, committed, now, now_ms);
@@ -233,7 +243,7 @@ impl Scheduler {
     /// would ever read it: it is put in memory here, unless held already.
     pub fn on_replayed(&mut self, msg: PendingMessage, now: Instant, now_ms: i64) {
         let device = msg.device.clone();
-        let q = self.devices.entry(device.clone()).or_default();
+        let q = queue(&mut self.devices, &mut self.forgotten, &device);
         if q.entries.contains_key(&msg.seq) {
             return;
         }
@@ -466,10 +476,14 @@ impl Scheduler {
             }
             if q.entries.is_empty() && q.refill == Refill::InMemory {
                 // Nothing left: forget the device, so memory does not grow
-                // with every device that ever sent. (A store notice still
-                // queued for a message a refill already sent would send it
-                // once more; the backend drops the duplicate.)
+                // with every device that ever sent; only the seq it had
+                // loaded is kept (see `queue`).
+                let loaded_upto = q.loaded_upto;
                 self.devices.remove(&device);
+                if self.forgotten.len() >= FORGOTTEN_MAX {
+                    self.forgotten.clear();
+                }
+                self.forgotten.insert(device, loaded_upto);
             }
         }
         actions

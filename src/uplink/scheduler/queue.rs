@@ -122,3 +122,22 @@ pub(super) fn arm(timers: &mut Timers, e: &Entry) {
         }
     }
 }
+
+/// The queue of `device`, made if it has none. A device forgotten with
+/// nothing left starts from the seq it had loaded: a store notice of a
+/// message a refill already read (and sent, and had acked) can come after
+/// the device was forgotten, since notices come through intake and refills
+/// straight from the store; taken as new, that message would go north a
+/// second time.
+pub(super) fn queue<'a>(
+    devices: &'a mut HashMap<DeviceId, DeviceQueue>,
+    forgotten: &mut HashMap<DeviceId, Seq>,
+    device: &DeviceId,
+) -> &'a mut DeviceQueue {
+    devices
+        .entry(device.clone())
+        .or_insert_with(|| DeviceQueue {
+            loaded_upto: forgotten.remove(device).unwrap_or_default(),
+            ..DeviceQueue::default()
+        })
+}
