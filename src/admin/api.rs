@@ -8,7 +8,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use super::error::{echo, ApiError, ApiPath, ApiQuery};
-use super::Admin;
+use super::state::Admin;
 use crate::dead_letter::Direction;
 use crate::ops;
 use crate::ops::dlq::{self, DeadLetterDetail, DeadLetterRow, Filter, Page};

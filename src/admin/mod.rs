@@ -34,13 +34,13 @@ mod conn;
 mod date;
 mod error;
 pub mod host;
+mod state;
 mod throughput;
 mod views;
 
 pub use conn::MAX_CONNECTIONS;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,94 +49,18 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use rusqlite::Connection;
 use serde::Serialize;
-use tokio::sync::{watch, Mutex};
+use tokio::sync::watch;
 use tracing::info;
 
 use self::error::ApiError;
+pub use self::state::{Admin, Views};
 use crate::config::AdminConfig;
-use crate::health::Reports;
-use crate::ops::{self, OpsError};
-use crate::store::budget::Budget;
-
-/// Longest a request waits for the read connection.
-const READ_WAIT: Duration = Duration::from_secs(10);
+use crate::ops;
 
 /// A health check older than this is no answer: the supervisor itself (or
 /// the runtime) is stuck.
 const STALE_AFTER: Duration = Duration::from_secs(20);
-
-/// What the running gateway's parts keep in memory for the page: the
-/// devices online (the status thread's) and the open alerts (the alerts
-/// task's).
-pub struct Views {
-    pub online: watch::Receiver<crate::status_file::Online>,
-    pub alerts: watch::Receiver<Vec<crate::alerts::Alert>>,
-}
-
-/// What the handlers share.
-#[derive(Clone)]
-pub struct Admin {
-    data_dir: PathBuf,
-    budget: Budget,
-    health: Reports,
-    ready: watch::Receiver<bool>,
-    views: Arc<Views>,
-    /// The throughput samples, written by the sampler [`bind`] starts.
-    throughput: Arc<watch::Sender<throughput::Ring>>,
-    /// The read connection, opened on first use and again after an error.
-    conn: Arc<Mutex<Option<Connection>>>,
-}
-
-impl Admin {
-    pub fn new(
-        data_dir: PathBuf,
-        budget: Budget,
-        health: Reports,
-        ready: watch::Receiver<bool>,
-        views: Views,
-    ) -> Admin {
-        Admin {
-            data_dir,
-            budget,
-            health,
-            ready,
-            views: Arc::new(views),
-            throughput: Arc::new(watch::Sender::new(throughput::Ring::default())),
-            conn: Arc::new(Mutex::new(None)),
-        }
-    }
-
-    /// Runs `read` on the read connection, on the blocking pool.
-    async fn read<T: Send + 'static>(
-        &self,
-        read: impl FnOnce(&Connection) -> Result<T, OpsError> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let mut slot = tokio::time::timeout(READ_WAIT, self.conn.clone().lock_owned())
-            .await
-            .map_err(|_| ApiError::busy())?;
-        let data_dir = self.data_dir.clone();
-        let taken = slot.take();
-        let (conn, result) = tokio::task::spawn_blocking(move || {
-            let conn = match taken {
-                Some(conn) => conn,
-                None => match ops::open_read(&data_dir) {
-                    Ok(conn) => conn,
-                    Err(e) => return (None, Err(e)),
-                },
-            };
-            let result = read(&conn);
-            // A failed read may mean a broken connection: open a new one.
-            let keep = result.is_ok().then_some(conn);
-            (keep, result)
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("read task failed: {e}")))?;
-        *slot = conn;
-        result.map_err(ApiError::from)
-    }
-}
 
 /// Why the admin server could not start.
 #[derive(Debug, thiserror::Error)]

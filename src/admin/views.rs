@@ -9,8 +9,8 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use super::error::{echo, ApiError, ApiQuery};
+use super::state::Admin;
 use super::throughput::Series;
-use super::Admin;
 use crate::alerts::Alert;
 
 /// Devices per page of `/api/devices`, at most.

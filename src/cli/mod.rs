@@ -93,13 +93,3 @@ pub fn say_config_errors(config: &Path, errors: &ferry::config::ConfigErrors) {
         eprintln!("ferry: {}: {e}", config.display());
     }
 }
-
-/// A refused config's problems as the lines a command prints after its
-/// `ferry: `: one per key, each `FILE: config key ...`.
-pub fn config_problems(config: &Path, errors: &ferry::config::ConfigErrors) -> String {
-    let lines: Vec<String> = errors
-        .iter()
-        .map(|e| format!("{}: {e}", config.display()))
-        .collect();
-    lines.join("\nferry: ")
-}

@@ -168,7 +168,7 @@ fn fail(e: OpsError) -> (Exit, String) {
 fn data_dir(config: &Path) -> Result<PathBuf, (Exit, String)> {
     Config::load(config)
         .map(|c| c.data_dir)
-        .map_err(|e| (Exit::Usage, super::config_problems(config, &e)))
+        .map_err(|e| (Exit::Usage, output::config_problems(config, &e)))
 }
 
 fn print_json(value: &impl Serialize) -> Outcome {
@@ -394,7 +394,7 @@ fn trace(common: Common, device: &str, msg_id: &str) -> Outcome {
 
 fn status(common: Common, top: usize) -> Outcome {
     let cfg = Config::load(&common.config)
-        .map_err(|e| (Exit::Usage, super::config_problems(&common.config, &e)))?;
+        .map_err(|e| (Exit::Usage, output::config_problems(&common.config, &e)))?;
     let dir = cfg.data_dir;
     let conn = ops::open_read(&dir).map_err(fail)?;
     let s =

@@ -62,6 +62,16 @@ pub fn say(line: impl Display) {
     let _ = writeln!(io::stderr().lock(), "{line}");
 }
 
+/// A refused config's problems as the lines a command prints after its
+/// `ferry: `: one per key, each `FILE: config key ...`.
+pub fn config_problems(config: &std::path::Path, errors: &ferry::config::ConfigErrors) -> String {
+    let lines: Vec<String> = errors
+        .iter()
+        .map(|e| format!("{}: {e}", config.display()))
+        .collect();
+    lines.join("\nferry: ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

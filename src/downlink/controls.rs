@@ -82,7 +82,7 @@ impl Downlink {
         device: DeviceId,
         moved: CursorMove,
     ) -> Result<(), StoreError> {
-        super::intake::count_events(&moved.events);
+        super::count_events(&moved.events);
         for e in moved
             .events
             .iter()

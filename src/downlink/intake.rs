@@ -16,8 +16,7 @@ use crate::north::AckToken;
 use crate::protocol::depth::MAX_DEPTH;
 use crate::protocol::envelope::{parse_downlink, sniff_msg_id, RejectCode, Rejection};
 use crate::protocol::receipt::NorthReceipt;
-use crate::state::DeliveryState;
-use crate::store::record::downlink::{DeliveryEvent, DownIntake, DownIntakeOutcome, Rejected};
+use crate::store::record::downlink::{DownIntake, DownIntakeOutcome, Rejected};
 use crate::store::refusal::Refusal;
 use crate::store::StoreError;
 
@@ -173,7 +172,7 @@ impl Downlink {
                 actions.extend(self.scheduler.on_queued(&event.device, event.seq));
             }
         }
-        count_events(&out.expired);
+        super::count_events(&out.expired);
         if out.refused > 0 {
             debug!(
                 refused = out.refused,
@@ -215,19 +214,6 @@ impl Downlink {
             Err(e) => {
                 warn!(event = "downlink_reject_not_dead_lettered", error = %e, "rejected downlink not dead-lettered; left unacknowledged for the backend to resend")
             }
-        }
-    }
-}
-
-/// Counts deliveries that changed state, by the state they reached.
-pub(super) fn count_events(events: &[DeliveryEvent]) {
-    for e in events {
-        match e.state {
-            DeliveryState::Delivered => metrics::delivered(Direction::Down, 1),
-            DeliveryState::Read => metrics::read(1),
-            DeliveryState::Expired => metrics::expired(Direction::Down, 1),
-            DeliveryState::Dead => metrics::dead_lettered(Direction::Down, 1),
-            DeliveryState::Stored => {}
         }
     }
 }

@@ -40,19 +40,26 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::config::DownlinkConfig;
+use crate::dead_letter::Direction;
 use crate::deadlines::{sleep_until, Deadlines};
 use crate::ids::{DeviceId, Seq};
+use crate::metrics;
 use crate::north::{AckToken, DownlinkEvent, Link, NorthSender};
 use crate::protocol::control::inbox_batch;
 use crate::protocol::topics::Topics;
 use crate::shutdown::{Phase, Shutdown};
 use crate::south::presence::Presence;
 use crate::south::{DeviceControl, SouthSender};
+use crate::state::DeliveryState;
 use crate::store::record::downlink::{
-    BatchEntry, BatchRead, CursorMove, Cursors, DownIntakeOutcome, OutboxReceipt, Rejected, Swept,
+    BatchEntry, BatchRead, CursorMove, Cursors, DeliveryEvent, DownIntakeOutcome, OutboxReceipt,
+    Rejected, Swept,
 };
 use crate::store::{Store, StoreError};
 use receipts::Receipts;
+
+/// Receipts held in memory at most; the rest wait in the outbox table.
+const RECEIPTS_HELD: usize = 20_000;
 use scheduler::{DownAction, DownConfig, DownScheduler, Verdict};
 
 /// How often deliveries of expired messages are swept for offline devices.
@@ -179,7 +186,7 @@ impl Downlink {
             south,
             topics,
             pending: FuturesUnordered::new(),
-            receipts: Receipts::new(receipts_north::RECEIPTS_HELD),
+            receipts: Receipts::new(RECEIPTS_HELD),
             link: Link::Down,
             timers: Deadlines::new(),
         }
@@ -369,7 +376,7 @@ impl Downlink {
                 reply_empty,
                 result: Ok(read),
             } => {
-                intake::count_events(&read.expired);
+                count_events(&read.expired);
                 self.send_receipts(read.receipts);
                 let span = match (read.entries.first(), read.entries.last()) {
                     (Some(f), Some(l)) => Some((f.seq, l.seq, read.entries.len())),
@@ -398,7 +405,7 @@ impl Downlink {
                 result: Ok(moved),
             } => self.on_moved(device, moved).await?,
             Done::Swept(Ok(swept)) => {
-                intake::count_events(&swept.events);
+                count_events(&swept.events);
                 if !swept.events.is_empty() {
                     info!(
                         event = "downlink_expired",
@@ -440,5 +447,18 @@ impl Downlink {
             }
         }
         Ok(())
+    }
+}
+
+/// Counts deliveries that changed state, by the state they reached.
+fn count_events(events: &[DeliveryEvent]) {
+    for e in events {
+        match e.state {
+            DeliveryState::Delivered => metrics::delivered(Direction::Down, 1),
+            DeliveryState::Read => metrics::read(1),
+            DeliveryState::Expired => metrics::expired(Direction::Down, 1),
+            DeliveryState::Dead => metrics::dead_lettered(Direction::Down, 1),
+            DeliveryState::Stored => {}
+        }
     }
 }

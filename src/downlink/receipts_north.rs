@@ -19,8 +19,6 @@ use crate::protocol::now_ms;
 use crate::store::record::downlink::{reason, OutboxReceipt};
 use crate::store::StoreError;
 
-/// Receipts held in memory at most; the rest wait in the outbox table.
-pub(super) const RECEIPTS_HELD: usize = 20_000;
 /// A receipts message the session could not take, or a page that could not
 /// be read, is tried again after this.
 const RECEIPTS_RETRY: Duration = Duration::from_millis(50);

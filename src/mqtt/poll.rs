@@ -40,9 +40,10 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::failure::LinkError;
+use super::options::{Options, Transport};
 use super::stall::{Progress, Stall};
 use super::wire::{self, Client, Wire};
-use super::{Endpoint, MqttVersion};
+use crate::config::{Endpoint, MqttVersion};
 
 /// Requests (publishes, acks) queued towards the event loop.
 const REQUEST_CAPACITY: usize = 65_536;
@@ -59,7 +60,7 @@ pub(super) enum Loop {
 
 /// rumqttc's client and event loop for `opts`, on its first endpoint, in
 /// its protocol version.
-pub(super) fn client(opts: &super::Options) -> (Client, Loop) {
+pub(super) fn client(opts: &Options) -> (Client, Loop) {
     let first = &opts.endpoints[0];
     match opts.version {
         MqttVersion::V311 => {
@@ -255,7 +256,7 @@ impl Loop {
     }
 
     /// Points the next connect at `to`.
-    fn retarget(&mut self, opts: &super::Options, to: &Endpoint) {
+    fn retarget(&mut self, opts: &Options, to: &Endpoint) {
         let at = (to.host.clone(), to.port);
         match self {
             Loop::V4(l) if l.mqtt_options.broker_address() != at => {
@@ -271,7 +272,7 @@ impl Loop {
 
 /// rumqttc's 3.1.1 options for `opts` on `endpoint`: acks manual unless
 /// the session auto-acks.
-fn mqtt_options(opts: &super::Options, endpoint: &Endpoint) -> MqttOptions {
+fn mqtt_options(opts: &Options, endpoint: &Endpoint) -> MqttOptions {
     let mut mqtt = MqttOptions::new(opts.client_id.clone(), endpoint.host.clone(), endpoint.port);
     mqtt.set_keep_alive(opts.keep_alive)
         .set_clean_session(opts.clean_session)
@@ -293,7 +294,7 @@ fn mqtt_options(opts: &super::Options, endpoint: &Endpoint) -> MqttOptions {
     if let Some((user, pass)) = &opts.credentials {
         mqtt.set_credentials(user.clone(), pass.clone());
     }
-    if let super::Transport::Tls(config) = &opts.transport {
+    if let Transport::Tls(config) = &opts.transport {
         // rumqttc checks the broker's certificate against the endpoint's
         // host, and sends it as the SNI.
         mqtt.set_transport(rumqttc::Transport::tls_with_config(
@@ -347,7 +348,7 @@ pub(super) enum Polled {
 pub(super) async fn run(
     mut eventloop: Loop,
     session: mpsc::UnboundedSender<Polled>,
-    opts: super::Options,
+    opts: Options,
 ) {
     let replay = opts.replay;
     let room = std::sync::Arc::new(Semaphore::new(QUEUED_PUBLISHES));

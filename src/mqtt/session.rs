@@ -13,9 +13,9 @@ use super::acks::{AckToken, OrderedAcks};
 use super::endpoints::Endpoints;
 use super::flow::{Flow, Outgoing, Tag};
 use super::link::{Link, Stage};
+use super::options::{Event, Options, Will, PUBLISH_QUEUE};
 use super::poll::{self, Polled as FromPoller, PollerGuard};
 use super::wire::{Client, Received, Wire};
-use super::{Event, Options, Session, Will, PUBLISH_QUEUE};
 use crate::deadlines::sleep_until;
 
 mod failed;
@@ -46,7 +46,16 @@ enum Tracked<T> {
     Farewell,
 }
 
-pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<T>>) {
+/// What the owner's handle is made of: the session's ends of its queues.
+pub(super) struct Parts<T> {
+    pub client: Client,
+    pub publishes: mpsc::Sender<Outgoing<T>>,
+    pub commands: mpsc::UnboundedSender<Command>,
+    pub closed: Arc<Notify>,
+    pub max_packet: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+pub(super) fn start<T: Tag>(opts: Options) -> (Parts<T>, mpsc::Receiver<Event<T>>) {
     let (client, eventloop) = poll::client(&opts);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let (polled_tx, polled_rx) = mpsc::unbounded_channel();
@@ -76,7 +85,7 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
     };
     tokio::spawn(task.run(polled_rx, commands_rx, publishes_rx, poller));
     (
-        Session {
+        Parts {
             client,
             publishes: publishes_tx,
             commands: commands_tx,
@@ -85,6 +94,15 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Session<T>, mpsc::Receiver<Event<
         },
         events,
     )
+}
+
+/// The answer of the first endpoint's check under way (`failover.rs`);
+/// pending while there is none.
+async fn first_check_answer(check: &mut Option<oneshot::Receiver<bool>>) -> bool {
+    match check {
+        Some(answer) => answer.await.unwrap_or(false),
+        None => std::future::pending().await,
+    }
 }
 
 struct Task<T> {
@@ -111,7 +129,7 @@ struct Task<T> {
     last_polled: Instant,
     /// The largest publish the connection takes (MQTT 5: the broker's
     /// CONNACK says; `usize::MAX`: not checked here), shared with the
-    /// [`Session`] handles for their untracked publishes.
+    /// owner's handles for their untracked publishes.
     max_packet: Arc<std::sync::atomic::AtomicUsize>,
     /// Publishes the broker refused (MQTT 5 PUBACKs), for the log's bound.
     refusals: u64,
@@ -222,7 +240,7 @@ impl<T: Tag> Task<T> {
                     self.check_first();
                     continue;
                 }
-                accepts = failover::answer(&mut self.first_check) => {
+                accepts = first_check_answer(&mut self.first_check) => {
                     self.first_check = None;
                     link = self.checked_first(accepts, link);
                     continue;

@@ -28,8 +28,9 @@ use rumqttc::v5::{ConnectionError, Event, MqttOptions, StateError};
 use rumqttc::Outgoing;
 
 use super::failure::{self, Cause, LinkError};
+use super::options::{Options, Transport};
 use super::wire::{Incoming, Received, Wire};
-use super::{Endpoint, Options, Transport};
+use crate::config::Endpoint;
 
 /// rumqttc's v5 options for `opts` on `endpoint`.
 pub(super) fn options(opts: &Options, endpoint: &Endpoint, requests: usize) -> MqttOptions {

@@ -1,6 +1,7 @@
 //! The import graph of `src/`, read from the sources: one node per file,
 //! one edge per file a `use` or a path (`crate::…`, `super::…`, `self::…`,
-//! and `ferry::…` in the binary) names. A path is resolved to the longest
+//! `ferry::…` in the binary, and a bare `child::…` naming a child module)
+//! names. A path is resolved to the longest
 //! prefix that is a module file, so `crate::store::Store` is an edge to
 //! `src/store/mod.rs` and `crate::store::clock::Now` one to
 //! `src/store/clock.rs`. Inline modules (`mod tests { … }`) belong to their
@@ -417,6 +418,28 @@ fn imports(file: &File) -> Vec<(ModPath, Option<ModPath>)> {
                     out.push((abs, None));
                 }
             }
+            i = j;
+            continue;
+        }
+        // A bare path in code (`v5::publish_size(..)`): an import of a
+        // child module when its first name is one (`Graph::read` keeps
+        // only those).
+        if !preceded_by_path
+            && t.chars().all(is_ident)
+            && !t.starts_with(|c: char| c.is_ascii_digit())
+            && tokens.get(i + 1).map(String::as_str) == Some("::")
+            && tokens.get(i + 2).is_some_and(|t| t.chars().all(is_ident))
+        {
+            let mut path = vec![t.to_string()];
+            let mut j = i + 1;
+            while tokens.get(j).map(String::as_str) == Some("::")
+                && tokens.get(j + 1).is_some_and(|t| t.chars().all(is_ident))
+            {
+                path.push(tokens[j + 1].clone());
+                j += 2;
+            }
+            let abs = here.iter().chain(&path).cloned().collect();
+            out.push((abs, Some(here.clone())));
             i = j;
             continue;
         }

@@ -57,7 +57,8 @@ async fn until(
 async fn after_a_collision(replay: bool) -> Vec<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = Endpoint::new("127.0.0.1", listener.local_addr().unwrap().port());
-    let mut opts = super::super::Options::new("test", "127.0.0.1", endpoint.port, "collider");
+    let mut opts =
+        super::super::options::Options::new("test", "127.0.0.1", endpoint.port, "collider");
     opts.inflight = 2;
     opts.replay = replay;
     let (client, eventloop) = client(&opts);
@@ -109,7 +110,7 @@ async fn with_replay_the_publish_that_collided_is_resent_in_order() {
 async fn fails_within(talking: bool, within: Duration) -> bool {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let mut opts = super::super::Options::new("test", "127.0.0.1", port, "pinger");
+    let mut opts = super::super::options::Options::new("test", "127.0.0.1", port, "pinger");
     opts.keep_alive = Duration::from_secs(1);
     let (_client, eventloop) = client(&opts);
     let (tx, mut polled) = mpsc::unbounded_channel();

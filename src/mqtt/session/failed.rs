@@ -109,7 +109,7 @@ impl<T: Tag> Task<T> {
             self.opts.reconnect.stable_after,
             &mut self.closes,
         );
-        self.emit(Event::Failed(super::super::Failure {
+        self.emit(Event::Failed(super::super::failure::Failure {
             endpoint: endpoint.clone(),
             problem,
             error: e.text.clone(),

@@ -13,14 +13,6 @@ use super::{Tag, Task};
 /// A check of the first endpoint gives up after this long.
 const FIRST_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The answer of the check under way; pending while there is none.
-pub(super) async fn answer(check: &mut Option<oneshot::Receiver<bool>>) -> bool {
-    match check {
-        Some(answer) => answer.await.unwrap_or(false),
-        None => std::future::pending().await,
-    }
-}
-
 impl<T: Tag> Task<T> {
     /// A ConnAck came: names the endpoint, and a move if it is one.
     pub(super) fn connected_to_endpoint(&mut self, session_present: bool) {

@@ -4,8 +4,8 @@
 use tracing::{info, warn};
 
 use super::super::acks::AckToken;
+use super::super::options::{Message, OVERSIZE_HEAD};
 use super::super::wire::{AckError, Incoming};
-use super::super::{Message, OVERSIZE_HEAD};
 use super::{Event, Tag, Task};
 
 impl<T: Tag> Task<T> {

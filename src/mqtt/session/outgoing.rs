@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 use tracing::warn;
 
 use super::super::link::{Link, Stage};
-use super::super::{v5, MqttVersion};
+use super::super::v5;
 use super::{Event, Tag, Task, Tracked};
+use crate::config::MqttVersion;
 
 impl<T: Tag> Task<T> {
     /// A connection is up: the largest publish it takes. With MQTT 5 that
