@@ -405,14 +405,7 @@ fn imports(file: &File) -> Vec<(ModPath, Option<ModPath>)> {
             continue;
         }
         if !preceded_by_path && matches!(t, "crate" | "super" | "self" | "ferry") {
-            let mut path = vec![t.to_string()];
-            let mut j = i + 1;
-            while tokens.get(j).map(String::as_str) == Some("::")
-                && tokens.get(j + 1).is_some_and(|t| t.chars().all(is_ident))
-            {
-                path.push(tokens[j + 1].clone());
-                j += 2;
-            }
+            let (path, j) = path_at(&tokens, i);
             if path.len() > 1 {
                 if let Some(abs) = absolute(&here, &path, is_bin) {
                     out.push((abs, None));
@@ -430,14 +423,7 @@ fn imports(file: &File) -> Vec<(ModPath, Option<ModPath>)> {
             && tokens.get(i + 1).map(String::as_str) == Some("::")
             && tokens.get(i + 2).is_some_and(|t| t.chars().all(is_ident))
         {
-            let mut path = vec![t.to_string()];
-            let mut j = i + 1;
-            while tokens.get(j).map(String::as_str) == Some("::")
-                && tokens.get(j + 1).is_some_and(|t| t.chars().all(is_ident))
-            {
-                path.push(tokens[j + 1].clone());
-                j += 2;
-            }
+            let (path, j) = path_at(&tokens, i);
             let abs = here.iter().chain(&path).cloned().collect();
             out.push((abs, Some(here.clone())));
             i = j;
@@ -446,6 +432,20 @@ fn imports(file: &File) -> Vec<(ModPath, Option<ModPath>)> {
         i += 1;
     }
     out
+}
+
+/// The path that starts at `tokens[i]` (`a::b::c`), and the index just
+/// past it.
+fn path_at(tokens: &[String], i: usize) -> (Vec<String>, usize) {
+    let mut path = vec![tokens[i].clone()];
+    let mut j = i + 1;
+    while tokens.get(j).map(String::as_str) == Some("::")
+        && tokens.get(j + 1).is_some_and(|t| t.chars().all(is_ident))
+    {
+        path.push(tokens[j + 1].clone());
+        j += 2;
+    }
+    (path, j)
 }
 
 /// Expands a use tree (`a::{b, c::{d as e}}`) into its paths.
