@@ -202,16 +202,47 @@ impl Ferry {
             match ferry.try_wait_ready(ups_before) {
                 Ok(()) => return ferry,
                 Err(lost) => {
-                    eprintln!("harness: south port taken, trying another: {lost}");
-                    let port = free_port();
-                    ferry.south_port = port;
-                    ferry.config.south.listen = format!("127.0.0.1:{port}");
+                    eprintln!("harness: a port was taken, trying others: {lost}");
+                    let (south, admin) = (ferry.south_taken(), ferry.admin_taken());
+                    if south {
+                        let port = free_port();
+                        ferry.south_port = port;
+                        ferry.config.south.listen = format!("127.0.0.1:{port}");
+                    }
+                    if admin {
+                        let south_port = ferry.south_port;
+                        let port = std::iter::repeat_with(free_port)
+                            .find(|p| *p != south_port)
+                            .expect("a free port");
+                        let listen = &mut ferry.config.admin.listen;
+                        let host = listen.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+                        *listen = format!("{host}:{port}");
+                        ferry.admin_port = Some(port);
+                    }
                     fs::write(&ferry.config_path, to_toml(&ferry.config))
                         .expect("write ferry.toml");
                 }
             }
         }
-        panic!("ferry's south port was taken four times in a row");
+        panic!("ferry's ports were taken four times in a row");
+    }
+
+    /// Whether ferry's log says its south port was taken.
+    fn south_taken(&self) -> bool {
+        let port = self.south_port;
+        self.mode == Mode::Embedded
+            && self.log().contains(&format!(
+                "south.listen 127.0.0.1:{port}: cannot listen: Address already in use"
+            ))
+    }
+
+    /// Whether ferry's log says its admin port was taken.
+    fn admin_taken(&self) -> bool {
+        self.admin_port.is_some_and(|port| {
+            let log = self.log();
+            log.contains("admin.listen: cannot listen on")
+                && log.contains(&format!(":{port}: Address already in use"))
+        })
     }
 
     /// Whether devices can be served: the embedded listener accepts TCP,
@@ -344,8 +375,8 @@ impl Ferry {
         }
     }
 
-    /// [`Ferry::wait_ready`]; `Err` if ferry exited because its south port
-    /// was taken meanwhile (by another test's process).
+    /// [`Ferry::wait_ready`]; `Err` if ferry exited because its south or
+    /// admin port was taken meanwhile (by another test's process).
     fn try_wait_ready(&mut self, ups_before: usize) -> Result<(), String> {
         let port = self.south_port;
         let started = Instant::now();
@@ -363,11 +394,7 @@ impl Ferry {
                      --- ferry log tail ---\n{}",
                     self.log_tail()
                 );
-                if self.mode == Mode::Embedded
-                    && self.log().contains(&format!(
-                        "south.listen 127.0.0.1:{port}: cannot listen: Address already in use"
-                    ))
-                {
+                if self.south_taken() || self.admin_taken() {
                     return Err(lost);
                 }
                 panic!("{lost}");
