@@ -133,8 +133,9 @@ impl Batcher {
     /// published alone (batches off, one refused before, or a body too
     /// large to share a publish).
     pub fn add(&mut self, msg: PendingMessage, committed: Option<Instant>, now: Instant) -> Added {
-        let key = (msg.device.clone(), msg.seq);
-        if !self.on() || self.solo.remove(&key) || msg.body.len() + 2 > self.cfg.max_bytes {
+        let refused_before =
+            !self.solo.is_empty() && self.solo.remove(&(msg.device.clone(), msg.seq));
+        if !self.on() || refused_before || msg.body.len() + 2 > self.cfg.max_bytes {
             return Added::Alone(msg);
         }
         // `[` + bodies joined by `,` + `]`.

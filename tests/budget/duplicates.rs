@@ -186,17 +186,11 @@ async fn at_the_disk_budget_a_resend_is_answered_with_its_receipt_and_seq_both_w
 
     // Whose data it is: the alert, the metric and `ferry status` name the
     // device whose undelivered uplinks fill the store.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let detail = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let a = alerts
-            .next_json(left)
-            .await
-            .unwrap_or_else(|| panic!("no disk_budget alert\n{}", ferry.log_tail()));
-        if a["kind"] == "disk_budget" {
-            break a["detail"].as_str().unwrap_or("").to_string();
-        }
-    };
+    let alert = alerts
+        .next_alert("disk_budget", Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| panic!("no disk_budget alert\n{}", ferry.log_tail()));
+    let detail = alert["detail"].as_str().unwrap_or("").to_string();
     assert!(
         detail.contains("whose: undelivered uplinks: press-1 ("),
         "{detail}"

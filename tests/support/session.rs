@@ -291,6 +291,19 @@ impl BareClient {
         }))
     }
 
+    /// The next alert of `kind` (on a client subscribed to an alerts
+    /// topic), skipping others; `None` after `timeout`.
+    pub async fn next_alert(&mut self, kind: &str, timeout: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let a = self.next_json(left).await?;
+            if a["kind"] == kind {
+                return Some(a);
+            }
+        }
+    }
+
     /// Connections subscribed so far (one per (re)connect).
     pub fn subacks(&self) -> u64 {
         *self.session.subacks.borrow()
