@@ -3,11 +3,17 @@
 //!
 //! Invariants (see ../shared/notes/RUMQTT.md for the broker facts behind
 //! them, and vendor/README.md for the patches they rely on):
-//! - Nothing the broker acknowledged to a device is overwritten before the
-//!   gateway has read it. The link's receive loop only moves messages into
-//!   a bounded channel; when that channel runs low on room, the link holds
-//!   back every device's publishes (unacknowledged) until it has room again,
-//!   so the broker's commit logs never wrap over unread messages.
+//! - A device's publish goes from its connection's task straight to
+//!   intake (`rumqttd::PublishSink`, bounded in count and bytes: a full
+//!   sink makes the connection wait, reading nothing more from its device),
+//!   never through the router's commit logs; its PUBACK (PUBREC) is sent
+//!   by the connection once intake answers for it (its commit, or its
+//!   refusal), in the order the device's publishes came.
+//! - What the broker publishes itself (wills) comes through the link.
+//!   Nothing there is overwritten before the gateway has read it: the
+//!   link's receive loop only moves messages into a bounded channel; when
+//!   that channel runs low on room, the link holds the broker back until it
+//!   has room again, so its commit logs never wrap over unread messages.
 //! - Nothing for a device that stays connected and reads is dropped.
 //!   Receipts and inbox batches are delivered straight to the device's
 //!   connection ([`rumqttd::local::LinkTx::deliver`]), in order, never
@@ -48,9 +54,8 @@ use std::time::{Duration, Instant};
 use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
 use rumqttd::protocol::any::AnyVersion;
 use rumqttd::{
-    ConnectionSettings, DirectPublish, Forward, LinkType, Notification, Router, RouterConfig,
-    Server, ServerSettings, TlsConfig, OVERSIZE_PROPERTY, PUBLISHER_PROPERTY, QUARANTINE_TOPIC,
-    TOPIC_PROPERTY,
+    ConnectionSettings, DirectPublish, LinkType, Notification, PublishSink, Router, RouterConfig,
+    Server, ServerSettings, TlsConfig, QUARANTINE_TOPIC,
 };
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
@@ -59,12 +64,12 @@ use tracing::{debug, error, info, warn};
 use super::admission;
 use super::auth::{self, Authenticator};
 use super::presence;
+use super::published::{from_device, south_message};
 use super::seam::{
     device_filters, max_packet_bytes, Inbound, InboundTx, Outbound, South, SouthMessage,
     SouthSender, Started, INBOUND_CAPACITY, OVERSIZE_HEAD,
 };
 use crate::config::{ListenerTls, SouthAuth, SouthConfig};
-use crate::protocol::now_ms;
 use crate::protocol::topics::Topics;
 
 /// The link's client id; unreachable for devices (see the module doc).
@@ -200,6 +205,9 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
     }
 
     let (in_tx, inbound) = Inbound::new();
+    // Devices' publishes, straight from their connections' tasks.
+    let (sink, direct) = PublishSink::new(INBOUND_CAPACITY, INBOUND_BYTES as u32);
+    let inbound = inbound.with_direct(direct, from_device);
     thread::Builder::new()
         .name("ferry-south-rx".into())
         .spawn(move || receive(link_rx, in_tx))
@@ -242,6 +250,10 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
             max_session_expiry: cfg.max_session_expiry.as_secs().min(u32::MAX as u64) as u32,
             // A device has a handful of topics; aliases beyond are refused.
             topic_alias_max: TOPIC_ALIASES,
+            // Every publish goes from its connection to intake, and its
+            // PUBACK (PUBREC) waits for intake's answer: its commit, or
+            // its refusal answered.
+            publish_sink: Some(sink),
         },
     };
     let mut server = Server::new(settings, router_tx, AnyVersion::default());
@@ -361,44 +373,6 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
 /// What the link reads: every device topic kind, and the quarantine.
 fn link_filters(topics: &Topics) -> impl Iterator<Item = String> {
     device_filters(topics).chain(std::iter::once(QUARANTINE_TOPIC.to_string()))
-}
-
-/// A forwarded device publish as the pipeline sees it.
-fn south_message(f: Forward) -> Option<SouthMessage> {
-    let Ok(topic) = String::from_utf8(f.publish.topic.to_vec()) else {
-        // The broker only routes UTF-8 topics; this cannot happen.
-        warn!(
-            event = "device_publish_bad_utf8",
-            "dropping a device publish whose topic is not UTF-8"
-        );
-        return None;
-    };
-    let property = |name: &str| {
-        f.properties.as_ref().and_then(|p| {
-            p.user_properties
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        })
-    };
-    let oversize = property(OVERSIZE_PROPERTY).and_then(|v| v.parse().ok());
-    // A quarantined publish: who sent it, on which topic.
-    let publisher = property(PUBLISHER_PROPERTY);
-    let topic = match (&publisher, property(TOPIC_PROPERTY)) {
-        (Some(_), Some(own)) => own,
-        _ => topic,
-    };
-    Some(SouthMessage {
-        publisher,
-        topic,
-        payload: f.publish.payload,
-        oversize,
-        received_ms: now_ms(),
-        replayed: false,
-        v5: super::seam::PublishProps::of(f.properties),
-        // The broker acknowledged it when the link took it.
-        ack: Default::default(),
-    })
 }
 
 /// Hands queued deliveries to the broker, many per event.

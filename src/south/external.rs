@@ -25,8 +25,8 @@ use tracing::{debug, error, info};
 
 use super::backlog::{Backlog, Taken};
 use super::seam::{
-    device_filters, Ack, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender, Started,
-    TOPIC_ALLOWANCE,
+    device_filters, Ack, AckTo, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
+    Started, TOPIC_ALLOWANCE,
 };
 use crate::config::{ExternalSouth, SouthConfig};
 use crate::deadlines::sleep_until;
@@ -141,7 +141,7 @@ async fn receive(
             received_ms: now_ms(),
             replayed,
             v5: Default::default(),
-            ack: Ack(Some(m.token)),
+            ack: Ack(AckTo::Site(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);
         if tx.tx.send(msg).await.is_err() {

@@ -5,8 +5,10 @@
 //! implementations sit behind it, chosen by `south.mode`:
 //!
 //! - [`embedded`]: ferry's own rumqttd broker, devices connect to ferry.
-//!   A device publish is acknowledged by the broker once it is in the
-//!   link's channel; the `stored` receipt is the durable answer.
+//!   Each connection's task hands its device's publishes straight to
+//!   intake (no router on the way), and sends the PUBACK (PUBREC) only
+//!   once intake passes its [`Ack`] back: after the commit, or once a
+//!   refusal is answered.
 //! - [`external`]: ferry is a client of the site's broker (Mosquitto,
 //!   EMQX, ...), on [`crate::mqtt`], with a persistent session. A device
 //!   publish is acknowledged to the site broker only after it is committed
@@ -24,6 +26,7 @@ pub mod backlog;
 pub mod embedded;
 pub mod external;
 pub mod presence;
+mod published;
 mod seam;
 
 use tokio::sync::mpsc;

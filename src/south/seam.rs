@@ -49,7 +49,7 @@ pub(super) fn device_filters(topics: &Topics) -> impl Iterator<Item = String> {
 }
 
 /// A message a device published.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SouthMessage {
     pub topic: String,
     pub payload: Bytes,
@@ -108,10 +108,21 @@ impl PublishProps {
     }
 }
 
-/// Acknowledges one device message to the south broker, where that is
-/// ferry's job (external mode); nothing in embedded mode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ack(pub(super) Option<AckToken>);
+/// Acknowledges one device message once the pipeline has answered for it:
+/// to the site broker (external mode), or to the device itself, whose
+/// PUBACK (PUBREC) it is (embedded mode). Dropped unanswered, it leaves
+/// the message unacknowledged, and its sender sends it again.
+#[derive(Debug, Default)]
+pub struct Ack(pub(super) AckTo);
+
+#[derive(Debug, Default)]
+pub(super) enum AckTo {
+    /// QoS 0, or nothing to acknowledge.
+    #[default]
+    Nobody,
+    Site(AckToken),
+    Device(rumqttd::Acker),
+}
 
 /// Sends to devices; cheap to clone.
 #[derive(Clone)]
@@ -177,8 +188,10 @@ impl SouthSender {
     /// The message behind `ack` is committed: acknowledge it to the south
     /// broker (in receive order, on its own connection).
     pub fn ack(&self, ack: Ack) {
-        if let (Outbound::External(session), Ack(Some(token))) = (&self.0, ack) {
-            session.ack(token);
+        match (&self.0, ack.0) {
+            (Outbound::External(session), AckTo::Site(token)) => session.ack(token),
+            (_, AckTo::Device(acker)) => acker.ack(),
+            _ => {}
         }
     }
 }
@@ -188,7 +201,15 @@ pub struct Inbound {
     rx: mpsc::Receiver<SouthMessage>,
     /// Payload bytes in the channel, shared with the producer.
     bytes: Arc<AtomicUsize>,
+    /// Embedded mode: what devices publish, straight from their
+    /// connections (`rx` then brings only what the broker publishes for
+    /// them: wills).
+    direct: Option<(mpsc::Receiver<rumqttd::DevicePublish>, ToMessage)>,
 }
+
+/// How a publish straight from a device's connection becomes a
+/// [`SouthMessage`] (`None`: dropped, unacknowledged).
+pub(super) type ToMessage = fn(rumqttd::DevicePublish) -> Option<SouthMessage>;
 
 impl Inbound {
     pub(super) fn new() -> (InboundTx, Inbound) {
@@ -199,12 +220,41 @@ impl Inbound {
                 tx,
                 bytes: bytes.clone(),
             },
-            Inbound { rx, bytes },
+            Inbound {
+                rx,
+                bytes,
+                direct: None,
+            },
         )
     }
 
+    /// Also takes what devices publish straight from their connections.
+    pub(super) fn with_direct(
+        mut self,
+        direct: mpsc::Receiver<rumqttd::DevicePublish>,
+        to_message: ToMessage,
+    ) -> Self {
+        self.direct = Some((direct, to_message));
+        self
+    }
+
     pub async fn recv(&mut self) -> Option<SouthMessage> {
-        let msg = self.rx.recv().await?;
+        while let Some((direct, to_message)) = &mut self.direct {
+            tokio::select! {
+                biased;
+                Some(publish) = direct.recv() => match to_message(publish) {
+                    Some(msg) => return Some(msg),
+                    None => continue,
+                },
+                msg = self.rx.recv() => return self.took(msg),
+            }
+        }
+        let msg = self.rx.recv().await;
+        self.took(msg)
+    }
+
+    fn took(&self, msg: Option<SouthMessage>) -> Option<SouthMessage> {
+        let msg = msg?;
         self.bytes.fetch_sub(msg.payload.len(), Ordering::Relaxed);
         Some(msg)
     }

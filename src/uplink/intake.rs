@@ -148,8 +148,8 @@ pub async fn run(
                 summarise_lines(&mut lines);
             }
             msg = inbound.recv(), if room => match msg {
-                Some(msg) => {
-                    let (size, ack, at) = (msg.payload.len(), msg.ack, Instant::now());
+                Some(mut msg) => {
+                    let (size, ack, at) = (msg.payload.len(), std::mem::take(&mut msg.ack), Instant::now());
                     match accept(&cfg, &topics, &store, &mut limits, &mut lines, msg).await {
                         Verdict::Answer { answer, in_flight } => {
                             unanswered.push_back(answer);

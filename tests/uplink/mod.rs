@@ -17,6 +17,7 @@ use crate::support::{
 };
 use ferry::ids::DeviceId;
 
+mod acked;
 mod backend;
 mod batch;
 mod delivery;

@@ -24,6 +24,7 @@ use tracing_subscriber::{
 };
 
 pub use link::alerts;
+pub use link::direct::{Acker, DevicePublish, PublishSink};
 pub use link::local;
 pub use link::meters;
 pub use router::{
@@ -282,6 +283,13 @@ pub struct ConnectionSettings {
     /// per connection before isolation sees the publish (`link::properties`).
     #[serde(default)]
     pub topic_alias_max: u16,
+    /// ferry: when set, every PUBLISH a client sends (after its topic
+    /// aliases are resolved and isolation has looked at it) goes here
+    /// from the connection's own task, never to the router, and its PUBACK
+    /// (PUBREC) waits for the gateway's ack (`link::direct`). A PUBREL is
+    /// answered by the connection, in turn.
+    #[serde(skip)]
+    pub publish_sink: Option<PublishSink>,
 }
 
 /// ferry: where a publish outside its client's own topics goes instead
@@ -356,6 +364,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("max_keep_alive", &self.max_keep_alive)
             .field("oversize_head", &self.oversize_head)
             .field("connect_hook", &self.connect_hook.is_some())
+            .field("publish_sink", &self.publish_sink.is_some())
             .field("max_client_id_len", &self.max_client_id_len)
             .finish()
     }

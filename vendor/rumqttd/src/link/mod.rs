@@ -1,6 +1,8 @@
 pub mod alerts;
 pub mod bridge;
 pub mod console;
+// ferry: publishes handed to the gateway, acknowledged after its commit.
+pub mod direct;
 pub mod local;
 pub mod meters;
 pub mod network;

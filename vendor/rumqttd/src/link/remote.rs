@@ -1,3 +1,4 @@
+use crate::link::direct::{Acks, PublishSink};
 use crate::link::local::{LinkError, LinkRx, LinkTx};
 use crate::link::network;
 use crate::link::network::Network;
@@ -60,6 +61,13 @@ pub enum Error {
     TrySend(#[from] TrySendError<(ConnectionId, Event)>),
     #[error("Link error = {0}")]
     Link(#[from] LinkError),
+    /// ferry: the gateway no longer takes publishes (it is stopping).
+    #[error("the gateway takes no more publishes")]
+    GatewayGone,
+    /// ferry: the gateway dropped a publish's ack unanswered (its store
+    /// failed, or it is stopping): the client sends it again.
+    #[error("a publish was not acknowledged by the gateway")]
+    NotAcknowledged,
 }
 
 /// Orchestrates between Router and Network.
@@ -75,6 +83,14 @@ pub struct RemoteLink<P> {
     isolation: Option<(String, String)>,
     /// ferry: the topic aliases the client set (MQTT 5).
     aliases: properties::Aliases,
+    /// ferry: where the client's publishes go instead of the router, and
+    /// their acknowledgements, in order (`link::direct`).
+    sink: Option<PublishSink>,
+    client: Arc<str>,
+    acks: Acks,
+    /// ferry: the packets read for the sink, and the acks to write.
+    direct: Vec<Packet>,
+    acked: Vec<Packet>,
 }
 
 impl<P: Protocol> RemoteLink<P> {
@@ -181,7 +197,6 @@ impl<P: Protocol> RemoteLink<P> {
         }
 
         Ok(RemoteLink {
-            connect,
             connection_id: id,
             network,
             link_tx,
@@ -191,6 +206,12 @@ impl<P: Protocol> RemoteLink<P> {
             will_delay_interval,
             isolation: None,
             aliases: properties::Aliases::new(config.topic_alias_max),
+            sink: config.publish_sink.clone(),
+            client: Arc::from(connect.client_id.as_str()),
+            acks: Acks::default(),
+            direct: Vec::new(),
+            acked: Vec::new(),
+            connect,
         })
     }
 
@@ -260,6 +281,27 @@ impl<P: Protocol> RemoteLink<P> {
         None
     }
 
+    /// ferry: hands what was read for the sink on, in order, each
+    /// publish with its place among the acks.
+    async fn hand_on(&mut self) -> Result<(), Error> {
+        let Some(sink) = &self.sink else {
+            return Ok(());
+        };
+        for packet in self.direct.drain(..) {
+            match packet {
+                Packet::Publish(publish, props) => {
+                    let ack = self.acks.slot(&publish);
+                    if !sink.send(&self.client, publish, props, ack).await {
+                        return Err(Error::GatewayGone);
+                    }
+                }
+                Packet::PubRel(rel, _) => self.acks.release(rel.pkid),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     pub async fn start(&mut self) -> Result<(), Error> {
         self.network.set_keepalive(self.connect.keep_alive);
 
@@ -267,9 +309,9 @@ impl<P: Protocol> RemoteLink<P> {
         // Shouldn't result in bounded queue deadlocks because of blocking n/w send
         loop {
             select! {
-                o = self.network.read() => {
+                o = self.network.read(), if self.acks.has_room() => {
                     let packet = o?;
-                    let (len, second_connect, bad) = {
+                    let (len, routed, second_connect, bad) = {
                         let mut buffer = self.link_tx.buffer();
                         let from = buffer.len();
                         buffer.push_back(packet);
@@ -291,17 +333,41 @@ impl<P: Protocol> RemoteLink<P> {
                         if let Some(at) = second {
                             buffer.truncate(from + at);
                         }
-                        (buffer.len(), second.is_some(), bad)
+                        // ferry: publishes (and PUBRELs) go to the gateway.
+                        if self.sink.is_some() {
+                            let read: Vec<Packet> = buffer.drain(from..).collect();
+                            for packet in read {
+                                if matches!(packet, Packet::Publish(..) | Packet::PubRel(..)) {
+                                    self.direct.push(packet);
+                                } else {
+                                    buffer.push_back(packet);
+                                }
+                            }
+                        }
+                        (buffer.len(), buffer.len() > from, second.is_some(), bad)
                     };
 
                     trace!("Packets read from network, count = {}", len);
-                    self.link_tx.notify().await?;
+                    self.hand_on().await?;
+                    if routed {
+                        self.link_tx.notify().await?;
+                    }
                     if let Some((_, reason)) = bad {
                         self.network.disconnect(reason).await;
                         return Err(Error::BadProperties(reason));
                     }
                     if second_connect {
                         return Err(Error::SecondConnect);
+                    }
+                }
+                // ferry: the gateway answered the first publishes waiting.
+                _ = self.acks.ready(), if !self.acks.is_empty() => {
+                    let answered = self.acks.answered(&mut self.acked);
+                    if !self.acked.is_empty() {
+                        self.network.writev(self.acked.drain(..)).await?;
+                    }
+                    if answered.is_err() {
+                        return Err(Error::NotAcknowledged);
                     }
                 }
                 // Receive from router when previous when state isn't in collision
@@ -617,6 +683,7 @@ mod tests {
             max_client_id_len: 0,
             max_session_expiry: 0,
             topic_alias_max: 0,
+            publish_sink: None,
         }
     }
 

@@ -822,6 +822,11 @@ async fn remote<P: Protocol>(
         ) => {
             info!(event = "connection_closed", "disconnected");
         }
+        // ferry: the gateway stopping, or unable to commit: the client
+        // sends again what was not acknowledged (the gateway says why).
+        Err(e @ (remote::Error::GatewayGone | remote::Error::NotAcknowledged)) => {
+            info!(event = "connection_closed_unacknowledged", error = %e, "disconnected");
+        }
         // Any other error
         Err(e) => {
             crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
