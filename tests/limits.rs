@@ -442,6 +442,16 @@ async fn a_backend_downlink_nested_deeper_than_32_is_rejected_north_and_the_next
     let ferry = Ferry::start(FerryOpts::new(gw, mq.port));
     let backend = Backend::connect(mq.port, gw).await;
     let mut receipts = RawMqtt::connect(mq.port, "deep-receipts", 30).await;
+    // Downlinks reach the gateway once its north subscriptions are
+    // acknowledged, which its retained status says (`online`); a publish
+    // before that reaches no one.
+    receipts.subscribe(&[north_topics(gw).status()]).await;
+    let online = receipts
+        .read_publishes(SECS_30, |p| {
+            serde_json::from_slice::<Value>(&p.payload).is_ok_and(|s| s["online"] == true)
+        })
+        .await;
+    assert!(online, "gateway {gw} did not report online within 30 s");
     receipts.subscribe(&[north_topics(gw).receipts()]).await;
     let to = north_topics(gw).down_to(&DeviceId::new("d1").unwrap());
 
