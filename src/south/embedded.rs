@@ -42,8 +42,9 @@
 //! - The link's client id is the empty string, which is no device id: a
 //!   CONNECT with it is refused (CONNACK 2, `admission.rs`), so no device
 //!   can take the link over.
-//! - Sends go through one thread that owns the `LinkTx`, whose sends are
-//!   blocking channel sends that must never run on a tokio worker.
+//! - Receipts and inbox batches go from the pipeline's tasks to the
+//!   router themselves, each send waiting for room in the router's
+//!   channel (`rumqttd::local::Deliverer`); no thread sits between.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -51,11 +52,11 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rumqttd::local::{LinkBuilder, LinkRx, LinkTx};
+use rumqttd::local::{LinkBuilder, LinkRx};
 use rumqttd::protocol::any::AnyVersion;
 use rumqttd::{
-    ConnectionSettings, DirectPublish, LinkType, Notification, PublishSink, Router, RouterConfig,
-    Server, ServerSettings, TlsConfig, QUARANTINE_TOPIC,
+    ConnectionSettings, LinkType, Notification, PublishSink, Router, RouterConfig, Server,
+    ServerSettings, TlsConfig, QUARANTINE_TOPIC,
 };
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
@@ -87,8 +88,6 @@ const LINK_FILTER_SEGMENTS: usize = 256;
 /// the device leaves.
 const DEVICE_FILTER_SEGMENT: usize = 1024;
 const DEVICE_FILTER_SEGMENTS: usize = 1;
-/// Deliveries queued for the link's sending thread.
-const OUTBOUND_CAPACITY: usize = 16_384;
 /// Every device's publishes are held back while the inbound channel has
 /// less room than this, or holds more than [`INBOUND_BYTES`], and released
 /// once it has twice the room and half the bytes.
@@ -99,8 +98,6 @@ const INBOUND_BYTES: usize = 32 << 20;
 pub const DEVICE_QUEUE: usize = 1000;
 /// Topic aliases an MQTT 5 device may set: more than its topics.
 const TOPIC_ALIASES: u16 = 32;
-/// Deliveries handed to the broker in one event, at most.
-const DELIVER_BATCH: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SouthError {
@@ -212,11 +209,9 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
         .name("ferry-south-rx".into())
         .spawn(move || receive(link_rx, in_tx))
         .map_err(|e| SouthError::Link(e.to_string()))?;
-    let (out_tx, out_rx) = mpsc::channel(OUTBOUND_CAPACITY);
-    thread::Builder::new()
-        .name("ferry-south-tx".into())
-        .spawn(move || send(link_tx, out_rx))
-        .map_err(|e| SouthError::Link(e.to_string()))?;
+    // Receipts and batches for devices go from the pipeline's tasks to
+    // the router themselves (`SouthSender::publish`).
+    let deliverer = link_tx.deliverer();
 
     let settings = ServerSettings {
         name: "south".into(),
@@ -265,7 +260,7 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
     });
     let south = South {
         inbound,
-        outbound: SouthSender(Outbound::Embedded(out_tx)),
+        outbound: SouthSender(Outbound::Embedded(deliverer)),
         stopped,
         presence: Some(presence_rx),
     };
@@ -373,23 +368,6 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
 /// What the link reads: every device topic kind, and the quarantine.
 fn link_filters(topics: &Topics) -> impl Iterator<Item = String> {
     device_filters(topics).chain(std::iter::once(QUARANTINE_TOPIC.to_string()))
-}
-
-/// Hands queued deliveries to the broker, many per event.
-fn send(mut link: LinkTx, mut rx: mpsc::Receiver<DirectPublish>) {
-    while let Some(first) = rx.blocking_recv() {
-        let mut batch = vec![first];
-        while batch.len() < DELIVER_BATCH {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
-        if let Err(e) = link.deliver(batch) {
-            error!(event = "embedded_broker_lost", error = %e, "embedded broker link lost; stopping sends to devices");
-            return;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rumqttd::DirectPublish;
 use tokio::sync::mpsc;
+use tracing::error;
 
 use super::presence;
 use crate::ids::DeviceId;
@@ -130,7 +131,7 @@ pub struct SouthSender(pub(super) Outbound);
 
 #[derive(Clone)]
 pub(super) enum Outbound {
-    Embedded(mpsc::Sender<DirectPublish>),
+    Embedded(rumqttd::local::Deliverer),
     External(mqtt::Session<()>),
 }
 
@@ -159,7 +160,7 @@ impl SouthSender {
                     topic: Bytes::from(topic),
                     payload,
                 };
-                tx.send(publish).await.is_ok()
+                deliver(tx, vec![publish]).await
             }
             Outbound::External(session) => {
                 // Never waits. rumqttc takes requests only while its window
@@ -192,6 +193,19 @@ impl SouthSender {
             (Outbound::External(session), AckTo::Site(token)) => session.ack(token),
             (_, AckTo::Device(acker)) => acker.ack(),
             _ => {}
+        }
+    }
+}
+
+/// Hands `publishes` to the embedded broker; false once it is gone.
+async fn deliver(tx: &rumqttd::local::Deliverer, publishes: Vec<DirectPublish>) -> bool {
+    match tx.deliver(publishes).await {
+        Ok(()) => true,
+        Err(e) => {
+            // Said once: every later send fails the same way.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| error!(event = "embedded_broker_lost", error = %e, "embedded broker link lost; stopping sends to devices"));
+            false
         }
     }
 }

@@ -136,3 +136,92 @@ async fn every_publish_is_acknowledged_in_order_once_answered() {
     assert_eq!(receipts.len(), 1, "{receipts:?}");
     assert_eq!(msg_ids(&ferry, "ord-1"), ["m-1", "m-2"]);
 }
+
+/// One device that reads its receipts but never acknowledges them cannot
+/// grow what waits for it without bound: once its queue of unread
+/// deliveries is full (`DEVICE_QUEUE` beyond those in flight), its own
+/// publishes are held, neither acknowledged nor stored; once it
+/// acknowledges what it got, they go on, and every one is stored once.
+/// The device keeps at most 100 publishes without a PUBACK, as MQTT
+/// clients do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_never_acknowledges_its_receipts_is_held_until_it_does() {
+    const N: usize = 4000;
+    const WINDOW: usize = 100;
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-acked-behind", mq.port));
+    let mut raw = RawMqtt::connect(ferry.south_port, "slow-1", 60).await;
+    raw.subscribe(&["devices/slow-1/ack".to_string()]).await;
+    let (mut sent, mut pubacks, mut stored_receipts) = (0usize, 0usize, 0usize);
+    let mut unacked = Vec::new();
+
+    // Read everything, acknowledge no receipt, until nothing more comes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let more = (N - sent).min(WINDOW - (sent - pubacks));
+        let publishes: Vec<_> = (sent..sent + more)
+            .map(|i| raw.publish("devices/slow-1/up/t", envelope(&format!("m-{i}"))))
+            .collect();
+        raw.send_many(publishes).await;
+        sent += more;
+        match raw.recv(Duration::from_secs(3)).await {
+            None => break,
+            Some(Packet::PubAck(_)) => pubacks += 1,
+            Some(Packet::Publish(p)) => {
+                unacked.push(p.pkid);
+                stored_receipts += 1;
+            }
+            Some(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the device was never held"
+        );
+    }
+    let stored = msg_ids(&ferry, "slow-1").len();
+    assert!(
+        pubacks < N && stored < N,
+        "held while its deliveries are unread: {pubacks} PUBACKs, {stored} stored of {N}"
+    );
+    assert_eq!(
+        pubacks, stored,
+        "a PUBACK for every committed uplink, none other"
+    );
+    assert!(
+        stored > ferry::south::embedded::DEVICE_QUEUE,
+        "held only past its queue: {stored} stored"
+    );
+
+    // It acknowledges what it got (and what comes): the rest goes on.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while pubacks < N || stored_receipts < N {
+        for pkid in unacked.drain(..) {
+            raw.send(Packet::PubAck(rumqttc::PubAck::new(pkid))).await;
+        }
+        let more = (N - sent).min(WINDOW - (sent - pubacks));
+        let publishes: Vec<_> = (sent..sent + more)
+            .map(|i| raw.publish("devices/slow-1/up/t", envelope(&format!("m-{i}"))))
+            .collect();
+        raw.send_many(publishes).await;
+        sent += more;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let Some(packet) = raw.recv(left.min(Duration::from_secs(10))).await else {
+            panic!(
+                "stuck once the device read: {pubacks} PUBACKs, {stored_receipts} `stored` of {N}"
+            );
+        };
+        match packet {
+            Packet::PubAck(_) => pubacks += 1,
+            Packet::Publish(p) => {
+                unacked.push(p.pkid);
+                stored_receipts += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        msg_ids(&ferry, "slow-1").len(),
+        N,
+        "every uplink stored once"
+    );
+}

@@ -172,6 +172,7 @@ impl<'a> LinkBuilder<'a> {
         let (outgoing, link_rx) = Outgoing::new(connection.client_id.to_owned());
         let outgoing_data_buffer = outgoing.buffer();
         let incoming_data_buffer = incoming.buffer();
+        let behind = incoming.behind.clone();
 
         let event = Event::Connect {
             connection,
@@ -199,8 +200,28 @@ impl<'a> LinkBuilder<'a> {
 
         let mut tx = LinkTx::new(id, self.router_tx.clone(), incoming_data_buffer);
         tx.incarnation = incarnation;
+        tx.behind = behind;
         let rx = LinkRx::new(id, self.router_tx, link_rx, outgoing_data_buffer);
         Ok((tx, rx, notification))
+    }
+}
+
+/// ferry: delivers publishes for named clients (see [`LinkTx::deliver`])
+/// from async code: a send waits for room in the router's channel instead
+/// of blocking a thread, so no thread of its own is needed between the
+/// gateway's tasks and the router. Sends from one task arrive in order.
+#[derive(Clone)]
+pub struct Deliverer {
+    connection_id: ConnectionId,
+    router_tx: Sender<(ConnectionId, Event)>,
+}
+
+impl Deliverer {
+    pub async fn deliver(&self, publishes: Vec<crate::DirectPublish>) -> Result<(), LinkError> {
+        self.router_tx
+            .send_async((self.connection_id, Event::Direct(publishes)))
+            .await?;
+        Ok(())
     }
 }
 
@@ -210,6 +231,9 @@ pub struct LinkTx {
     pub(crate) incarnation: crate::router::Incarnation,
     router_tx: Sender<(ConnectionId, Event)>,
     recv_buffer: Arc<Mutex<VecDeque<Packet>>>,
+    /// ferry: set by the router while the client has too many deliveries
+    /// unread (see `Incoming::behind`).
+    pub(crate) behind: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LinkTx {
@@ -223,7 +247,14 @@ impl LinkTx {
             incarnation: 0,
             router_tx,
             recv_buffer,
+            behind: Default::default(),
         }
+    }
+
+    /// ferry: the client has too many deliveries unread: hand none of its
+    /// publishes on until this clears (the router wakes the connection).
+    pub(crate) fn behind(&self) -> bool {
+        self.behind.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn buffer(&self) -> MutexGuard<RawMutex, VecDeque<Packet>> {
@@ -381,6 +412,15 @@ impl LinkTx {
         self.router_tx
             .send((self.connection_id, Event::Direct(publishes)))?;
         Ok(())
+    }
+
+    /// ferry: a handle that delivers as [`LinkTx::deliver`] does, from
+    /// async code and from many tasks at once, without this link.
+    pub fn deliverer(&self) -> Deliverer {
+        Deliverer {
+            connection_id: self.connection_id,
+            router_tx: self.router_tx.clone(),
+        }
     }
 
     /// ferry: hold back (true) or release (false) every remote client's

@@ -68,7 +68,17 @@ pub enum Error {
     /// failed, or it is stopping): the client sends it again.
     #[error("a publish was not acknowledged by the gateway")]
     NotAcknowledged,
+    /// ferry: the client went on publishing while its deliveries were
+    /// unread, past what its task holds for it meanwhile.
+    #[error("the client neither reads its messages nor waits for acknowledgements")]
+    Stalled,
 }
+
+/// ferry: what a client whose deliveries are unread may send meanwhile,
+/// held in its task (publishes and PUBRELs, and their bytes); past either
+/// it is disconnected, and resends what was never acknowledged.
+const MAX_HELD: usize = 1024;
+const MAX_HELD_BYTES: usize = 16 << 20;
 
 /// Orchestrates between Router and Network.
 pub struct RemoteLink<P> {
@@ -287,6 +297,31 @@ impl<P: Protocol> RemoteLink<P> {
         let Some(sink) = &self.sink else {
             return Ok(());
         };
+        // ferry: held while its deliveries are unread (the router wakes
+        // this task once they are read), within bounds.
+        if self.link_tx.behind() {
+            let bytes: usize = self
+                .direct
+                .iter()
+                .map(|p| match p {
+                    Packet::Publish(publish, _) => publish.topic.len() + publish.payload.len(),
+                    _ => 0,
+                })
+                .sum();
+            if self.direct.len() > MAX_HELD || bytes > MAX_HELD_BYTES {
+                if crate::refusals::admit_client(&self.client) {
+                    warn!(
+                        event = "client_stalled_disconnected",
+                        client_id = %crate::refusals::Clip(&*self.client),
+                        held = self.direct.len(),
+                        bytes,
+                        "client neither reads its messages nor waits for acknowledgements; disconnected"
+                    );
+                }
+                return Err(Error::Stalled);
+            }
+            return Ok(());
+        }
         for packet in self.direct.drain(..) {
             match packet {
                 Packet::Publish(publish, props) => {
@@ -336,11 +371,18 @@ impl<P: Protocol> RemoteLink<P> {
                         // ferry: publishes (and PUBRELs) go to the gateway.
                         if self.sink.is_some() {
                             let read: Vec<Packet> = buffer.drain(from..).collect();
+                            let behind = self.link_tx.behind();
                             for packet in read {
-                                if matches!(packet, Packet::Publish(..) | Packet::PubRel(..)) {
-                                    self.direct.push(packet);
-                                } else {
-                                    buffer.push_back(packet);
+                                match packet {
+                                    // Its own copy while held: a slice would
+                                    // pin the connection's whole read buffer.
+                                    Packet::Publish(mut publish, props) if behind => {
+                                        publish.topic = bytes::Bytes::copy_from_slice(&publish.topic);
+                                        publish.payload = bytes::Bytes::copy_from_slice(&publish.payload);
+                                        self.direct.push(Packet::Publish(publish, props));
+                                    }
+                                    Packet::Publish(..) | Packet::PubRel(..) => self.direct.push(packet),
+                                    packet => buffer.push_back(packet),
                                 }
                             }
                         }
@@ -387,6 +429,11 @@ impl<P: Protocol> RemoteLink<P> {
                     self.network.writev(packets).await?;
                     if unscheduled {
                         self.link_rx.wake().await?;
+                    }
+                    // ferry: what was held while its deliveries were
+                    // unread goes on once they are read.
+                    if !self.direct.is_empty() {
+                        self.hand_on().await?;
                     }
                 }
             }

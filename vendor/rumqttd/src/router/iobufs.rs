@@ -1,6 +1,6 @@
 use std::{
     collections::{HashMap, VecDeque},
-    sync::Arc,
+    sync::{atomic::AtomicBool, Arc},
 };
 
 use flume::{Receiver, Sender};
@@ -35,6 +35,10 @@ pub struct Incoming {
     pub(crate) held_bytes: usize,
     /// ferry: this client's publishes are being held back.
     pub(crate) holding: bool,
+    /// ferry: shared with the connection's task: the client has too many
+    /// deliveries unread (see `Router::update_behind`), so its task hands
+    /// none of its publishes on to the gateway's sink until it has read.
+    pub(crate) behind: Arc<AtomicBool>,
 }
 
 impl Incoming {
@@ -48,6 +52,7 @@ impl Incoming {
             held: VecDeque::new(),
             held_bytes: 0,
             holding: false,
+            behind: Arc::new(AtomicBool::new(false)),
         }
     }
 

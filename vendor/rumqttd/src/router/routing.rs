@@ -675,6 +675,40 @@ impl Router {
     fn handle_device_payload(&mut self, id: ConnectionId) {
         // ferry: once a hold ends, the publishes it held are handled at once.
         while self.handle_device_payload_once(id) {}
+        // ferry: its acks may have made room in its queue.
+        self.update_behind(id);
+    }
+
+    /// ferry: whether `id` has too many direct publishes unread (its
+    /// queue at `max_direct_queue`, and until it is down to half of
+    /// that), told to its connection's task through the flag they share:
+    /// the task hands none of the client's publishes on to the gateway
+    /// meanwhile (they go past the router, so `update_hold` cannot hold
+    /// them), and is woken when it clears. One client that reads nothing
+    /// would otherwise grow its queue by a receipt per publish.
+    fn update_behind(&mut self, id: ConnectionId) {
+        let Some(holdable) = self.connections.get(id).map(|c| c.holdable) else {
+            return;
+        };
+        let (Some(outgoing), Some(incoming)) = (self.obufs.get(id), self.ibufs.get(id)) else {
+            return;
+        };
+        let max = self.config.max_direct_queue;
+        let queued = outgoing.direct.len();
+        let was = incoming.behind.load(std::sync::atomic::Ordering::Acquire);
+        let behind = holdable && max > 0 && if was { queued > max / 2 } else { queued >= max };
+        if behind != was {
+            incoming
+                .behind
+                .store(behind, std::sync::atomic::Ordering::Release);
+            debug!(
+                queued,
+                behind, "client's publishes held back / released for its unread deliveries"
+            );
+            if !behind {
+                outgoing.handle.try_send(()).ok();
+            }
+        }
     }
 
     /// ferry: whether `id`'s publishes are held back now, updating its state.
@@ -791,6 +825,7 @@ impl Router {
             if let Some(outgoing) = self.obufs.get_mut(id) {
                 outgoing.flush_direct();
             }
+            self.update_behind(id);
         }
     }
 

@@ -827,6 +827,8 @@ async fn remote<P: Protocol>(
         Err(e @ (remote::Error::GatewayGone | remote::Error::NotAcknowledged)) => {
             info!(event = "connection_closed_unacknowledged", error = %e, "disconnected");
         }
+        // ferry: said (within its budget) where it was found.
+        Err(remote::Error::Stalled) => {}
         // Any other error
         Err(e) => {
             crate::counters::PROTOCOL_VIOLATIONS.fetch_add(1, Ordering::Relaxed);
