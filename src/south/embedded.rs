@@ -16,8 +16,8 @@
 //!   has room again, so its commit logs never wrap over unread messages.
 //! - Nothing for a device that stays connected and reads is dropped.
 //!   Receipts and inbox batches are delivered straight to the device's
-//!   connection ([`rumqttd::local::LinkTx::deliver`]), in order, never
-//!   through a commit log that could wrap; while a device has more than
+//!   connection ([`rumqttd::local::Deliverer`]), in order, never through a
+//!   commit log that could wrap; while a device has more than
 //!   [`DEVICE_QUEUE`] of them unread, its own publishes are held back.
 //! - A publish over `south.max_payload_bytes` never costs the broker more
 //!   than its head: it is skipped on the wire and arrives here marked, to be
@@ -42,9 +42,12 @@
 //! - The link's client id is the empty string, which is no device id: a
 //!   CONNECT with it is refused (CONNACK 2, `admission.rs`), so no device
 //!   can take the link over.
-//! - Receipts and inbox batches go from the pipeline's tasks to the
-//!   router themselves, each send waiting for room in the router's
-//!   channel (`rumqttd::local::Deliverer`); no thread sits between.
+//! - Receipts and inbox batches go from the pipeline's tasks onto the
+//!   device's connection themselves, past the router's thread (vendor
+//!   patch 68); only one for a device not connected goes through the
+//!   router, to its session. The connection's task settles the device's
+//!   PUBACKs for them, and writes a publish's PUBACK and its `stored`
+//!   receipt in one write.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -189,6 +192,7 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
         presence_tx,
         topics.clone(),
     ));
+    let directory = router.directory();
     let router_tx = router.spawn();
 
     let (link_tx, link_rx, _connack) = LinkBuilder::new(LINK_CLIENT_ID, router_tx.clone())
@@ -211,7 +215,7 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
         .map_err(|e| SouthError::Link(e.to_string()))?;
     // Receipts and batches for devices go from the pipeline's tasks to
     // the router themselves (`SouthSender::publish`).
-    let deliverer = link_tx.deliverer();
+    let deliverer = link_tx.deliverer(directory);
 
     let settings = ServerSettings {
         name: "south".into(),

@@ -8,7 +8,8 @@
 //!   Each connection's task hands its device's publishes straight to
 //!   intake (no router on the way), and sends the PUBACK (PUBREC) only
 //!   once intake passes its [`Ack`] back: after the commit, or once a
-//!   refusal is answered.
+//!   refusal is answered. Receipts and inbox batches go onto the device's
+//!   connection from the pipeline's tasks, also past the router.
 //! - [`external`]: ferry is a client of the site's broker (Mosquitto,
 //!   EMQX, ...), on [`crate::mqtt`], with a persistent session. A device
 //!   publish is acknowledged to the site broker only after it is committed

@@ -172,7 +172,8 @@ impl<'a> LinkBuilder<'a> {
         let (outgoing, link_rx) = Outgoing::new(connection.client_id.to_owned());
         let outgoing_data_buffer = outgoing.buffer();
         let incoming_data_buffer = incoming.buffer();
-        let behind = incoming.behind.clone();
+        let out = outgoing.out.clone();
+        let behind = outgoing.lock().behind.clone();
 
         let event = Event::Connect {
             connection,
@@ -201,26 +202,62 @@ impl<'a> LinkBuilder<'a> {
         let mut tx = LinkTx::new(id, self.router_tx.clone(), incoming_data_buffer);
         tx.incarnation = incarnation;
         tx.behind = behind;
+        tx.out = Some(out);
         let rx = LinkRx::new(id, self.router_tx, link_rx, outgoing_data_buffer);
         Ok((tx, rx, notification))
     }
 }
 
 /// ferry: delivers publishes for named clients (see [`LinkTx::deliver`])
-/// from async code: a send waits for room in the router's channel instead
-/// of blocking a thread, so no thread of its own is needed between the
-/// gateway's tasks and the router. Sends from one task arrive in order.
+/// from async code. A publish for a client whose connection is registered
+/// is queued on that connection straight away (`iobufs::Out`), woken to
+/// send it, without the router's thread; one for a client not connected
+/// goes through the router (to its session, if it keeps one), and while
+/// any is on its way there, every publish goes that way too, so none
+/// overtakes another. Publishes from one task arrive in order.
 #[derive(Clone)]
 pub struct Deliverer {
     connection_id: ConnectionId,
     router_tx: Sender<(ConnectionId, Event)>,
+    directory: Arc<crate::router::Directory>,
 }
 
 impl Deliverer {
     pub async fn deliver(&self, publishes: Vec<crate::DirectPublish>) -> Result<(), LinkError> {
-        self.router_tx
-            .send_async((self.connection_id, Event::Direct(publishes)))
-            .await?;
+        use std::sync::atomic::Ordering;
+        let mut via_router = Vec::new();
+        if self.directory.via_router.load(Ordering::Acquire) > 0 {
+            via_router = publishes;
+        } else {
+            let links = self.directory.links.read();
+            for d in publishes {
+                if via_router.is_empty() {
+                    if let Some(out) = links.get(&d.client_id) {
+                        let mut out = out.lock();
+                        if !out.closed {
+                            if out.deliver(d) == crate::router::iobufs::Delivered::Queued {
+                                out.flush_direct();
+                                out.update_behind();
+                            }
+                            continue;
+                        }
+                    }
+                }
+                via_router.push(d);
+            }
+        }
+        if via_router.is_empty() {
+            return Ok(());
+        }
+        self.directory.via_router.fetch_add(1, Ordering::AcqRel);
+        let sent = self
+            .router_tx
+            .send_async((self.connection_id, Event::Direct(via_router, true)))
+            .await;
+        if let Err(e) = sent {
+            self.directory.via_router.fetch_sub(1, Ordering::AcqRel);
+            return Err(e.into());
+        }
         Ok(())
     }
 }
@@ -231,9 +268,11 @@ pub struct LinkTx {
     pub(crate) incarnation: crate::router::Incarnation,
     router_tx: Sender<(ConnectionId, Event)>,
     recv_buffer: Arc<Mutex<VecDeque<Packet>>>,
-    /// ferry: set by the router while the client has too many deliveries
-    /// unread (see `Incoming::behind`).
+    /// ferry: set while the client has too many deliveries unread (see
+    /// `iobufs::Out::behind`).
     pub(crate) behind: Arc<std::sync::atomic::AtomicBool>,
+    /// ferry: what the client is sent (see `iobufs::Out`).
+    out: Option<Arc<Mutex<crate::router::iobufs::Out>>>,
 }
 
 impl LinkTx {
@@ -248,7 +287,17 @@ impl LinkTx {
             router_tx,
             recv_buffer,
             behind: Default::default(),
+            out: None,
         }
+    }
+
+    /// ferry: settles the client's PUBACK `pkid` here if it is for the
+    /// direct publish at the head of what is in flight to it (the next
+    /// ones then go into flight); false if it is the router's to settle.
+    pub(crate) fn ack_direct(&self, pkid: u16) -> bool {
+        self.out
+            .as_ref()
+            .is_some_and(|out| out.lock().ack_direct(pkid))
     }
 
     /// ferry: the client has too many deliveries unread: hand none of its
@@ -410,16 +459,19 @@ impl LinkTx {
     /// own publishes are held back until it has read.
     pub fn deliver(&mut self, publishes: Vec<crate::DirectPublish>) -> Result<(), LinkError> {
         self.router_tx
-            .send((self.connection_id, Event::Direct(publishes)))?;
+            .send((self.connection_id, Event::Direct(publishes, false)))?;
         Ok(())
     }
 
     /// ferry: a handle that delivers as [`LinkTx::deliver`] does, from
-    /// async code and from many tasks at once, without this link.
-    pub fn deliverer(&self) -> Deliverer {
+    /// async code and from many tasks at once, without this link; a
+    /// publish for a connected client is queued on its connection
+    /// directly (`directory`: [`crate::Router::directory`]).
+    pub fn deliverer(&self, directory: Arc<crate::router::Directory>) -> Deliverer {
         Deliverer {
             connection_id: self.connection_id,
             router_tx: self.router_tx.clone(),
+            directory,
         }
     }
 
@@ -529,6 +581,16 @@ impl LinkRx {
         self.router_rx.recv_async().await?;
         mem::swap(&mut *self.send_buffer.lock(), notifications);
         Ok(())
+    }
+
+    /// ferry: what is queued for the connection now, without waiting: the
+    /// wake-ups sent so far are taken, and with them what they announced.
+    pub(crate) fn take_ready(&mut self, notifications: &mut VecDeque<Notification>) {
+        if self.router_rx.try_recv().is_err() {
+            return;
+        }
+        while self.router_rx.try_recv().is_ok() {}
+        notifications.append(&mut self.send_buffer.lock());
     }
 
     pub fn ready(&self) -> Result<(), LinkError> {

@@ -337,6 +337,29 @@ impl<P: Protocol> RemoteLink<P> {
         Ok(())
     }
 
+    /// ferry: writes the acks answered and the notifications queued, in
+    /// one write; an unscheduled connection asks the router to go on.
+    async fn write_out(&mut self) -> Result<(), Error> {
+        if self.acked.is_empty() && self.notifications.is_empty() {
+            return Ok(());
+        }
+        // ferry: the notifications are encoded straight into the write
+        // buffer (patch 60); upstream built a new `VecDeque` of packets for
+        // every exchange and grew it one push at a time.
+        let mut unscheduled = false;
+        let notifications = self.notifications.drain(..).filter_map(|notif| {
+            let packet: Option<Packet> = notif.into();
+            unscheduled |= packet.is_none();
+            packet
+        });
+        let packets = self.acked.drain(..).chain(notifications);
+        self.network.writev(packets).await?;
+        if unscheduled {
+            self.link_rx.wake().await?;
+        }
+        Ok(())
+    }
+
     pub async fn start(&mut self) -> Result<(), Error> {
         self.network.set_keepalive(self.connect.keep_alive);
 
@@ -382,6 +405,9 @@ impl<P: Protocol> RemoteLink<P> {
                                         self.direct.push(Packet::Publish(publish, props));
                                     }
                                     Packet::Publish(..) | Packet::PubRel(..) => self.direct.push(packet),
+                                    // A PUBACK for a direct publish is
+                                    // settled here, without the router.
+                                    Packet::PubAck(ref ack, _) if self.link_tx.ack_direct(ack.pkid) => {}
                                     packet => buffer.push_back(packet),
                                 }
                             }
@@ -402,12 +428,13 @@ impl<P: Protocol> RemoteLink<P> {
                         return Err(Error::SecondConnect);
                     }
                 }
-                // ferry: the gateway answered the first publishes waiting.
+                // ferry: the gateway answered the first publishes waiting;
+                // what is queued for the client meanwhile (their `stored`
+                // receipts) goes in the same write.
                 _ = self.acks.ready(), if !self.acks.is_empty() => {
                     let answered = self.acks.answered(&mut self.acked);
-                    if !self.acked.is_empty() {
-                        self.network.writev(self.acked.drain(..)).await?;
-                    }
+                    self.link_rx.take_ready(&mut self.notifications);
+                    self.write_out().await?;
                     if answered.is_err() {
                         return Err(Error::NotAcknowledged);
                     }
@@ -416,19 +443,15 @@ impl<P: Protocol> RemoteLink<P> {
                 // due to previously received data request
                 o = self.link_rx.exchange(&mut self.notifications) => {
                     o?;
-                    // ferry: the notifications are encoded straight into
-                    // the write buffer (patch 60); upstream built a new
-                    // `VecDeque` of packets for every exchange and grew it
-                    // one push at a time.
-                    let mut unscheduled = false;
-                    let packets = self.notifications.drain(..).filter_map(|notif| {
-                        let packet: Option<Packet> = notif.into();
-                        unscheduled |= packet.is_none();
-                        packet
-                    });
-                    self.network.writev(packets).await?;
-                    if unscheduled {
-                        self.link_rx.wake().await?;
+                    // ferry: acks answered meanwhile go in the same write.
+                    let answered = if self.acks.is_empty() {
+                        Ok(())
+                    } else {
+                        self.acks.answered(&mut self.acked)
+                    };
+                    self.write_out().await?;
+                    if answered.is_err() {
+                        return Err(Error::NotAcknowledged);
                     }
                     // ferry: what was held while its deliveries were
                     // unread goes on once they are read.

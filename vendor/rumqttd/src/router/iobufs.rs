@@ -1,6 +1,9 @@
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{atomic::AtomicBool, Arc},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
 };
 
 use flume::{Receiver, Sender};
@@ -35,10 +38,6 @@ pub struct Incoming {
     pub(crate) held_bytes: usize,
     /// ferry: this client's publishes are being held back.
     pub(crate) holding: bool,
-    /// ferry: shared with the connection's task: the client has too many
-    /// deliveries unread (see `Router::update_behind`), so its task hands
-    /// none of its publishes on to the gateway's sink until it has read.
-    pub(crate) behind: Arc<AtomicBool>,
 }
 
 impl Incoming {
@@ -52,7 +51,6 @@ impl Incoming {
             held: VecDeque::new(),
             held_bytes: 0,
             holding: false,
-            behind: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -68,85 +66,95 @@ impl Incoming {
     }
 }
 
+/// ferry: what a client is sent, in flight and queued, under one lock
+/// shared by the router, the client's connection task (which settles the
+/// client's PUBACKs for direct publishes itself) and the gateway's
+/// deliverers (which queue direct publishes straight here, see
+/// [`Directory`]): a receipt then never waits for the router's thread.
 #[derive(Debug)]
-pub struct Outgoing {
-    /// Identifier associated with connected client
-    pub(crate) client_id: String,
-    /// Send buffer
-    pub(crate) data_buffer: Arc<Mutex<VecDeque<Notification>>>,
-    /// Handle which is given to router to allow router to communicate with this connection
-    pub(crate) handle: Sender<()>,
+pub struct Out {
+    client_id: String,
+    /// The connection's send buffer and its wake-up (as in [`Outgoing`]);
+    /// the wake-up is dropped once the connection is closed, as the
+    /// router drops its own, since the connection's task ends when the
+    /// last one is gone.
+    data_buffer: Arc<Mutex<VecDeque<Notification>>>,
+    handle: Option<Sender<()>>,
     /// The buffer to keep track of inflight packets.
     inflight_buffer: VecDeque<(u16, FilterIdx, Option<Cursor>)>,
-    /// PubRels waiting for PubComp
-    pub(crate) unacked_pubrels: VecDeque<u16>,
-    /// ferry: direct publishes (and their QoS) waiting for a free slot.
+    /// Direct publishes (and their QoS) waiting for a free slot.
     pub(crate) direct: VecDeque<(crate::protocol::Publish, u8)>,
-    /// ferry: the QoS 1 direct publishes in flight, oldest first (their
+    /// The QoS 1 direct publishes in flight, oldest first (their
     /// `inflight_buffer` entries are under [`DIRECT_FILTER`]), kept for a
     /// session that outlives the connection.
     direct_inflight: VecDeque<crate::protocol::Publish>,
-    /// ferry: the CONNACK is not out yet: nothing is delivered before it.
+    /// The CONNACK is not out yet: nothing is delivered before it.
     pub(crate) connack_pending: bool,
     /// Last packet id
     last_pkid: u16,
-    /// ferry: publishes in flight at most: [`MAX_INFLIGHT`], or fewer when
-    /// the client's receive maximum (MQTT 5) says so.
+    /// Publishes in flight at most: [`MAX_INFLIGHT`], or fewer when the
+    /// client's receive maximum (MQTT 5) says so.
     max_inflight: usize,
-    /// ferry: the largest packet the client reads (0: no limit said).
+    /// The largest packet the client reads (0: no limit said).
     pub(crate) max_packet_size: usize,
     /// Metrics of outgoing messages of this connection
     pub(crate) meter: OutgoingMeter,
+    /// The client's subscriptions and their QoS, as the router granted
+    /// them: a direct publish goes at the highest QoS among those that
+    /// match its topic (at most 1), or not at all.
+    pub(crate) subscriptions: Vec<(String, u8)>,
+    /// The connection is gone (or never was registered): what is meant for
+    /// the client goes through the router, to its session if it has one.
+    pub(crate) closed: bool,
+    /// `RouterConfig::max_direct_queue` (0: none), for a holdable client.
+    max_queue: usize,
+    /// Shared with the connection's task: the client has `max_queue`
+    /// direct publishes unread (and until it is down to half of that), so
+    /// its task hands none of its publishes on to the gateway meanwhile.
+    pub(crate) behind: Arc<AtomicBool>,
 }
 
-impl Outgoing {
-    #[inline]
-    pub(crate) fn new(client_id: String) -> (Self, Receiver<()>) {
-        let (handle, rx) = flume::bounded(MAX_CHANNEL_CAPACITY);
-        // ferry: allocated when used, not up front per connection (an idle
-        // device cost tens of KiB in these alone).
-        let data_buffer = VecDeque::new();
-        let inflight_buffer = VecDeque::new();
-        let unacked_pubrels = VecDeque::new();
+/// What became of a direct publish offered to [`Out::deliver`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Delivered {
+    Queued,
+    /// The client holds no subscription that matches it.
+    NotSubscribed,
+    /// Larger than the client's maximum packet size (MQTT 5).
+    TooLarge,
+}
 
-        let outgoing = Self {
-            client_id,
-            data_buffer: Arc::new(Mutex::new(data_buffer)),
-            inflight_buffer,
-            unacked_pubrels,
-            direct: VecDeque::new(),
-            direct_inflight: VecDeque::new(),
-            connack_pending: true,
-            handle,
-            last_pkid: 0,
-            max_inflight: MAX_INFLIGHT,
-            max_packet_size: 0,
-            meter: Default::default(),
-        };
-
-        (outgoing, rx)
-    }
-
-    #[inline]
-    pub(crate) fn buffer(&self) -> Arc<Mutex<VecDeque<Notification>>> {
-        self.data_buffer.clone()
-    }
-
+impl Out {
     pub fn free_slots(&self) -> usize {
         self.max_inflight.saturating_sub(self.inflight_buffer.len())
     }
 
-    /// ferry: holds what is sent to the client's own limits (MQTT 5's
-    /// receive maximum and maximum packet size; 0: no limit said).
-    pub(crate) fn set_client_limits(&mut self, receive_max: u16, max_packet_size: u32) {
-        self.max_inflight = (receive_max as usize).clamp(1, MAX_INFLIGHT);
-        self.max_packet_size = max_packet_size as usize;
+    /// Wakes the connection's task to send what is in its buffer.
+    fn wake(&self) {
+        if let Some(handle) = &self.handle {
+            handle.try_send(()).ok();
+        }
     }
 
-    pub fn push_notification(&mut self, notification: Notification) -> usize {
-        let mut buffer = self.data_buffer.lock();
-        buffer.push_back(notification);
-        buffer.len()
+    /// The connection is gone: nothing more is queued here, and its wake-up
+    /// is let go.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
+        self.handle = None;
+    }
+
+    /// Holds what is sent to the client's own limits (MQTT 5's receive
+    /// maximum and maximum packet size; 0: no limit said), and its queue
+    /// to `max_queue` unread direct publishes when it is holdable.
+    pub(crate) fn set_client_limits(
+        &mut self,
+        receive_max: u16,
+        max_packet_size: u32,
+        max_queue: usize,
+    ) {
+        self.max_inflight = (receive_max as usize).clamp(1, MAX_INFLIGHT);
+        self.max_packet_size = max_packet_size as usize;
+        self.max_queue = max_queue;
     }
 
     /// Push packets to the outgoing buffer.
@@ -157,16 +165,12 @@ impl Outgoing {
         filter_idx: usize,
     ) -> (usize, usize) {
         let mut buffer = self.data_buffer.lock();
-        let publishes = publishes;
 
         if qos == 0 {
             for p in publishes {
                 self.meter.publish_count += 1;
                 buffer.push_back(Notification::Forward(p));
-                // self.meter.total_size += p.len();
             }
-
-            // self.meter.update_data_rate(total_size);
             let buffer_count = buffer.len();
             let inflight_count = self.inflight_buffer.len();
             return (buffer_count, inflight_count);
@@ -205,8 +209,56 @@ impl Outgoing {
         (buffer_count, inflight_count)
     }
 
-    /// ferry: moves queued direct publishes into flight while there is
-    /// room; true if any moved.
+    /// Queues a direct publish for the client if one of its subscriptions
+    /// matches the topic (at that subscription's QoS, at most 1), and
+    /// moves what is queued into flight while there is room.
+    pub(crate) fn deliver(&mut self, d: crate::DirectPublish) -> Delivered {
+        let topic = std::str::from_utf8(&d.topic).unwrap_or_default();
+        let qos = self
+            .subscriptions
+            .iter()
+            .filter(|(f, _)| crate::protocol::matches(topic, f))
+            .map(|(_, q)| *q)
+            .max();
+        let Some(qos) = qos else {
+            debug!(
+                client_id = %crate::refusals::Clip(&self.client_id),
+                topic, "direct publish for a client not subscribed dropped"
+            );
+            return Delivered::NotSubscribed;
+        };
+        let qos = qos.min(1);
+        // A packet over the client's maximum packet size (MQTT 5) is not
+        // sent (§3.1.2.11.4): counted, said, and left to the protocol (the
+        // gateway's message stays where its receipts say).
+        let size = d.topic.len() + d.payload.len() + 16;
+        if self.max_packet_size > 0 && size > self.max_packet_size {
+            crate::counters::DIRECT_TOO_LARGE.fetch_add(1, Ordering::Relaxed);
+            if crate::refusals::admit_client(&self.client_id) {
+                warn!(
+                    event = "delivery_over_client_packet_size",
+                    client_id = %crate::refusals::Clip(&self.client_id),
+                    bytes = size,
+                    limit = self.max_packet_size,
+                    "a delivery over the client's maximum packet size was not sent"
+                );
+            }
+            return Delivered::TooLarge;
+        }
+        let publish = crate::protocol::Publish {
+            dup: false,
+            qos: crate::protocol::qos(qos).unwrap_or(crate::protocol::QoS::AtMostOnce),
+            retain: false,
+            topic: d.topic,
+            pkid: 0,
+            payload: d.payload,
+        };
+        self.direct.push_back((publish, qos));
+        Delivered::Queued
+    }
+
+    /// Moves queued direct publishes into flight while there is room;
+    /// true if any moved (the connection is woken to send them).
     pub(crate) fn flush_direct(&mut self) -> bool {
         let mut moved = false;
         if self.connack_pending {
@@ -230,7 +282,7 @@ impl Outgoing {
             moved = true;
         }
         if moved {
-            self.handle.try_send(()).ok();
+            self.wake();
         }
         moved
     }
@@ -253,9 +305,49 @@ impl Outgoing {
         Some(())
     }
 
-    /// ferry: the QoS 1 direct publishes not acknowledged, in the order
-    /// they were meant to reach the client: those in flight, then those
-    /// queued (for a session that outlives the connection).
+    /// The client's PUBACK `pkid` settled here, by its connection's task,
+    /// if it is for the direct publish at the head of what is in flight:
+    /// the next ones move into flight. Anything else (a publish from a
+    /// log, an unsolicited ack) is the router's to settle: false.
+    pub(crate) fn ack_direct(&mut self, pkid: u16) -> bool {
+        match self.inflight_buffer.front() {
+            Some(&(head, DIRECT_FILTER, _)) if head == pkid => {
+                self.inflight_buffer.pop_front();
+                self.direct_inflight.pop_front();
+                self.flush_direct();
+                self.update_behind();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the client has too many direct publishes unread
+    /// (`max_queue`, and until it is down to half of that), told through
+    /// the flag its connection's task reads; the task is woken when it
+    /// clears.
+    pub(crate) fn update_behind(&mut self) {
+        let was = self.behind.load(Ordering::Acquire);
+        let queued = self.direct.len();
+        let max = self.max_queue;
+        let behind = max > 0 && if was { queued > max / 2 } else { queued >= max };
+        if behind != was {
+            self.behind.store(behind, Ordering::Release);
+            debug!(
+                client_id = %crate::refusals::Clip(&self.client_id),
+                queued,
+                behind,
+                "client's publishes held back / released for its unread deliveries"
+            );
+            if !behind {
+                self.wake();
+            }
+        }
+    }
+
+    /// The QoS 1 direct publishes not acknowledged, in the order they
+    /// were meant to reach the client: those in flight, then those queued
+    /// (for a session that outlives the connection).
     pub(crate) fn take_unacked_direct(&mut self) -> Vec<crate::protocol::Publish> {
         let mut unacked: Vec<_> = self.direct_inflight.drain(..).collect();
         unacked.extend(
@@ -265,6 +357,111 @@ impl Outgoing {
                 .map(|(p, _)| p),
         );
         unacked
+    }
+
+    // Here we are assuming that the first unique filter_idx we find while iterating will have the
+    // least corresponding cursor because of the way we insert into the inflight_buffer
+    pub fn retransmission_map(&self) -> HashMap<FilterIdx, Cursor> {
+        let mut o = HashMap::new();
+        for (_, filter_idx, cursor) in self.inflight_buffer.iter() {
+            // if cursor in None, it means it was a retained publish
+            if !o.contains_key(filter_idx) && cursor.is_some() {
+                o.insert(*filter_idx, cursor.unwrap());
+            }
+        }
+
+        o
+    }
+}
+
+#[derive(Debug)]
+pub struct Outgoing {
+    /// Client identifier
+    pub(crate) client_id: String,
+    /// Send buffer
+    pub(crate) data_buffer: Arc<Mutex<VecDeque<Notification>>>,
+    /// Handle which is given to router to allow router to communicate with this connection
+    pub(crate) handle: Sender<()>,
+    /// PubRels waiting for PubComp
+    pub(crate) unacked_pubrels: VecDeque<u16>,
+    /// ferry: what is in flight and queued, shared (see [`Out`]).
+    pub(crate) out: Arc<Mutex<Out>>,
+}
+
+impl Outgoing {
+    #[inline]
+    pub(crate) fn new(client_id: String) -> (Self, Receiver<()>) {
+        let (handle, rx) = flume::bounded(MAX_CHANNEL_CAPACITY);
+        // ferry: allocated when used, not up front per connection (an idle
+        // device cost tens of KiB in these alone).
+        let data_buffer = Arc::new(Mutex::new(VecDeque::new()));
+        let out = Out {
+            client_id: client_id.clone(),
+            data_buffer: data_buffer.clone(),
+            handle: Some(handle.clone()),
+            inflight_buffer: VecDeque::new(),
+            direct: VecDeque::new(),
+            direct_inflight: VecDeque::new(),
+            connack_pending: true,
+            last_pkid: 0,
+            max_inflight: MAX_INFLIGHT,
+            max_packet_size: 0,
+            meter: Default::default(),
+            subscriptions: Vec::new(),
+            closed: true,
+            max_queue: 0,
+            behind: Arc::new(AtomicBool::new(false)),
+        };
+        let outgoing = Self {
+            client_id,
+            data_buffer,
+            handle,
+            unacked_pubrels: VecDeque::new(),
+            out: Arc::new(Mutex::new(out)),
+        };
+
+        (outgoing, rx)
+    }
+
+    #[inline]
+    pub(crate) fn buffer(&self) -> Arc<Mutex<VecDeque<Notification>>> {
+        self.data_buffer.clone()
+    }
+
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Out> {
+        self.out.lock()
+    }
+
+    pub fn free_slots(&self) -> usize {
+        self.lock().free_slots()
+    }
+
+    pub fn push_notification(&mut self, notification: Notification) -> usize {
+        let mut buffer = self.data_buffer.lock();
+        buffer.push_back(notification);
+        buffer.len()
+    }
+
+    /// Push packets to the outgoing buffer.
+    pub fn push_forwards(
+        &mut self,
+        publishes: impl Iterator<Item = Forward>,
+        qos: u8,
+        filter_idx: usize,
+    ) -> (usize, usize) {
+        self.lock().push_forwards(publishes, qos, filter_idx)
+    }
+
+    pub(crate) fn flush_direct(&mut self) -> bool {
+        self.lock().flush_direct()
+    }
+
+    pub fn register_ack(&mut self, pkid: u16) -> Option<()> {
+        self.lock().register_ack(pkid)
+    }
+
+    pub(crate) fn take_unacked_direct(&mut self) -> Vec<crate::protocol::Publish> {
+        self.lock().take_unacked_direct()
     }
 
     pub fn register_pubrec(&mut self, pkid: u16) {
@@ -290,19 +487,20 @@ impl Outgoing {
         Some(())
     }
 
-    // Here we are assuming that the first unique filter_idx we find while iterating will have the
-    // least corresponding cursor because of the way we insert into the inflight_buffer
     pub fn retransmission_map(&self) -> HashMap<FilterIdx, Cursor> {
-        let mut o = HashMap::new();
-        for (_, filter_idx, cursor) in self.inflight_buffer.iter() {
-            // if cursor in None, it means it was a retained publish
-            if !o.contains_key(filter_idx) && cursor.is_some() {
-                o.insert(*filter_idx, cursor.unwrap());
-            }
-        }
-
-        o
+        self.lock().retransmission_map()
     }
+}
+
+/// ferry: the connections direct publishes can be queued on without the
+/// router (see [`Out`]), by client id, kept by the router as clients come
+/// and go; and how many deliveries are on their way through the router
+/// meanwhile (for a client not connected at the time): while any is, every
+/// delivery goes that way too, so none overtakes another.
+#[derive(Debug, Default)]
+pub struct Directory {
+    pub(crate) links: parking_lot::RwLock<HashMap<String, Arc<Mutex<Out>>>>,
+    pub(crate) via_router: std::sync::atomic::AtomicUsize,
 }
 
 #[cfg(test)]
@@ -311,7 +509,7 @@ mod test {
 
     #[test]
     fn retransmission_map_is_calculated_accurately() {
-        let (mut outgoing, _) = Outgoing::new("retransmission-test".to_string());
+        let (outgoing, _) = Outgoing::new("retransmission-test".to_string());
         let mut result = HashMap::new();
 
         result.insert(0, (0, 8));
@@ -333,8 +531,118 @@ mod test {
             (1, 3, Some((1, 3))),
         ];
 
-        outgoing.inflight_buffer.extend(buf);
+        outgoing.lock().inflight_buffer.extend(buf);
         assert_eq!(outgoing.retransmission_map(), result);
+    }
+
+    fn direct(topic: &str) -> crate::DirectPublish {
+        crate::DirectPublish {
+            client_id: "dev-1".into(),
+            topic: bytes::Bytes::copy_from_slice(topic.as_bytes()),
+            payload: bytes::Bytes::from_static(b"{}"),
+        }
+    }
+
+    /// An `Out` as the router leaves it for a connected client: its CONNACK
+    /// out, subscribed to its `ack` at QoS 1, `max_queue` unread at most.
+    fn connected(receive_max: u16, max_queue: usize) -> (Outgoing, Receiver<()>) {
+        let (outgoing, rx) = Outgoing::new("dev-1".to_string());
+        {
+            let mut out = outgoing.lock();
+            out.set_client_limits(receive_max, 0, max_queue);
+            out.subscriptions = vec![("devices/dev-1/ack".into(), 1)];
+            out.connack_pending = false;
+            out.closed = false;
+        }
+        (outgoing, rx)
+    }
+
+    fn sent_pkids(outgoing: &Outgoing) -> Vec<u16> {
+        outgoing
+            .data_buffer
+            .lock()
+            .drain(..)
+            .filter_map(|n| match n {
+                Notification::Forward(f) => Some(f.publish.pkid),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_direct_publish_goes_only_where_the_client_subscribed() {
+        let (outgoing, _rx) = connected(10, 0);
+        let mut out = outgoing.lock();
+        assert_eq!(out.deliver(direct("devices/dev-1/ack")), Delivered::Queued);
+        assert_eq!(
+            out.deliver(direct("devices/dev-1/inbox")),
+            Delivered::NotSubscribed
+        );
+        out.max_packet_size = 20;
+        assert_eq!(
+            out.deliver(direct("devices/dev-1/ack")),
+            Delivered::TooLarge
+        );
+    }
+
+    #[test]
+    fn the_connection_settles_the_pubacks_of_direct_publishes_in_order() {
+        let (outgoing, rx) = connected(2, 0);
+        {
+            let mut out = outgoing.lock();
+            for _ in 0..3 {
+                out.deliver(direct("devices/dev-1/ack"));
+            }
+            out.flush_direct();
+        }
+        assert!(rx.try_recv().is_ok(), "the connection is woken");
+        assert_eq!(sent_pkids(&outgoing), [1, 2], "two in flight, as it allows");
+        let mut out = outgoing.lock();
+        assert!(!out.ack_direct(2), "not the head: the router's to judge");
+        assert!(out.ack_direct(1));
+        drop(out);
+        assert_eq!(sent_pkids(&outgoing), [3], "the third goes into flight");
+        let mut out = outgoing.lock();
+        assert!(out.ack_direct(2) && out.ack_direct(3));
+        assert!(!out.ack_direct(4), "nothing in flight: unsolicited");
+        assert!(out.take_unacked_direct().is_empty());
+    }
+
+    #[test]
+    fn a_client_with_its_queue_full_is_behind_until_it_is_down_to_half() {
+        let (outgoing, rx) = connected(1, 4);
+        let mut out = outgoing.lock();
+        for _ in 0..5 {
+            out.deliver(direct("devices/dev-1/ack"));
+            out.flush_direct();
+            out.update_behind();
+        }
+        // One in flight, four queued: behind.
+        assert!(out.behind.load(Ordering::Acquire));
+        while rx.try_recv().is_ok() {}
+        out.ack_direct(1);
+        assert!(
+            out.behind.load(Ordering::Acquire),
+            "three queued: still behind"
+        );
+        out.ack_direct(2);
+        assert!(!out.behind.load(Ordering::Acquire), "two queued: released");
+        assert!(rx.try_recv().is_ok(), "and woken to go on");
+    }
+
+    #[test]
+    fn a_closed_connection_lets_its_wake_up_go() {
+        let (outgoing, rx) = connected(10, 0);
+        let shared = outgoing.out.clone();
+        shared.lock().close();
+        drop(outgoing);
+        // The connection's task ends when no wake-up is left, though the
+        // shared state outlives the router's side (its task holds it).
+        assert!(matches!(
+            rx.try_recv(),
+            Err(flume::TryRecvError::Disconnected)
+        ));
+        assert!(shared.lock().closed);
     }
 
     // use super::{Outgoing, MAX_INFLIGHT};

@@ -29,6 +29,7 @@ mod waiters;
 
 pub use alertlog::Alert;
 pub use connection::{Connection, Incarnation};
+pub use iobufs::Directory;
 pub use routing::Router;
 pub use waiters::Waiters;
 
@@ -74,7 +75,9 @@ pub enum Event {
     },
     /// ferry: publishes for named clients, delivered to their connections
     /// directly, never through a commit log (see `LinkTx::deliver`).
-    Direct(Vec<DirectPublish>),
+    /// ferry: direct publishes; true when a `Deliverer` counted them on
+    /// their way (see `Directory::via_router`).
+    Direct(Vec<DirectPublish>, bool),
     /// ferry: hold (true) or release (false) every remote client's
     /// publishes (see `LinkTx::hold_remote`).
     HoldRemote(bool),

@@ -21,7 +21,7 @@ use tracing::{debug, error, info, trace, warn};
 
 use super::alertlog::{Alert, AlertLog};
 use super::graveyard::Graveyard;
-use super::iobufs::{Incoming, Outgoing};
+use super::iobufs::{Delivered, Directory, Incoming, Outgoing};
 use super::logs::{AckLog, DataLog};
 use super::scheduler::{ScheduleReason, Scheduler};
 use super::shared_subs::SharedGroup;
@@ -112,6 +112,8 @@ pub struct Router {
     hold_remote: bool,
     /// ferry: direct publishes for clients not connected or not subscribed.
     pub direct_dropped: u64,
+    /// ferry: connections deliveries are queued on without the router.
+    directory: Arc<Directory>,
     /// ferry: where connects, disconnects and subscriptions are reported.
     client_events: Option<tokio::sync::mpsc::UnboundedSender<ClientEvent>>,
     /// ferry: sessions of clients that are away (see `sessions.rs`).
@@ -169,6 +171,7 @@ impl Router {
             last_wills: HashMap::new(),
             hold_remote: false,
             direct_dropped: 0,
+            directory: Arc::default(),
             client_events: None,
             sessions: super::sessions::Sessions::new(max_sessions, max_session_bytes),
             sessions_swept: std::time::Instant::now(),
@@ -316,7 +319,7 @@ impl Router {
                 client_id,
                 incarnation,
             } => self.handle_last_will(client_id, incarnation),
-            Event::Direct(publishes) => self.handle_direct(publishes),
+            Event::Direct(publishes, counted) => self.handle_direct(publishes, counted),
             Event::HoldRemote(hold) => self.hold_all(hold),
         }
     }
@@ -457,8 +460,18 @@ impl Router {
         // earlier connection's delayed will is settled now.
         self.resolve_delayed_will(&client_id, clean_session);
 
-        // ferry: what it is sent is held to what it said it takes.
-        outgoing.set_client_limits(connection.receive_max, connection.max_packet_size);
+        // ferry: what it is sent is held to what it said it takes, and its
+        // unread deliveries to `max_direct_queue`.
+        let max_queue = if connection.holdable {
+            self.config.max_direct_queue
+        } else {
+            0
+        };
+        outgoing.lock().set_client_limits(
+            connection.receive_max,
+            connection.max_packet_size,
+            max_queue,
+        );
         let connection_id = self.connections.insert(connection);
         assert_eq!(self.ibufs.insert(incoming), connection_id);
         assert_eq!(self.obufs.insert(outgoing), connection_id);
@@ -511,7 +524,38 @@ impl Router {
         self.scheduler
             .reschedule(connection_id, ScheduleReason::Init);
 
+        // ferry: deliveries may now be queued on it without the router.
+        self.sync_subscriptions(connection_id);
+        if let Some(outgoing) = self.obufs.get(connection_id) {
+            outgoing.lock().closed = false;
+            self.directory
+                .links
+                .write()
+                .insert(client_id.clone(), outgoing.out.clone());
+        }
+
         self.router_meters.total_connections += 1;
+    }
+
+    /// ferry: tells the connection's shared outgoing state (see
+    /// `iobufs::Out`) which filters the client holds, at which QoS.
+    pub(super) fn sync_subscriptions(&self, id: ConnectionId) {
+        let (Some(connection), Some(outgoing)) = (self.connections.get(id), self.obufs.get(id))
+        else {
+            return;
+        };
+        let subscriptions = connection
+            .subscriptions
+            .iter()
+            .filter_map(|f| connection.subscription_qos.get(f).map(|q| (f.clone(), *q)))
+            .collect();
+        outgoing.lock().subscriptions = subscriptions;
+    }
+
+    /// ferry: the shared directory of connections deliveries may be
+    /// queued on without the router (see `local::Deliverer`).
+    pub fn directory(&self) -> Arc<Directory> {
+        self.directory.clone()
     }
 
     fn handle_new_meter(&mut self, tx: Sender<Vec<Meter>>) {
@@ -577,6 +621,18 @@ impl Router {
         let will = wills::GoneWill::take(&mut connection);
         let _incoming = self.ibufs.remove(id);
         let mut outgoing = self.obufs.remove(id);
+        // ferry: nothing more is queued on it without the router; what was
+        // is in its session (if it keeps one) with the rest.
+        outgoing.lock().close();
+        {
+            let mut links = self.directory.links.write();
+            if links
+                .get(&client_id)
+                .is_some_and(|o| Arc::ptr_eq(o, &outgoing.out))
+            {
+                links.remove(&client_id);
+            }
+        }
         // ferry: a session that outlives its connection is kept.
         self.save_session(&connection, &mut outgoing);
         self.sweep_sessions();
@@ -687,27 +743,8 @@ impl Router {
     /// them), and is woken when it clears. One client that reads nothing
     /// would otherwise grow its queue by a receipt per publish.
     fn update_behind(&mut self, id: ConnectionId) {
-        let Some(holdable) = self.connections.get(id).map(|c| c.holdable) else {
-            return;
-        };
-        let (Some(outgoing), Some(incoming)) = (self.obufs.get(id), self.ibufs.get(id)) else {
-            return;
-        };
-        let max = self.config.max_direct_queue;
-        let queued = outgoing.direct.len();
-        let was = incoming.behind.load(std::sync::atomic::Ordering::Acquire);
-        let behind = holdable && max > 0 && if was { queued > max / 2 } else { queued >= max };
-        if behind != was {
-            incoming
-                .behind
-                .store(behind, std::sync::atomic::Ordering::Release);
-            debug!(
-                queued,
-                behind, "client's publishes held back / released for its unread deliveries"
-            );
-            if !behind {
-                outgoing.handle.try_send(()).ok();
-            }
+        if let Some(outgoing) = self.obufs.get(id) {
+            outgoing.lock().update_behind();
         }
     }
 
@@ -720,7 +757,7 @@ impl Router {
             return false;
         };
         let max = self.config.max_direct_queue;
-        let queued = self.obufs.get(id).map_or(0, |o| o.direct.len());
+        let queued = self.obufs.get(id).map_or(0, |o| o.lock().direct.len());
         let Some(incoming) = self.ibufs.get_mut(id) else {
             return false;
         };
@@ -738,7 +775,7 @@ impl Router {
     }
 
     /// ferry: direct publishes for named clients (see `DirectPublish`).
-    fn handle_direct(&mut self, publishes: Vec<DirectPublish>) {
+    fn handle_direct(&mut self, publishes: Vec<DirectPublish>, counted: bool) {
         let mut touched = Vec::new();
         for d in publishes {
             let Some(&id) = self.connection_map.get(&d.client_id) else {
@@ -765,58 +802,15 @@ impl Router {
                 );
                 continue;
             };
-            let Some(connection) = self.connections.get(id) else {
+            let Some(outgoing) = self.obufs.get(id) else {
                 continue;
             };
-            let topic = std::str::from_utf8(&d.topic).unwrap_or_default();
-            let qos = connection
-                .subscriptions
-                .iter()
-                .filter(|f| protocol::matches(topic, f))
-                .filter_map(|f| connection.subscription_qos.get(f))
-                .max()
-                .copied();
-            let Some(qos) = qos else {
+            if outgoing.lock().deliver(d) != Delivered::Queued {
                 self.direct_dropped += 1;
-                debug!(
-                    client_id = d.client_id,
-                    topic, "direct publish for a client not subscribed dropped"
-                );
                 continue;
-            };
-            let qos = qos.min(1);
-            let publish = Publish {
-                dup: false,
-                qos: protocol::qos(qos).unwrap_or(QoS::AtMostOnce),
-                retain: false,
-                topic: d.topic,
-                pkid: 0,
-                payload: d.payload,
-            };
-            if let Some(outgoing) = self.obufs.get_mut(id) {
-                // ferry: a packet over the client's maximum packet size
-                // (MQTT 5) is not sent (§3.1.2.11.4): counted, said, and
-                // left to the protocol (the gateway's message stays where
-                // its receipts say).
-                let size = publish.topic.len() + publish.payload.len() + 16;
-                if outgoing.max_packet_size > 0 && size > outgoing.max_packet_size {
-                    crate::counters::DIRECT_TOO_LARGE
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if refusals::admit_client(&d.client_id) {
-                        warn!(
-                            event = "delivery_over_client_packet_size",
-                            client_id = %Clip(&d.client_id),
-                            bytes = size,
-                            limit = outgoing.max_packet_size,
-                            "a delivery over the client's maximum packet size was not sent"
-                        );
-                    }
-                    continue;
-                }
-                outgoing.direct.push_back((publish, qos));
-                if touched.last() != Some(&id) {
-                    touched.push(id);
-                }
+            }
+            if touched.last() != Some(&id) {
+                touched.push(id);
             }
         }
         touched.sort_unstable();
@@ -826,6 +820,12 @@ impl Router {
                 outgoing.flush_direct();
             }
             self.update_behind(id);
+        }
+        // ferry: one batch of deliveries that came this way is handled.
+        if counted {
+            self.directory
+                .via_router
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
 
@@ -1221,6 +1221,7 @@ impl Router {
                     for filter in released {
                         self.release_filter(&filter);
                     }
+                    self.sync_subscriptions(id);
                 }
                 Packet::PubAck(puback, _) => {
                     let span = tracing::info_span!("puback", pkid = puback.pkid);
@@ -1449,6 +1450,7 @@ impl Router {
 
         let meter = &mut self.ibufs.get_mut(id).unwrap().meter;
         meter.register_subscription(filter_path.clone());
+        self.sync_subscriptions(id);
     }
 
     /// When a connection is ready, it should sweep native data from 'datalog',
@@ -1479,9 +1481,12 @@ impl Router {
         ack_device_data(ackslog, outgoing);
         // ferry: the CONNACK is out (it was the first ack): deliveries
         // may follow it now.
-        if outgoing.connack_pending {
-            outgoing.connack_pending = false;
-            outgoing.flush_direct();
+        {
+            let mut out = outgoing.lock();
+            if out.connack_pending {
+                out.connack_pending = false;
+                out.flush_direct();
+            }
         }
 
         let connection = &mut self.connections[id];

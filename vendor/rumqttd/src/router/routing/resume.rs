@@ -87,8 +87,9 @@ impl Router {
             }
         }
         if let Some(outgoing) = self.obufs.get_mut(id) {
+            let mut out = outgoing.lock();
             for publish in messages.into_publishes().into_iter().rev() {
-                outgoing.direct.push_front((publish, 1));
+                out.direct.push_front((publish, 1));
             }
         }
     }
