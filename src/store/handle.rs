@@ -31,9 +31,22 @@ pub struct Store {
     pub(super) clock: StoreClock,
     /// What refusals at the door may fill (`store::refusal`).
     pub(super) refusals: RefusalShares,
+    /// The highest uplink row whose `stored` receipt intake has handed on
+    /// (or that was stored before this run): a refill reads no newer one
+    /// ([`Store::refill`]), so the engine never sends a message north,
+    /// and so never answers `delivered` for it, before its `stored` went
+    /// out (docs/PROTOCOL.md: receipts in state order).
+    pub(super) receipted: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Store {
+    /// Intake handed on the `stored` receipt of uplink row `id` (and of
+    /// every earlier one: it answers in commit order).
+    pub fn receipted(&self, id: i64) {
+        self.receipted
+            .fetch_max(id, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// The store clock of this run.
     pub fn clock(&self) -> StoreClock {
         self.clock

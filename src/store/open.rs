@@ -62,6 +62,10 @@ impl Store {
         schema::check(&conn, &data_dir.join(DB_FILE))?;
         schema::migrate(&mut conn)?;
         let (clock, boot_id) = clock::start(&conn)?;
+        // Whatever is stored now had its `stored` receipt in an earlier run
+        // (or its device resends it, and is answered as a duplicate).
+        let receipted: i64 =
+            conn.query_row("SELECT coalesce(max(id), 0) FROM uplink", [], |r| r.get(0))?;
         // SQLite has its WAL and index open by now.
         let files = Arc::new(
             Files::record(&db, hold.id).map_err(|gone| StoreError::Open {
@@ -122,6 +126,7 @@ impl Store {
             budget,
             clock,
             refusals: cfg.refusals,
+            receipted: Arc::new(std::sync::atomic::AtomicI64::new(receipted)),
         })
     }
 }

@@ -111,7 +111,23 @@ impl Store {
         after: Seq,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<PendingMessage>, StoreError>> + Send + 'static {
-        self.call(move |cx| uplink::pending(cx.tx, &device, after, limit))
+        self.call(move |cx| uplink::pending(cx.tx, &device, after, limit, i64::MAX))
+    }
+
+    /// [`Store::pending`] for the engine's refills: only messages whose
+    /// `stored` receipts have gone out (see [`Store::receipted`]); a newer
+    /// one comes to the engine from intake, after its receipt.
+    pub fn refill(
+        &self,
+        device: DeviceId,
+        after: Seq,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingMessage>, StoreError>> + Send + 'static {
+        let receipted = self.receipted.clone();
+        self.call(move |cx| {
+            let upto = receipted.load(std::sync::atomic::Ordering::Acquire);
+            uplink::pending(cx.tx, &device, after, limit, upto)
+        })
     }
 
     /// The message `(device, msg_id)` as it stands once every request made

@@ -304,18 +304,22 @@ pub fn take_replays(tx: &Transaction<'_>, limit: usize) -> Result<Vec<PendingMes
     Ok(out)
 }
 
+/// Up to `limit` stored messages of `device` after `after`, in seq order,
+/// none past row `upto` (see `Store::receipted`): a device's rows are in
+/// seq order, so what is left out is its newest.
 pub fn pending(
     tx: &Transaction<'_>,
     device: &DeviceId,
     after: Seq,
     limit: usize,
+    upto: i64,
 ) -> Result<Vec<PendingMessage>> {
     let mut stmt = tx.prepare_cached(
         "SELECT id, msg_id, seq, stream, body, expires_ms, no_retry, attempts FROM uplink
-         WHERE device = ?1 AND state = 'stored' AND seq > ?2 ORDER BY seq LIMIT ?3",
+         WHERE device = ?1 AND state = 'stored' AND seq > ?2 AND id <= ?4 ORDER BY seq LIMIT ?3",
     )?;
     let rows = stmt.query_map(
-        params![device.as_str(), after.0 as i64, limit as i64],
+        params![device.as_str(), after.0 as i64, limit as i64, upto],
         |r| {
             let msg_id: String = r.get(1)?;
             Ok(PendingMessage {

@@ -25,6 +25,16 @@ use crate::store::record::uplink::{IntakeOutcome, ToEngine};
 use crate::store::refusal::Refusal;
 use crate::store::{Store, StoreError, Timing};
 
+/// Where intake's answers go: devices (their receipts), the engine (new
+/// messages) and the store (which receipts are out).
+#[derive(Clone, Copy)]
+pub(super) struct To<'a> {
+    pub topics: &'a Topics,
+    pub south: &'a SouthSender,
+    pub engine: &'a mpsc::Sender<ToEngine>,
+    pub store: &'a Store,
+}
+
 /// A store answer and who it is for.
 pub(super) enum Answer {
     Stored {
@@ -65,12 +75,11 @@ pub(super) struct Taken {
 pub(super) async fn finish(
     answer: Answer,
     taken: Taken,
-    topics: &Topics,
-    south: &SouthSender,
-    engine: &mpsc::Sender<ToEngine>,
+    to: &To<'_>,
     lines: &mut Lines,
 ) -> Result<bool, StoreError> {
-    let going = answer_device(answer, taken.at, topics, south, engine, lines).await?;
+    let going = answer_device(answer, taken.at, to, lines).await?;
+    let south = to.south;
     south.ack(taken.ack);
     Ok(going)
 }
@@ -80,11 +89,15 @@ pub(super) async fn finish(
 async fn answer_device(
     answer: Answer,
     taken_at: Instant,
-    topics: &Topics,
-    south: &SouthSender,
-    engine: &mpsc::Sender<ToEngine>,
+    to: &To<'_>,
     lines: &mut Lines,
 ) -> Result<bool, StoreError> {
+    let To {
+        topics,
+        south,
+        engine,
+        store,
+    } = *to;
     let (device, receipt, new) = match answer {
         Answer::Stored {
             device,
@@ -206,8 +219,10 @@ async fn answer_device(
         .await;
     Ok(match new {
         Some(new) => {
-            if let ToEngine::Stored { committed, .. } = &new {
+            if let ToEngine::Stored { committed, msg } = &new {
                 metrics::stage_took(Stage::Receipt, committed.elapsed());
+                // Its `stored` is out: a refill may read it now.
+                store.receipted(msg.id);
             }
             engine.send(new).await.is_ok()
         }

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::answer::{finish, reject, Answer, AnswerFuture, Taken};
+use super::answer::{finish, reject, Answer, AnswerFuture, Taken, To};
 use super::limits::{Limits, Lines, Rate, Sender};
 use super::route::Route;
 use crate::clip::{self, Clip};
@@ -133,7 +133,8 @@ pub async fn run(
                 if let Some(sender) = &taken.in_flight {
                     limits.answered(sender);
                 }
-                if !finish(answer, taken, &topics, &south, &engine, &mut lines).await? {
+                let to = To { topics: &topics, south: &south, engine: &engine, store: &store };
+                if !finish(answer, taken, &to, &mut lines).await? {
                     return Ok(());
                 }
             }
@@ -166,7 +167,13 @@ pub async fn run(
     // Answer what was already sent to the store before stopping.
     while let Some(answer) = unanswered.next().await {
         let taken = sizes.pop_front().expect("one per unanswered message");
-        finish(answer, taken, &topics, &south, &engine, &mut lines).await?;
+        let to = To {
+            topics: &topics,
+            south: &south,
+            engine: &engine,
+            store: &store,
+        };
+        finish(answer, taken, &to, &mut lines).await?;
     }
     Ok(())
 }

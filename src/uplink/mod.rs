@@ -424,7 +424,7 @@ impl Engine {
                 after,
                 limit,
             } => {
-                let read = self.store.pending(device.clone(), after, limit);
+                let read = self.store.refill(device.clone(), after, limit);
                 Ok(Some(Box::pin(async move {
                     let result = read.await;
                     Done::Loaded {
