@@ -147,38 +147,26 @@ async fn every_publish_is_acknowledged_in_order_once_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_never_acknowledges_its_receipts_is_held_until_it_does() {
     const N: usize = 4000;
-    const WINDOW: usize = 100;
     let mq = Mosquitto::start();
     let ferry = Ferry::start(FerryOpts::new("gw-acked-behind", mq.port));
     let mut raw = RawMqtt::connect(ferry.south_port, "slow-1", 60).await;
     raw.subscribe(&["devices/slow-1/ack".to_string()]).await;
-    let (mut sent, mut pubacks, mut stored_receipts) = (0usize, 0usize, 0usize);
-    let mut unacked = Vec::new();
+    let mut device = Windowed::default();
 
     // Read everything, acknowledge no receipt, until nothing more comes.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let more = (N - sent).min(WINDOW - (sent - pubacks));
-        let publishes: Vec<_> = (sent..sent + more)
-            .map(|i| raw.publish("devices/slow-1/up/t", envelope(&format!("m-{i}"))))
-            .collect();
-        raw.send_many(publishes).await;
-        sent += more;
+        device.top_up(&mut raw, N).await;
         match raw.recv(Duration::from_secs(3)).await {
             None => break,
-            Some(Packet::PubAck(_)) => pubacks += 1,
-            Some(Packet::Publish(p)) => {
-                unacked.push(p.pkid);
-                stored_receipts += 1;
-            }
-            Some(_) => {}
+            Some(packet) => device.read(packet),
         }
         assert!(
             tokio::time::Instant::now() < deadline,
             "the device was never held"
         );
     }
-    let stored = msg_ids(&ferry, "slow-1").len();
+    let (pubacks, stored) = (device.pubacks, msg_ids(&ferry, "slow-1").len());
     assert!(
         pubacks < N && stored < N,
         "held while its deliveries are unread: {pubacks} PUBACKs, {stored} stored of {N}"
@@ -194,34 +182,60 @@ async fn a_device_that_never_acknowledges_its_receipts_is_held_until_it_does() {
 
     // It acknowledges what it got (and what comes): the rest goes on.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    while pubacks < N || stored_receipts < N {
-        for pkid in unacked.drain(..) {
+    while device.pubacks < N || device.receipts < N {
+        for pkid in device.unacked.drain(..) {
             raw.send(Packet::PubAck(rumqttc::PubAck::new(pkid))).await;
         }
-        let more = (N - sent).min(WINDOW - (sent - pubacks));
-        let publishes: Vec<_> = (sent..sent + more)
-            .map(|i| raw.publish("devices/slow-1/up/t", envelope(&format!("m-{i}"))))
-            .collect();
-        raw.send_many(publishes).await;
-        sent += more;
+        device.top_up(&mut raw, N).await;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let Some(packet) = raw.recv(left.min(Duration::from_secs(10))).await else {
             panic!(
-                "stuck once the device read: {pubacks} PUBACKs, {stored_receipts} `stored` of {N}"
+                "stuck once the device read: {} PUBACKs, {} `stored` of {N}",
+                device.pubacks, device.receipts
             );
         };
-        match packet {
-            Packet::PubAck(_) => pubacks += 1,
-            Packet::Publish(p) => {
-                unacked.push(p.pkid);
-                stored_receipts += 1;
-            }
-            _ => {}
-        }
+        device.read(packet);
     }
     assert_eq!(
         msg_ids(&ferry, "slow-1").len(),
         N,
         "every uplink stored once"
     );
+}
+
+/// A device that keeps at most [`Windowed::WINDOW`] publishes without a
+/// PUBACK, and what it has seen.
+#[derive(Default)]
+struct Windowed {
+    sent: usize,
+    pubacks: usize,
+    /// Receipts read (`stored` ones: no backend acks here).
+    receipts: usize,
+    /// Packet ids of the receipts it has not acknowledged.
+    unacked: Vec<u16>,
+}
+
+impl Windowed {
+    const WINDOW: usize = 100;
+
+    /// Publishes uplinks `m-{sent}`, ... while its window has room, `n` in all.
+    async fn top_up(&mut self, raw: &mut RawMqtt, n: usize) {
+        let more = (n - self.sent).min(Self::WINDOW - (self.sent - self.pubacks));
+        let publishes: Vec<_> = (self.sent..self.sent + more)
+            .map(|i| raw.publish("devices/slow-1/up/t", envelope(&format!("m-{i}"))))
+            .collect();
+        raw.send_many(publishes).await;
+        self.sent += more;
+    }
+
+    fn read(&mut self, packet: Packet) {
+        match packet {
+            Packet::PubAck(_) => self.pubacks += 1,
+            Packet::Publish(p) => {
+                self.unacked.push(p.pkid);
+                self.receipts += 1;
+            }
+            _ => {}
+        }
+    }
 }

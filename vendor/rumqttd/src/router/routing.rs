@@ -110,8 +110,6 @@ pub struct Router {
     last_wills: HashMap<String, wills::DelayedWill>,
     /// ferry: every remote client's publishes are held back.
     hold_remote: bool,
-    /// ferry: direct publishes for clients not connected or not subscribed.
-    pub direct_dropped: u64,
     /// ferry: connections deliveries are queued on without the router.
     directory: Arc<Directory>,
     /// ferry: where connects, disconnects and subscriptions are reported.
@@ -170,7 +168,6 @@ impl Router {
             shared_subscriptions: HashMap::new(),
             last_wills: HashMap::new(),
             hold_remote: false,
-            direct_dropped: 0,
             directory: Arc::default(),
             client_events: None,
             sessions: super::sessions::Sessions::new(max_sessions, max_session_bytes),
@@ -795,7 +792,6 @@ impl Router {
                 {
                     continue;
                 }
-                self.direct_dropped += 1;
                 debug!(
                     client_id = d.client_id,
                     "direct publish for a client not connected dropped"
@@ -806,7 +802,6 @@ impl Router {
                 continue;
             };
             if outgoing.lock().deliver(d) != Delivered::Queued {
-                self.direct_dropped += 1;
                 continue;
             }
             if touched.last() != Some(&id) {
