@@ -39,14 +39,16 @@
 //!    rumqttd, receipts delivered straight to each device's connection,
 //!    presence from the broker's client-event hook — or `external`, a
 //!    persistent session on the site's broker, each device message
-//!    acknowledged there only after its commit), [`north`] (the session
+//!    acknowledged there only after its commit; and the device door,
+//!    `south::door`, where every device publish is held to its sender's
+//!    limits, judged, stored and answered for both pipelines), [`north`] (the session
 //!    to the upstream broker, its retained status, and a typed receiver
 //!    per consumer of what arrives), [`client`] (the library for Rust
 //!    devices and backends, and the tests and benchmarks, that speaks the
 //!    protocol from the other side).
-//! 6. The pipelines and the services beside them: [`uplink`] (device
-//!    message → per-device limits → validate → store (dedup, seq) →
-//!    `stored` receipt → north → backend ack → `delivered` receipt, with
+//! 6. The pipelines and the services beside them: [`uplink`] (a message
+//!    the door stored (dedup, seq) and answered `stored` → north →
+//!    backend ack → `delivered` receipt, with
 //!    retries, expiry and dead letters), [`downlink`] (backend envelope →
 //!    store (one queue entry per device with its own seq) → inbox batches
 //!    from each device's durable cursor → `confirm`/`read`/`nack` →

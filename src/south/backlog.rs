@@ -8,7 +8,7 @@
 //! arriving in seconds, and refusing it (`rate`) would make every device
 //! resend what ferry already had in its hands. So a message that is
 //! *replayed* — part of that burst — is not held to the per-device limits
-//! (`uplink::limits`); everything else is. The burst is:
+//! (`south::door::limits`); everything else is. The burst is:
 //!
 //! - what arrives before ferry's subscriptions are acknowledged (only a
 //!   session the broker kept can deliver anything then), and

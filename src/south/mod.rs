@@ -24,6 +24,7 @@
 pub mod admission;
 pub mod auth;
 pub mod backlog;
+pub mod door;
 pub mod embedded;
 pub mod external;
 pub mod presence;

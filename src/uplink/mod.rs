@@ -1,10 +1,10 @@
 //! The uplink pipeline: device → store → backend, with receipts both ways.
 //!
 //! Two tasks, joined by one channel:
-//! - [`intake`] reads device publishes, holds each device to its
-//!   [`limits`], judges them, sends them to the store
-//!   and, in commit order, answers each device (`stored`, its current
-//!   receipt for a duplicate, or `rejected`) before handing new messages to
+//! - the device door's intake ([`crate::south::door::intake`]) judges
+//!   device publishes, sends them to the store and, in commit order,
+//!   answers each device (`stored`, its current receipt for a duplicate,
+//!   or `rejected`) before handing new messages to
 //! - the engine ([`run_engine`]), which owns the [`scheduler::Scheduler`],
 //!   publishes north, applies backend acks and timers, commits each final
 //!   state, and only then tells the device (`delivered` / `failed`).
@@ -19,13 +19,9 @@
 //! the flush deadline passes. It reads no more backlog: what is not
 //! delivered stays stored for the next run.
 
-mod answer;
 pub mod backend;
 pub mod batch;
 mod done;
-pub mod intake;
-pub mod limits;
-mod route;
 pub mod scheduler;
 mod send;
 

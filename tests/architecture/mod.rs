@@ -253,6 +253,32 @@ fn only_admin_and_the_cli_import_ops_and_only_the_top_imports_gateway_admin_cli(
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// The device door (`south::door`) judges what devices send for both
+/// pipelines; they read what it hands on through channels, so only the
+/// wiring (and the door itself) may name it.
+#[test]
+fn only_the_wiring_enters_the_device_door() {
+    let plan = Plan::read();
+    let door = ["south", "door"];
+    let wrong: Vec<String> = plan
+        .graph
+        .edges
+        .iter()
+        .filter(|&&(a, b)| {
+            let (from, to) = (&plan.graph.files[a].module, &plan.graph.files[b].module);
+            to.starts_with(&door.map(String::from))
+                && !from.starts_with(&door.map(String::from))
+                && !matches!(from.first().map(String::as_str), Some("gateway" | "bin"))
+        })
+        .map(|&(a, b)| format!("{} imports {}", plan.file(a), plan.file(b)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "only gateway.rs enters the device door (the pipelines read what it hands on):\n{}",
+        wrong.join("\n")
+    );
+}
+
 #[test]
 fn counters_live_only_in_metrics() {
     let plan = Plan::read();
