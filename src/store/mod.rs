@@ -61,12 +61,14 @@
 //! peer), [`prune`] and [`figures`] the SQL of each concern,
 //! each run inside the writer's transaction; `op` is how the writer holds
 //! a request (applied, answered or failed the same way for all); `writer`
-//! the thread and its group commit; `handle` the [`Store`] everyone holds;
+//! the thread and its group commit, `checkpoint` the WAL's checkpoint off
+//! its commit path; `handle` the [`Store`] everyone holds;
 //! `requests` every request, each written once as a `Store` method whose
 //! closure the writer applies; `open` opens the database and starts the
 //! writer thread. Only this file names them all; none of them imports it.
 
 pub mod budget;
+mod checkpoint;
 pub mod clock;
 mod downlink;
 mod error;

@@ -13,6 +13,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, watch};
 
 use super::budget::Budget;
+use super::checkpoint::Checkpointer;
 use super::error::StoreError;
 use super::files::{self, Files};
 use super::handle::Store;
@@ -57,6 +58,8 @@ impl Store {
         // cut back to 64 MiB (or 1/16 of a small budget) rather than kept
         // at its high-water mark, so on a small budget it is not the WAL
         // that fills it.
+        // SQLite's own checkpoint until the writer starts, the migrations'
+        // included; then it runs off the commit path ([`super::checkpoint`]).
         let (checkpoint_pages, wal_limit) = wal_bounds(cfg.max_db_bytes);
         conn.pragma_update(None, "wal_autocheckpoint", checkpoint_pages)?;
         conn.pragma_update(None, "journal_size_limit", wal_limit)?;
@@ -86,8 +89,10 @@ impl Store {
         let (stopping_tx, stopping) = watch::channel(false);
         let beat = Heartbeat::default();
         let budget = Budget::new(cfg.max_db_bytes);
+        let checkpoint = Checkpointer::start(&conn, &db, checkpoint_pages)?;
         let writer = writer::Writer::new(
             conn,
+            checkpoint,
             stopped.clone(),
             beat.clone(),
             budget.clone(),
@@ -133,7 +138,7 @@ impl Store {
     }
 }
 
-/// The WAL's checkpoint interval (pages) and size limit (bytes) for a
+/// The WAL's checkpoint threshold (pages) and size limit (bytes) for a
 /// budget of `max_db_bytes`: SQLite's 1,000 pages and ferry's 64 MiB, or
 /// less on a budget too small for them.
 fn wal_bounds(max_db_bytes: u64) -> (i64, i64) {

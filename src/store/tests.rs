@@ -264,6 +264,7 @@ async fn a_reopened_store_resumes_seqs_and_pending_work() {
     ));
 }
 
+mod checkpoint;
 mod clocks;
 mod down;
 mod errors;

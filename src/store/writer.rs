@@ -46,6 +46,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn};
 
 use super::budget::{self, Budget, Change};
+use super::checkpoint::Checkpointer;
 use super::clock::{self, StoreClock};
 use super::error::{io_words, StoreError};
 use super::files::{self, Files};
@@ -103,6 +104,8 @@ pub(super) struct Held {
 
 pub(super) struct Writer {
     conn: Connection,
+    /// The WAL's checkpoint, off the commit path; `None` once stopped.
+    checkpoint: Option<Checkpointer>,
     seqs: uplink::SeqCache,
     stopped: Arc<OnceLock<String>>,
     beat: Heartbeat,
@@ -121,8 +124,10 @@ pub(super) struct Writer {
 }
 
 impl Writer {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         conn: Connection,
+        checkpoint: Checkpointer,
         stopped: Arc<OnceLock<String>>,
         beat: Heartbeat,
         budget: Budget,
@@ -132,6 +137,7 @@ impl Writer {
     ) -> Writer {
         let mut w = Writer {
             conn,
+            checkpoint: Some(checkpoint),
             seqs: uplink::SeqCache::default(),
             stopped,
             beat,
@@ -195,6 +201,7 @@ impl Writer {
                 }
             }
             if !self.commit_batch(&mut batch) {
+                self.end_checkpoints(false);
                 // Answer whatever is still queued with the cause, then stop.
                 rx.close();
                 let cause = self.stopped.get().cloned().unwrap_or_default();
@@ -210,6 +217,9 @@ impl Writer {
                 return;
             }
         }
+        // The checkpoint thread's connection first, so that the writer's
+        // is the last and its close checkpoints and removes the WAL.
+        self.end_checkpoints(true);
         // A clean close: the clock as it stands, so a restart after a
         // reboot loses none of this run.
         let (clock, boot_id) = &self.clock;
@@ -220,6 +230,14 @@ impl Writer {
         drop(self.conn);
         drop(self.held.hold);
         debug!("store writer stopped: every handle dropped");
+    }
+
+    /// Stops the checkpoint thread: `close` drops its connection, else it
+    /// is left unclosed (the store stopped on an error).
+    fn end_checkpoints(&mut self, close: bool) {
+        if let Some(c) = self.checkpoint.take() {
+            c.stop(&self.conn, close);
+        }
     }
 
     /// Stops the store with `cause`: every request of `batch`, and every
@@ -275,6 +293,8 @@ impl Writer {
                     // Committed, but to the files the names still give?
                     if let Err(gone) = self.held.files.check() {
                         self.held.stopping.send_replace(true);
+                        // No checkpoint beside the rescue's own.
+                        self.end_checkpoints(false);
                         let cause = files::stop(&self.conn, &self.held.files, gone, &self.beat);
                         self.stop(cause, batch);
                         return false;
@@ -298,6 +318,10 @@ impl Writer {
                         op.answer(done);
                     }
                     if pruned {
+                        // A round of the checkpoint thread would make it busy.
+                        if let Some(c) = &self.checkpoint {
+                            c.wait_for_round();
+                        }
                         if let Err(e) =
                             self.conn
                                 .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
@@ -308,6 +332,8 @@ impl Writer {
                             }
                             debug!(error = %e, "WAL not truncated after a prune");
                         }
+                    } else if let Some(c) = &self.checkpoint {
+                        c.after_commit(&self.conn);
                     }
                     // Near the budget every commit is measured, so what
                     // was admitted by estimate is soon replaced by what
