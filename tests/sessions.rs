@@ -3,7 +3,8 @@
 //! told to: a device that connects without a clean session keeps its
 //! subscriptions to its own `ack` and `inbox` across a reconnect, is told
 //! its session is present, and gets again the receipts it had not
-//! acknowledged when its connection dropped; a clean session gets none of
+//! acknowledged when its connection dropped, each under the packet id it
+//! was first sent with; a clean session gets none of
 //! it; a session is gone once its expiry (`south.max_session_expiry_s`)
 //! has passed.
 
@@ -82,6 +83,51 @@ async fn a_receipt_not_acknowledged_before_a_drop_comes_again_after_a_reconnect_
         2,
         "each stored once"
     );
+}
+
+/// [MQTT-4.4.0-1]: after a reconnect with the session, an unacknowledged
+/// PUBLISH is sent again under its original packet id (a client that
+/// deduplicates by packet id must see the same id), marked DUP; the ids of
+/// new ones go on after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_receipt_comes_again_under_its_original_packet_id() {
+    let ferry = Ferry::start(FerryOpts::new("gw-pkid", free_port()));
+    let (mut raw, _) = connect(ferry.south_port, "sess-p", false).await;
+    raw.subscribe(&["devices/sess-p/ack".to_string()]).await;
+    let mut sent = Vec::new();
+    for m in ["m-1", "m-2"] {
+        let publish = raw.publish("devices/sess-p/up/t", envelope(m));
+        raw.send(publish).await;
+        let (p, receipt) = next_receipt(&mut raw).await.expect("a receipt");
+        assert_eq!(receipt["msg_id"], m, "{receipt}");
+        sent.push(p);
+    }
+    assert_ne!(sent[0].pkid, sent[1].pkid);
+    // The first acknowledged, the second not; then gone.
+    raw.send(rumqttc::Packet::PubAck(rumqttc::PubAck::new(sent[0].pkid)))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(raw);
+
+    let (mut raw, ack) = connect(ferry.south_port, "sess-p", false).await;
+    assert!(ack.session_present);
+    let (again, receipt) = next_receipt(&mut raw)
+        .await
+        .expect("the unacknowledged receipt is sent again");
+    assert_eq!(receipt["msg_id"], "m-2", "{receipt}");
+    assert_eq!(
+        again.pkid, sent[1].pkid,
+        "sent again under its original packet id, not a new one"
+    );
+    assert!(again.dup, "marked DUP");
+    raw.send(rumqttc::Packet::PubAck(rumqttc::PubAck::new(again.pkid)))
+        .await;
+    let publish = raw.publish("devices/sess-p/up/t", envelope("m-3"));
+    raw.send(publish).await;
+    let (next, receipt) = next_receipt(&mut raw).await.expect("a new receipt");
+    assert_eq!(receipt["msg_id"], "m-3", "{receipt}");
+    assert!(!next.dup, "a first send is not DUP");
+    assert_ne!(next.pkid, again.pkid, "a new id for a new receipt");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -268,18 +268,44 @@ impl Out {
             if *qos > 0 && self.free_slots() == 0 {
                 break;
             }
-            let (publish, qos) = self.direct.pop_front().expect("front exists");
-            if qos > 0 {
-                self.direct_inflight.push_back(publish.clone());
-            }
-            let forward = Forward {
-                cursor: None,
-                size: 0,
-                publish,
-                properties: None,
-            };
-            self.push_forwards(std::iter::once(forward), qos, DIRECT_FILTER);
+            let (mut publish, qos) = self.direct.pop_front().expect("front exists");
             moved = true;
+            if qos == 0 {
+                let forward = Forward {
+                    cursor: None,
+                    size: 0,
+                    publish,
+                    properties: None,
+                };
+                self.push_forwards(std::iter::once(forward), 0, DIRECT_FILTER);
+                continue;
+            }
+            // A publish a resumed session sent before goes again under its
+            // own packet id [MQTT-4.4.0-1], and the ids go on after it;
+            // any other takes the next one.
+            if publish.pkid == 0 {
+                self.last_pkid = if self.last_pkid >= MAX_PKID {
+                    1
+                } else {
+                    self.last_pkid + 1
+                };
+                publish.pkid = self.last_pkid;
+            } else {
+                self.last_pkid = publish.pkid;
+            }
+            self.direct_inflight.push_back(publish.clone());
+            self.inflight_buffer
+                .push_back((publish.pkid, DIRECT_FILTER, None));
+            self.meter.publish_count += 1;
+            self.meter.total_size += publish.topic.len() + publish.payload.len();
+            self.data_buffer
+                .lock()
+                .push_back(Notification::Forward(Forward {
+                    cursor: None,
+                    size: 0,
+                    publish,
+                    properties: None,
+                }));
         }
         if moved {
             self.wake();
@@ -606,6 +632,29 @@ mod test {
         assert!(out.ack_direct(2) && out.ack_direct(3));
         assert!(!out.ack_direct(4), "nothing in flight: unsolicited");
         assert!(out.take_unacked_direct().is_empty());
+    }
+
+    #[test]
+    fn a_resumed_publish_goes_again_under_its_own_packet_id_and_new_ones_follow_it() {
+        let (outgoing, _rx) = connected(10, 0);
+        {
+            let mut out = outgoing.lock();
+            let mut again = crate::protocol::Publish::new("devices/dev-1/ack", "r", false);
+            again.qos = crate::protocol::QoS::AtLeastOnce;
+            again.pkid = 7;
+            again.dup = true;
+            out.direct.push_front((again, 1));
+            out.deliver(direct("devices/dev-1/ack"));
+            out.flush_direct();
+        }
+        assert_eq!(sent_pkids(&outgoing), [7, 8]);
+        let mut out = outgoing.lock();
+        let unacked = out.take_unacked_direct();
+        assert_eq!(
+            unacked.iter().map(|p| p.pkid).collect::<Vec<_>>(),
+            [7, 8],
+            "what is in flight keeps the ids it was sent under"
+        );
     }
 
     #[test]

@@ -69,12 +69,14 @@ const fn allocated(n: usize) -> usize {
 }
 
 /// One kept message: its payload's length (the payloads lie back to back),
-/// its topic's index and whether it was sent before (DUP).
+/// its topic's index and the packet id it was sent under, if it was: it
+/// is sent again under that id, marked DUP [MQTT-4.4.0-1]; 0 if it was
+/// never sent (it gets a new id, no DUP).
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     len: u32,
     topic: u16,
-    dup: bool,
+    pkid: u16,
 }
 
 /// The QoS 1 messages one session keeps, oldest first, compactly.
@@ -155,7 +157,7 @@ impl Kept {
         self.entries.push(Entry {
             len: len as u32,
             topic: topic as u16,
-            dup: publish.dup,
+            pkid: publish.pkid,
         });
         Ok(self.cost() - before)
     }
@@ -217,8 +219,9 @@ impl Kept {
         self.topics.shrink_to_fit();
     }
 
-    /// The messages, oldest first, to be sent (new packet ids are given as
-    /// they go out). Their payloads share one buffer.
+    /// The messages, oldest first, to be sent: those sent before under
+    /// their packet id and DUP, the others with none (given as they go
+    /// out). Their payloads share one buffer.
     pub(crate) fn into_publishes(self) -> Vec<Publish> {
         let payloads = Bytes::from(self.payloads);
         let mut at = 0;
@@ -228,9 +231,9 @@ impl Kept {
                 let len = e.len as usize;
                 at += len;
                 Publish {
-                    dup: e.dup,
+                    dup: e.pkid != 0,
                     qos: QoS::AtLeastOnce,
-                    pkid: 0,
+                    pkid: e.pkid,
                     retain: false,
                     topic: self.topics[e.topic as usize].clone(),
                     payload: payloads.slice(at - len..at),
@@ -336,9 +339,9 @@ impl Sessions {
         // Kept within the session's own bound first, then cut to what all
         // sessions have room for (the newest left out first).
         let mut session_full = 0;
-        for mut publish in messages {
-            // Sent before, or queued behind what was: sent again.
-            publish.dup = true;
+        // Those in flight carry the packet id they were sent under; those
+        // queued behind them, none.
+        for publish in messages {
             if saved.messages.push(&publish, usize::MAX).is_err() {
                 session_full += 1;
             }
@@ -391,6 +394,8 @@ impl Sessions {
         if !subscribed {
             return false;
         }
+        // Never sent: a new packet id when it is.
+        let publish = Publish { pkid: 0, ..publish };
         match saved.messages.push(&publish, room) {
             Ok(added) => {
                 self.bytes += added;
