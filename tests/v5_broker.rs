@@ -328,3 +328,62 @@ async fn a_receive_maximum_or_maximum_packet_size_of_zero_is_refused_as_a_protoc
         .unwrap();
     assert_eq!(ack.code, ConnectReturnCode::Success);
 }
+
+/// An MQTT 5 DISCONNECT may change a session expiry that is not 0
+/// (§3.14.2.2.2), lengthening it too, held to `south.max_session_expiry_s`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_may_lengthen_the_session_expiry_up_to_the_cap() {
+    use rumqttc::v5::mqttbytes::v5::{
+        Connect, ConnectProperties, Disconnect, DisconnectProperties, DisconnectReasonCode,
+    };
+    let ferry = Ferry::start(
+        FerryOpts::new("gw-disc-expiry", free_port()).with(|c| c.south.max_session_expiry_s = 2),
+    );
+    let connect = || {
+        let mut props = ConnectProperties::new();
+        props.session_expiry_interval = Some(1);
+        Connect {
+            keep_alive: 60,
+            client_id: "de-a".into(),
+            clean_start: false,
+            properties: Some(props),
+        }
+    };
+    let leave = |expiry: u32| {
+        Packet::Disconnect(Disconnect {
+            reason_code: DisconnectReasonCode::NormalDisconnection,
+            properties: Some(DisconnectProperties {
+                session_expiry_interval: Some(expiry),
+                reason_string: None,
+                user_properties: vec![],
+                server_reference: None,
+            }),
+        })
+    };
+    let (mut raw, ack) = RawV5::try_connect_packet(ferry.south_port, connect(), None)
+        .await
+        .unwrap();
+    assert!(!ack.session_present);
+    raw.subscribe("devices/de-a/ack").await;
+    // Connected with 1 s; the DISCONNECT asks for an hour, held to 2 s.
+    raw.send(leave(3600)).await;
+    drop(raw);
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    let (mut raw, ack) = RawV5::try_connect_packet(ferry.south_port, connect(), None)
+        .await
+        .unwrap();
+    assert!(
+        ack.session_present,
+        "the session outlives the CONNECT's 1 s: the DISCONNECT lengthened it"
+    );
+    raw.send(leave(3600)).await;
+    drop(raw);
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let (_raw, ack) = RawV5::try_connect_packet(ferry.south_port, connect(), None)
+        .await
+        .unwrap();
+    assert!(
+        !ack.session_present,
+        "gone after south.max_session_expiry_s (2 s), whatever the DISCONNECT asked"
+    );
+}

@@ -66,6 +66,7 @@ pub struct LinkBuilder<'a> {
     // ferry: what the client asked of its session and of what it is sent
     // (see `Connection`): no session, no limits by default.
     session_expiry: u32,
+    session_expiry_cap: u32,
     receive_max: u16,
     max_packet_size: u32,
 }
@@ -84,6 +85,7 @@ impl<'a> LinkBuilder<'a> {
             holdable: false,
             will_delay: 0,
             session_expiry: 0,
+            session_expiry_cap: 0,
             receive_max: u16::MAX,
             max_packet_size: 0,
         }
@@ -92,6 +94,13 @@ impl<'a> LinkBuilder<'a> {
     /// ferry: seconds the session outlives the connection (0: none).
     pub fn session_expiry(mut self, secs: u32) -> Self {
         self.session_expiry = secs;
+        self
+    }
+
+    /// ferry: the most a DISCONNECT may set the session expiry to (the
+    /// broker's cap).
+    pub fn session_expiry_cap(mut self, secs: u32) -> Self {
+        self.session_expiry_cap = secs;
         self
     }
 
@@ -165,6 +174,7 @@ impl<'a> LinkBuilder<'a> {
         connection.holdable = self.holdable;
         connection.will_delay = self.will_delay;
         connection.session_expiry = self.session_expiry;
+        connection.session_expiry_cap = self.session_expiry_cap;
         connection.receive_max = self.receive_max;
         connection.max_packet_size = self.max_packet_size;
         let incarnation = connection.incarnation;

@@ -164,6 +164,7 @@ impl<P: Protocol> RemoteLink<P> {
             .holdable(true)
             .will_delay(will_delay_interval)
             .session_expiry(session_expiry)
+            .session_expiry_cap(config.max_session_expiry)
             .client_limits(receive_max, client_max_packet)
             .build();
         let (link_tx, link_rx, notification) = match built {

@@ -55,6 +55,9 @@ pub struct Connection {
     /// ferry: seconds the client's session outlives the connection (0:
     /// none; held to the broker's cap by the connection's task).
     pub(crate) session_expiry: u32,
+    /// ferry: the most a DISCONNECT may set [`Connection::session_expiry`]
+    /// to: the broker's cap.
+    pub(crate) session_expiry_cap: u32,
     /// ferry: publishes the client takes unacknowledged (MQTT 5's receive
     /// maximum; 3.1.1 clients say nothing, 65,535).
     pub(crate) receive_max: u16,
@@ -98,6 +101,7 @@ impl Connection {
             incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
             will_delay: 0,
             session_expiry: 0,
+            session_expiry_cap: 0,
             receive_max: u16::MAX,
             max_packet_size: 0,
         }

@@ -1308,10 +1308,16 @@ impl Router {
                     if let Some(connection) = self.connections.get_mut(id) {
                         connection.last_will = None;
                         connection.last_will_properties = None;
-                        // ferry: an MQTT 5 DISCONNECT may shorten (or end)
-                        // the session, never lengthen it past what it got.
+                        // ferry: an MQTT 5 DISCONNECT may change a session
+                        // expiry that is not 0 (§3.14.2.2.2: shorten, end or
+                        // lengthen it), held to the broker's cap; one that
+                        // was 0 stays 0 (setting it is the client's protocol
+                        // error, and no session was being kept for it).
                         if let Some(expiry) = props.and_then(|p| p.session_expiry_interval) {
-                            connection.session_expiry = connection.session_expiry.min(expiry);
+                            if connection.session_expiry != 0 {
+                                connection.session_expiry =
+                                    expiry.min(connection.session_expiry_cap);
+                            }
                         }
                     }
                     break;
