@@ -401,7 +401,15 @@ impl SideTasks {
 /// Logs the start: what south and north are.
 fn announce(cfg: &Config) {
     let south_desc = match &cfg.south.mode {
-        SouthMode::Embedded => format!("embedded broker on {}", cfg.south.listen),
+        SouthMode::Embedded => {
+            let on: Vec<String> = cfg
+                .south
+                .listeners
+                .iter()
+                .map(|l| format!("{}{}", l.listen, if l.tls { " (TLS)" } else { "" }))
+                .collect();
+            format!("embedded broker on {}", on.join(", "))
+        }
         SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),
     };
     let north_desc = cfg

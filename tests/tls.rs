@@ -125,6 +125,72 @@ async fn a_device_over_tls_gets_stored_delivered_and_its_downlink() {
     assert_eq!(error_lines(&ferry.log()), Vec::<&str>::new());
 }
 
+/// `south.listeners`: a TLS listener and a plain loopback listener side
+/// by side on one broker; a device on each stores and gets its receipts,
+/// and each listener speaks only its own transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_listener_and_a_plain_loopback_listener_serve_side_by_side() {
+    let pki = Pki::new("tls-two");
+    let mq = Mosquitto::start();
+    let server = pki.server("ferry-south");
+    let opts = FerryOpts::new("gw-two", mq.port).with(|c| {
+        c.south.tls.cert = server.cert;
+        c.south.tls.key = server.key;
+        c.south.listeners = vec![
+            ferry::config::RawListener {
+                listen: "127.0.0.1:0".into(),
+                transport: "tls".into(),
+            },
+            ferry::config::RawListener {
+                listen: "127.0.0.1:0".into(),
+                transport: "tcp".into(),
+            },
+        ];
+    });
+    let ferry = Ferry::start(opts);
+    let port = |i: usize| -> u16 {
+        let listen = &ferry.config.south.listeners[i].listen;
+        listen.rsplit_once(':').unwrap().1.parse().unwrap()
+    };
+    let (tls_port, plain_port) = (port(0), port(1));
+    let _backend = Backend::connect_auto_ack(mq.port, "gw-two").await;
+    let boot = boot_id();
+
+    let over_tls = device_topics("two-tls");
+    let mut secure = BareClient::connect_tls(
+        tls_port,
+        "two-tls",
+        vec![over_tls.ack()],
+        pki.client_config(None),
+    )
+    .await;
+    let plain_topics = device_topics("two-plain");
+    let mut plain = BareClient::connect(plain_port, "two-plain", vec![plain_topics.ack()]).await;
+    let (a, b) = (format!("{boot}-tls"), format!("{boot}-plain"));
+    secure.publish(&over_tls.up("t"), envelope(&a)).await;
+    plain.publish(&plain_topics.up("t"), envelope(&b)).await;
+    let seen = read_until(&mut secure, SECS_30, |all| {
+        has_receipt(all, &a, "delivered")
+    })
+    .await;
+    assert!(has_receipt(&seen, &a, "stored"), "{seen:?}");
+    let seen = read_until(&mut plain, SECS_30, |all| has_receipt(all, &b, "delivered")).await;
+    assert!(has_receipt(&seen, &b, "stored"), "{seen:?}");
+
+    // Each listener speaks its own transport only.
+    assert!(
+        RawMqtt::try_connect(tls_port, "two-x", 30).await.is_err(),
+        "plain MQTT on the TLS listener was answered"
+    );
+    assert!(
+        ferry.log().contains(&format!(
+            "127.0.0.1:{tls_port} (TLS), 127.0.0.1:{plain_port}"
+        )),
+        "the start line names both listeners"
+    );
+    assert_eq!(error_lines(&ferry.log()), Vec::<&str>::new());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_client_ca_only_a_device_presenting_its_own_certificate_connects() {
     let pki = Pki::new("tls-cc");

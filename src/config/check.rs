@@ -77,6 +77,11 @@ impl Problems {
         self.0.push(e);
     }
 
+    /// How many problems are noted so far.
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// `value` when nothing was noted; every problem otherwise.
     pub(super) fn finish<T>(self, value: Option<T>) -> Result<T, ConfigErrors> {
         match value {

@@ -21,6 +21,7 @@ use crate::ids::{DeviceId, GatewayId};
 
 mod admin;
 mod check;
+mod listeners;
 mod load;
 mod north;
 pub mod passwords;

@@ -121,6 +121,8 @@ pub struct RawSouth {
     pub mode: String,
     /// Listen address of the embedded device broker.
     pub listen: String,
+    /// Embedded mode: several device listeners; set, it replaces `listen`.
+    pub listeners: Vec<RawListener>,
     /// Largest accepted uplink envelope, bytes.
     pub max_payload_bytes: usize,
     /// Device topic prefix.
@@ -182,6 +184,21 @@ pub struct RawSouth {
     pub site_tls: RawClientTls,
 }
 
+/// One device listener of `south.listeners`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListener {
+    /// Its address, "host:port".
+    pub listen: String,
+    /// "tcp" (the default) or "tls" (with `[south.tls]`).
+    #[serde(default = "tcp")]
+    pub transport: String,
+}
+
+fn tcp() -> String {
+    "tcp".into()
+}
+
 /// TLS on the embedded broker's device listener; every path empty = plain
 /// TCP.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -217,6 +234,7 @@ impl Default for RawSouth {
         RawSouth {
             // Loopback until devices are authenticated: see `auth`.
             listen: "127.0.0.1:1883".into(),
+            listeners: Vec::new(),
             auth: "none".into(),
             password_file: PathBuf::new(),
             allow_anonymous: false,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::check::{credentials, in_range, topic_segment, ConfigError, Problems};
+pub use super::listeners::Listener;
 use super::raw::RawSouth;
 use super::tls::{self, ClientTls, ListenerTls};
 use super::version::MqttVersion;
@@ -21,8 +22,11 @@ const MAX_SESSION_BYTES: usize = 64 << 30;
 #[derive(Debug, Clone)]
 pub struct SouthConfig {
     pub mode: SouthMode,
-    /// Embedded mode: where the broker listens.
+    /// Embedded mode: where the broker listens (the first of `listeners`).
     pub listen: SocketAddr,
+    /// Embedded mode: every device listener (`south.listeners`, or the one
+    /// `south.listen`).
+    pub listeners: Vec<Listener>,
     pub max_payload_bytes: usize,
     pub topic_prefix: String,
     pub max_connections: usize,
@@ -95,12 +99,7 @@ pub struct ExternalSouth {
 /// Checks the south section, noting each problem in `p`; `gateway` names
 /// ferry's default client id on a site broker.
 pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Option<SouthConfig> {
-    let listen = p.take(raw.listen.parse::<SocketAddr>().map_err(|e| {
-        ConfigError::new(
-            "south.listen",
-            format!("{e}; expected host:port, e.g. \"0.0.0.0:1883\""),
-        )
-    }));
+    let listeners = super::listeners::check(raw, !raw.tls.cert.as_os_str().is_empty(), p);
     p.take(in_range(
         "south.max_payload_bytes",
         raw.max_payload_bytes,
@@ -170,7 +169,9 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
     // "external"); a mode that is neither is reported after it.
     let mode = ModeName::parse(&raw.mode);
     let external = matches!(mode, Ok(ModeName::External));
-    let south_auth = listen.and_then(|listen| p.take(south_auth(raw, listen, external)));
+    let south_auth = listeners
+        .as_ref()
+        .and_then(|listeners| p.take(south_auth(raw, listeners, external)));
     let mqtt_version = p.take(MqttVersion::parse("south.mqtt_version", &raw.mqtt_version));
     let south_mode = mqtt_version.and_then(|v| p.take(mode_of(raw, gateway, mode, v)));
     let south_tls = match south_mode.as_ref()? {
@@ -180,7 +181,8 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
 
     Some(SouthConfig {
         mode: south_mode?,
-        listen: listen?,
+        listen: listeners.as_ref()?[0].listen,
+        listeners: listeners?,
         max_payload_bytes: raw.max_payload_bytes,
         topic_prefix: raw.topic_prefix.clone(),
         max_connections: raw.max_connections,
@@ -232,6 +234,13 @@ fn mode_of(
             SouthMode::Embedded
         }
         ModeName::External => {
+            if !raw.listeners.is_empty() {
+                return Err(ConfigError::new(
+                    "south.listeners",
+                    "applies to embedded mode only: in external mode devices connect to \
+                     the site broker",
+                ));
+            }
             if let Some(key) = tls::first_set(&[
                 ("south.tls.cert", &listener_tls.cert),
                 ("south.tls.key", &listener_tls.key),
@@ -282,7 +291,7 @@ fn mode_of(
 /// authenticates devices, so none of them apply there.
 fn south_auth(
     raw: &RawSouth,
-    listen: SocketAddr,
+    listeners: &[Listener],
     external: bool,
 ) -> Result<SouthAuth, ConfigError> {
     let method = MethodName::parse(&raw.auth);
@@ -310,16 +319,21 @@ fn south_auth(
                     "is set but south.auth is \"none\"; set south.auth = \"password\" to use it",
                 ));
             }
-            // Client certificates prove who a device is (its CN is its id).
+            // Client certificates prove who a device is (its CN is its id),
+            // on a TLS listener.
             let certificates = !raw.tls.client_ca.as_os_str().is_empty();
-            if !listen.ip().is_loopback() && !raw.allow_anonymous && !certificates {
+            let open = listeners
+                .iter()
+                .find(|l| !raw.allow_anonymous && l.open_to_network(certificates));
+            if let Some(Listener { listen, .. }) = open {
                 return Err(ConfigError::new(
                     "south.auth",
                     format!(
                         "\"none\" on {listen}, which is not loopback, would let any client on \
                          the network act as any device; set south.auth = \"password\" with \
                          south.password_file, or require client certificates \
-                         (south.tls.client_ca), or south.allow_anonymous = true to accept that"
+                         (south.tls.client_ca, on a TLS listener), or south.allow_anonymous = \
+                         true to accept that"
                     ),
                 ));
             }

@@ -360,6 +360,7 @@ fn alert_thresholds_default_and_name_their_keys() {
     assert_eq!(err.key, "alerts.backlog");
 }
 
+mod listeners;
 mod north;
 mod tls;
 

@@ -117,11 +117,13 @@ pub enum SouthError {
 
 /// Starts the broker, its listener (on the current tokio runtime) and the link.
 pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, SouthError> {
-    // Fail fast and by name if the address is taken: rumqttd would only log it.
-    std::net::TcpListener::bind(cfg.listen).map_err(|source| SouthError::Listen {
-        addr: cfg.listen,
-        source,
-    })?;
+    // Fail fast and by name if an address is taken: rumqttd would only log it.
+    for l in &cfg.listeners {
+        std::net::TcpListener::bind(l.listen).map_err(|source| SouthError::Listen {
+            addr: l.listen,
+            source,
+        })?;
+    }
 
     // A SIGHUP from here on, before the reload task listens, is applied.
     let hangups = crate::signals::hangups();
@@ -135,13 +137,15 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
         SouthAuth::None => {
             // Client certificates prove each device's id: not open then.
             let certificates = cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
-            if !cfg.listen.ip().is_loopback() && !certificates {
-                warn!(
-                    event = "south_auth_open",
-                    listen = %cfg.listen,
-                    "south.auth = \"none\" with south.allow_anonymous: ANY CLIENT THAT CAN \
-                     REACH THIS PORT CAN ACT AS ANY DEVICE"
-                );
+            for l in &cfg.listeners {
+                if l.open_to_network(certificates) {
+                    warn!(
+                        event = "south_auth_open",
+                        listen = %l.listen,
+                        "south.auth = \"none\" with south.allow_anonymous: ANY CLIENT THAT CAN \
+                         REACH THIS PORT CAN ACT AS ANY DEVICE"
+                    );
+                }
             }
             auth::reload_on_hangup(None, hangups);
             None
@@ -217,50 +221,65 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
     // the router themselves (`SouthSender::publish`).
     let deliverer = link_tx.deliverer(directory);
 
-    let settings = ServerSettings {
-        name: "south".into(),
-        listen: cfg.listen,
-        tls: cfg.tls.as_ref().map(listener_tls),
-        next_connection_delay_ms: 0,
-        connections: ConnectionSettings {
-            // A client that opens TCP and never completes its TLS handshake
-            // and CONNECT within this is closed; each waits in its own task,
-            // so none delays another device's connect.
-            connection_timeout_ms: cfg.connect_timeout.as_millis().min(u16::MAX as u128) as u16,
-            // A larger packet (MQTT 5 properties included) is skipped on
-            // the wire and reaches the gateway as its head and its size, to
-            // be answered `rejected`.
-            max_payload_size: max_packet_bytes(cfg.max_payload_bytes),
-            oversize_head: OVERSIZE_HEAD,
-            max_inflight_count: 256,
-            auth: None,
-            external_auth: None,
-            // With passwords: client id = username, password verified.
-            connect_hook,
-            // A device publishing outside the protocol's topics is disconnected.
-            dynamic_filters: false,
-            max_keep_alive: cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16,
-            // A device publishes on its own topics only; anything else
-            // reaches the gateway quarantined, to be answered `rejected`.
-            isolation: Some(topics.south_prefix().to_string()),
-            // A longer client id is no device id: CONNACK 2, also when the
-            // CONNECT is too large to read.
-            max_client_id_len: admission::MAX_CLIENT_ID,
-            max_session_expiry: cfg.max_session_expiry.as_secs().min(u32::MAX as u64) as u32,
-            // A device has a handful of topics; aliases beyond are refused.
-            topic_alias_max: TOPIC_ALIASES,
-            // Every publish goes from its connection to intake, and its
-            // PUBACK (PUBREC) waits for intake's answer: its commit, or
-            // its refusal answered.
-            publish_sink: Some(sink),
-        },
+    let connections = ConnectionSettings {
+        // A client that opens TCP and never completes its TLS handshake
+        // and CONNECT within this is closed; each waits in its own task,
+        // so none delays another device's connect.
+        connection_timeout_ms: cfg.connect_timeout.as_millis().min(u16::MAX as u128) as u16,
+        // A larger packet (MQTT 5 properties included) is skipped on
+        // the wire and reaches the gateway as its head and its size, to
+        // be answered `rejected`.
+        max_payload_size: max_packet_bytes(cfg.max_payload_bytes),
+        oversize_head: OVERSIZE_HEAD,
+        max_inflight_count: 256,
+        auth: None,
+        external_auth: None,
+        // With passwords: client id = username, password verified.
+        connect_hook,
+        // A device publishing outside the protocol's topics is disconnected.
+        dynamic_filters: false,
+        max_keep_alive: cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16,
+        // A device publishes on its own topics only; anything else
+        // reaches the gateway quarantined, to be answered `rejected`.
+        isolation: Some(topics.south_prefix().to_string()),
+        // A longer client id is no device id: CONNACK 2, also when the
+        // CONNECT is too large to read.
+        max_client_id_len: admission::MAX_CLIENT_ID,
+        max_session_expiry: cfg.max_session_expiry.as_secs().min(u32::MAX as u64) as u32,
+        // A device has a handful of topics; aliases beyond are refused.
+        topic_alias_max: TOPIC_ALIASES,
+        // Every publish goes from its connection to intake, and its
+        // PUBACK (PUBREC) waits for intake's answer: its commit, or
+        // its refusal answered.
+        publish_sink: Some(sink),
     };
-    let mut server = Server::new(settings, router_tx, AnyVersion::default());
+    // Every listener serves the one broker, with the same settings.
+    let servers = cfg.listeners.iter().map(|l| {
+        let settings = ServerSettings {
+            name: format!("south {}", l.listen),
+            listen: l.listen,
+            tls: if l.tls {
+                cfg.tls.as_ref().map(listener_tls)
+            } else {
+                None
+            },
+            next_connection_delay_ms: 0,
+            connections: connections.clone(),
+        };
+        let mut server = Server::new(settings, router_tx.clone(), AnyVersion::default());
+        let listen = l.listen;
+        Box::pin(async move {
+            match server.start(LinkType::Remote).await {
+                Ok(()) => format!("south listener {listen} stopped"),
+                Err(e) => format!("south listener {listen} failed: {e}"),
+            }
+        })
+    });
+    // The first listener to stop stops the south.
+    let servers: Vec<_> = servers.collect();
     let stopped = tokio::spawn(async move {
-        match server.start(LinkType::Remote).await {
-            Ok(()) => "south listener stopped".to_string(),
-            Err(e) => format!("south listener failed: {e}"),
-        }
+        let (why, _, _) = futures_util::future::select_all(servers).await;
+        why
     });
     let south = South {
         inbound,

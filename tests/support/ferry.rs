@@ -124,8 +124,7 @@ impl Ferry {
         let mut config = opts.config;
         let (south_port, site) = match opts.mode {
             Mode::Embedded => {
-                let port = free_port();
-                config.south.listen = format!("127.0.0.1:{port}");
+                let port = embedded_ports(&mut config);
                 if !opts.logins.is_empty() {
                     config.south.auth = "password".into();
                     config.south.password_file = "passwd".into();
@@ -226,7 +225,32 @@ impl Ferry {
         }
         panic!("ferry's ports were taken four times in a row");
     }
+}
 
+/// Free ports for the south: `south.listen`, or each of `south.listeners`
+/// given as port 0 (the test reads them back from the config); the first
+/// listener's port, which readiness is checked on.
+fn embedded_ports(config: &mut RawConfig) -> u16 {
+    if config.south.listeners.is_empty() {
+        let port = free_port();
+        config.south.listen = format!("127.0.0.1:{port}");
+        return port;
+    }
+    // Left at its default: south.listeners replaces it.
+    config.south.listen = ferry::config::RawSouth::default().listen;
+    for l in &mut config.south.listeners {
+        if let Some(host) = l.listen.strip_suffix(":0") {
+            l.listen = format!("{host}:{}", free_port());
+        }
+    }
+    let first = &config.south.listeners[0].listen;
+    first
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("south.listeners[0] has a port")
+}
+
+impl Ferry {
     /// Whether ferry's log says its south port was taken.
     fn south_taken(&self) -> bool {
         let port = self.south_port;

@@ -169,17 +169,29 @@ fn from_config(path: &Path) -> Result<FromConfig, String> {
             prefix,
         });
     }
-    let listen: SocketAddr = south.listen.parse().map_err(|_| {
+    // With several listeners, the first one.
+    let (key, listen, tls) = match south.listeners.first() {
+        Some(l) => (
+            "south.listeners[0].listen",
+            l.listen.clone(),
+            l.transport == "tls",
+        ),
+        None => (
+            "south.listen",
+            south.listen.clone(),
+            !south.tls.cert.as_os_str().is_empty(),
+        ),
+    };
+    let listen: SocketAddr = listen.parse().map_err(|_| {
         format!(
-            "{}: south.listen {:?} is not an address like 127.0.0.1:1883",
+            "{}: {key} {listen:?} is not an address like 127.0.0.1:1883",
             path.display(),
-            south.listen
         )
     })?;
     Ok(FromConfig {
         host: reachable(listen.ip()).to_string(),
         port: listen.port(),
-        tls: !south.tls.cert.as_os_str().is_empty(),
+        tls,
         prefix,
     })
 }
@@ -379,6 +391,34 @@ mod tests {
         assert!(first_line(&big[..], "f").unwrap_err().contains("4096"));
         let most = vec![b'x'; MAX_PASSWORD as usize];
         assert_eq!(first_line(&most[..], "f").map(|p| p.len()), Ok(4096));
+    }
+
+    #[test]
+    fn with_several_listeners_the_device_command_uses_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(
+            &path,
+            "[gateway]\nid = \"g\"\n[south]\nlisteners = [\
+             { listen = \"0.0.0.0:8883\", transport = \"tls\" },\
+             { listen = \"127.0.0.1:1883\" }]\n",
+        )
+        .unwrap();
+        let got = from_config(&path).unwrap();
+        assert_eq!(
+            (got.host.as_str(), got.port, got.tls),
+            ("127.0.0.1", 8883, true)
+        );
+        std::fs::write(
+            &path,
+            "[gateway]\nid = \"g\"\n[south]\nlisten = \"10.0.0.5:1884\"\n",
+        )
+        .unwrap();
+        let got = from_config(&path).unwrap();
+        assert_eq!(
+            (got.host.as_str(), got.port, got.tls),
+            ("10.0.0.5", 1884, false)
+        );
     }
 
     #[test]
