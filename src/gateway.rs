@@ -406,7 +406,14 @@ fn announce(cfg: &Config) {
                 .south
                 .listeners
                 .iter()
-                .map(|l| format!("{}{}", l.listen, if l.tls { " (TLS)" } else { "" }))
+                .map(|l| {
+                    let tls = if l.tls { " TLS" } else { "" };
+                    match &l.ws_path {
+                        Some(path) => format!("{} (WebSocket{tls} on {path})", l.listen),
+                        None if l.tls => format!("{} (TLS)", l.listen),
+                        None => l.listen.to_string(),
+                    }
+                })
                 .collect();
             format!("embedded broker on {}", on.join(", "))
         }

@@ -140,10 +140,12 @@ async fn a_tls_listener_and_a_plain_loopback_listener_serve_side_by_side() {
             ferry::config::RawListener {
                 listen: "127.0.0.1:0".into(),
                 transport: "tls".into(),
+                path: String::new(),
             },
             ferry::config::RawListener {
                 listen: "127.0.0.1:0".into(),
                 transport: "tcp".into(),
+                path: String::new(),
             },
         ];
     });

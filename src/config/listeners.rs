@@ -1,8 +1,9 @@
 //! The embedded broker's device listeners: `south.listeners`, a list of
-//! `{ listen = "ADDR:PORT", transport = "tcp" | "tls" }`, or the single
+//! `{ listen = "ADDR:PORT", transport = "tcp" | "tls" | "ws" | "wss" }`
+//! (the WebSocket ones on `path`, default `/mqtt`), or the single
 //! `south.listen` (TLS when `[south.tls]` has a certificate). Every
 //! listener serves the same broker: the same isolation, authentication
-//! and limits. TLS listeners share `[south.tls]`.
+//! and limits. TLS listeners (and `wss`) share `[south.tls]`.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -14,13 +15,18 @@ use super::raw::RawSouth;
 const DEFAULT_LISTEN: &str = "127.0.0.1:1883";
 /// The most listeners one gateway opens.
 const MAX_LISTENERS: usize = 16;
+/// Where MQTT over WebSocket is served unless `path` says otherwise (as
+/// MQTT.js and most brokers have it).
+pub const DEFAULT_WS_PATH: &str = "/mqtt";
 
 /// One device listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
     pub listen: SocketAddr,
-    /// TLS with `[south.tls]`; plain TCP otherwise.
+    /// TLS with `[south.tls]` ("tls", "wss"); plain TCP otherwise.
     pub tls: bool,
+    /// MQTT over WebSocket on this path ("ws", "wss").
+    pub ws_path: Option<String>,
 }
 
 impl Listener {
@@ -40,6 +46,7 @@ pub(super) fn check(raw: &RawSouth, tls_set: bool, p: &mut Problems) -> Option<V
         return Some(vec![Listener {
             listen,
             tls: tls_set,
+            ws_path: None,
         }]);
     }
     let before = p.len();
@@ -61,7 +68,8 @@ pub(super) fn check(raw: &RawSouth, tls_set: bool, p: &mut Problems) -> Option<V
     for (i, l) in raw.listeners.iter().enumerate() {
         let key = |field: &str| format!("south.listeners[{i}].{field}");
         let listen = p.take(address(&key("listen"), &l.listen));
-        let tls = p.take(transport(&key("transport"), &l.transport, tls_set));
+        let kind = p.take(transport(&key("transport"), &l.transport, tls_set));
+        let ws_path = kind.and_then(|(_, ws)| p.take(ws_path(&key("path"), &l.path, ws)));
         if let Some(listen) = listen {
             if !seen.insert(listen) {
                 p.note(ConfigError::new(
@@ -69,15 +77,23 @@ pub(super) fn check(raw: &RawSouth, tls_set: bool, p: &mut Problems) -> Option<V
                     format!("{listen} is listed twice"),
                 ));
             }
-            if let Some(tls) = tls {
-                out.push(Listener { listen, tls });
+            if let (Some((tls, _)), Some(ws_path)) = (kind, ws_path) {
+                out.push(Listener {
+                    listen,
+                    tls,
+                    ws_path,
+                });
             }
         }
     }
-    if tls_set && !raw.listeners.iter().any(|l| l.transport == "tls") {
+    let tls_listed = raw
+        .listeners
+        .iter()
+        .any(|l| l.transport == "tls" || l.transport == "wss");
+    if tls_set && !tls_listed {
         p.note(ConfigError::new(
             "south.tls.cert",
-            "is set, but no listener in south.listeners has transport = \"tls\"",
+            "is set, but no listener in south.listeners has transport = \"tls\" or \"wss\"",
         ));
     }
     (p.len() == before).then_some(out)
@@ -92,21 +108,48 @@ fn address(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     })
 }
 
-fn transport(key: &str, value: &str, tls_set: bool) -> Result<bool, ConfigError> {
+/// A transport: (TLS, WebSocket).
+fn transport(key: &str, value: &str, tls_set: bool) -> Result<(bool, bool), ConfigError> {
     match value {
-        "tcp" => Ok(false),
-        "tls" if tls_set => Ok(true),
-        "tls" => Err(ConfigError::new(
+        "tcp" => Ok((false, false)),
+        "ws" => Ok((false, true)),
+        "tls" | "wss" if tls_set => Ok((true, value == "wss")),
+        "tls" | "wss" => Err(ConfigError::new(
             key,
-            "\"tls\" needs south.tls.cert and south.tls.key",
-        )),
-        "ws" | "wss" => Err(ConfigError::new(
-            key,
-            format!("{value:?} (MQTT over WebSocket) is not supported yet; use \"tcp\" or \"tls\""),
+            format!("{value:?} needs south.tls.cert and south.tls.key"),
         )),
         other => Err(ConfigError::new(
             key,
-            format!("{other:?} is not a transport; use \"tcp\" or \"tls\""),
+            format!("{other:?} is not a transport; use \"tcp\", \"tls\", \"ws\" or \"wss\""),
         )),
     }
+}
+
+/// A WebSocket listener's path: `path`, or [`DEFAULT_WS_PATH`].
+fn ws_path(key: &str, path: &str, ws: bool) -> Result<Option<String>, ConfigError> {
+    if !ws {
+        return if path.is_empty() {
+            Ok(None)
+        } else {
+            Err(ConfigError::new(
+                key,
+                "applies to \"ws\" and \"wss\" listeners only",
+            ))
+        };
+    }
+    if path.is_empty() {
+        return Ok(Some(DEFAULT_WS_PATH.into()));
+    }
+    let fine = path.starts_with('/')
+        && path.len() <= 256
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#');
+    if !fine {
+        return Err(ConfigError::new(
+            key,
+            format!("{path:?} is not a path like \"/mqtt\" (a '/', then at most 255 printable characters, no '?' or '#')"),
+        ));
+    }
+    Ok(Some(path.into()))
 }

@@ -190,9 +190,13 @@ pub struct RawSouth {
 pub struct RawListener {
     /// Its address, "host:port".
     pub listen: String,
-    /// "tcp" (the default) or "tls" (with `[south.tls]`).
+    /// "tcp" (the default), "tls" (with `[south.tls]`), "ws" (MQTT over
+    /// WebSocket) or "wss" (over TLS, with `[south.tls]`).
     #[serde(default = "tcp")]
     pub transport: String,
+    /// "ws" and "wss": the path MQTT is served on; empty: "/mqtt".
+    #[serde(default)]
+    pub path: String,
 }
 
 fn tcp() -> String {

@@ -252,6 +252,8 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
         // PUBACK (PUBREC) waits for intake's answer: its commit, or
         // its refusal answered.
         publish_sink: Some(sink),
+        // Set for each WebSocket listener.
+        ws_path: None,
     };
     // Every listener serves the one broker, with the same settings.
     let servers = cfg.listeners.iter().map(|l| {
@@ -264,12 +266,22 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
                 None
             },
             next_connection_delay_ms: 0,
-            connections: connections.clone(),
+            connections: ConnectionSettings {
+                ws_path: l.ws_path.clone(),
+                ..connections.clone()
+            },
         };
         let mut server = Server::new(settings, router_tx.clone(), AnyVersion::default());
         let listen = l.listen;
+        // MQTT over WebSocket: the handshake (after TLS, for wss) and then
+        // the same connection as over TCP.
+        let link = if l.ws_path.is_some() {
+            LinkType::Websocket
+        } else {
+            LinkType::Remote
+        };
         Box::pin(async move {
-            match server.start(LinkType::Remote).await {
+            match server.start(link).await {
                 Ok(()) => format!("south listener {listen} stopped"),
                 Err(e) => format!("south listener {listen} failed: {e}"),
             }

@@ -215,3 +215,60 @@ async fn a_bad_password_or_client_id_is_refused_in_the_versions_own_code(level: 
     assert_eq!(r["bad_id_closed"], true, "{r}");
     assert_eq!(code(&r["good"]), 0, "{r}");
 }
+
+at_levels!(over_websocket: v31 => "31", v311 => "311", v5 => "5");
+
+/// MQTT over WebSocket (`south.listeners`, transport "ws", path /mqtt by
+/// default) beside a TCP listener: paho over WebSocket at every level
+/// publishes at QoS 0, 1 and 2, each stored once and answered `stored`
+/// over the WebSocket, and sent north; a handshake on another path is
+/// refused.
+async fn over_websocket(level: &str) {
+    let gw = Gw::start("gw-conf-ws", |o| {
+        o.with(|c| {
+            c.south.listeners = vec![
+                ferry::config::RawListener {
+                    listen: "127.0.0.1:0".into(),
+                    transport: "tcp".into(),
+                    path: String::new(),
+                },
+                ferry::config::RawListener {
+                    listen: "127.0.0.1:0".into(),
+                    transport: "ws".into(),
+                    path: String::new(),
+                },
+            ]
+        })
+    })
+    .await;
+    let ws_port: u16 = gw.ferry.config.south.listeners[1]
+        .listen
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap();
+    let device = format!("ws-{level}");
+    let boot = gw.boot.clone();
+    let r = run(
+        "websocket",
+        ws_port,
+        &device,
+        level,
+        &[("boot", &boot), ("path", "/mqtt")],
+    )
+    .await;
+    assert_eq!(code(&r["connack"]), 0, "{r}");
+    let got = receipts(&r["messages"]);
+    for q in 0..3 {
+        let msg_id = format!("{boot}-w{q}");
+        assert!(
+            got.iter()
+                .any(|v| v["msg_id"] == msg_id.as_str() && v["status"] == "stored"),
+            "no stored receipt over the WebSocket for QoS {q}: {r}"
+        );
+        assert_eq!(gw.stored(&device, &msg_id), 1, "{r}");
+    }
+    assert!(
+        r["wrong_path_connack"].is_null() && r["wrong_path_refused"].is_string(),
+        "a handshake on another path is refused: {r}"
+    );
+}

@@ -248,3 +248,27 @@ def case_session_expiry(a):
     p, out["after_disconnect_zero"] = connect(cap * 100, False)
     p.bye()
     return out
+
+
+def case_websocket(a):
+    """MQTT over WebSocket on the listener's path: at every level, publishes
+    at QoS 0, 1 and 2 are stored and answered over the WebSocket; a
+    handshake for another path is refused before any MQTT."""
+    boot = a.param["boot"]
+    p = Probe(a.device, a.version, ws_path=a.param["path"])
+    connack = p.start()
+    p.sub(p.topic("ack"))
+    for q in (0, 1, 2):
+        p.publish(p.topic("up", "t"), envelope(f"{boot}-w{q}"), qos=q)
+    p.until(lambda: all(p.find(f"{boot}-w{q}", "stored") for q in (0, 1, 2)))
+    p.bye()
+    out = p.report()
+    out["connack"] = connack
+    wrong = Probe(a.device, a.version, ws_path=a.param["path"] + "-not")
+    try:
+        out["wrong_path_connack"] = wrong.start()
+        out["wrong_path_refused"] = None
+    except Exception as e:  # paho raises on a handshake that is not a 101
+        out["wrong_path_connack"] = None
+        out["wrong_path_refused"] = f"{type(e).__name__}: {e}"
+    return out

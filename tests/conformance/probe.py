@@ -79,12 +79,17 @@ def props(kind, **values):
 class Probe(mqtt.Client):
     """One connection of a device: a paho client that records what it gets."""
 
-    def __init__(self, device, version, clean=True, password=None, client_id=None):
+    def __init__(self, device, version, clean=True, password=None, client_id=None, ws_path=None):
         self.device = device
         self.version = version
         self.v5 = version == "5"
         kw = {} if self.v5 else {"clean_session": clean}
+        # MQTT over WebSocket on `ws_path` (paho asks for the "mqtt"
+        # subprotocol), else over TCP.
+        kw["transport"] = "tcp" if ws_path is None else "websockets"
         super().__init__(client_id=client_id or device, protocol=VERSIONS[version], **kw)
+        if ws_path is not None:
+            self.ws_set_options(path=ws_path)
         if password is not None:
             self.username_pw_set(device, password)
         self.clean = clean

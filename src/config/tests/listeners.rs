@@ -8,6 +8,14 @@ fn listener(listen: &str, transport: &str) -> RawListener {
     RawListener {
         listen: listen.into(),
         transport: transport.into(),
+        path: String::new(),
+    }
+}
+
+fn on_path(listen: &str, transport: &str, path: &str) -> RawListener {
+    RawListener {
+        path: path.into(),
+        ..listener(listen, transport)
     }
 }
 
@@ -54,11 +62,27 @@ fn one_listener_by_default_and_several_when_listed_tls_ones_with_south_tls() {
         ]
     );
     assert_eq!(cfg.south.listen.port(), 8883, "listen is the first");
-    // The transport is "tcp" unless said.
-    let cfg =
-        load_str("[gateway]\nid = \"g\"\n[south]\nlisteners = [{ listen = \"127.0.0.1:1884\" }]\n")
-            .unwrap();
-    assert!(!cfg.south.listeners[0].tls);
+    // The transport is "tcp" unless said; WebSocket on /mqtt unless said.
+    let cfg = load_str(
+        "[gateway]\nid = \"g\"\n[south]\nlisteners = [{ listen = \"127.0.0.1:1884\" }, \
+         { listen = \"127.0.0.1:8080\", transport = \"ws\" }, \
+         { listen = \"127.0.0.1:8081\", transport = \"ws\", path = \"/devices/mqtt\" }]\n",
+    )
+    .unwrap();
+    let got: Vec<(bool, Option<&str>)> = cfg
+        .south
+        .listeners
+        .iter()
+        .map(|l| (l.tls, l.ws_path.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (false, None),
+            (false, Some("/mqtt")),
+            (false, Some("/devices/mqtt"))
+        ]
+    );
 }
 
 #[test]
@@ -68,10 +92,12 @@ fn bad_listeners_are_named_by_their_place_in_the_list() {
         c.south.listeners = vec![
             listener("nowhere", "tcp"),
             listener("127.0.0.1:1884", "tls"),
-            listener("127.0.0.1:1885", "ws"),
+            listener("127.0.0.1:1885", "wss"),
             listener("127.0.0.1:1886", "quic"),
             listener("127.0.0.1:1887", "tcp"),
             listener("127.0.0.1:1887", "tcp"),
+            on_path("127.0.0.1:1888", "tcp", "/mqtt"),
+            on_path("127.0.0.1:1889", "ws", "mqtt"),
         ];
     });
     assert_eq!(
@@ -83,6 +109,8 @@ fn bad_listeners_are_named_by_their_place_in_the_list() {
             "south.listeners[2].transport",
             "south.listeners[3].transport",
             "south.listeners[5].listen",
+            "south.listeners[6].path",
+            "south.listeners[7].path",
         ]
     );
     let pem = test_pem();

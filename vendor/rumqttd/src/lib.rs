@@ -290,6 +290,11 @@ pub struct ConnectionSettings {
     /// answered by the connection, in turn.
     #[serde(skip)]
     pub publish_sink: Option<PublishSink>,
+    /// ferry: on a websocket listener, the one path MQTT is served on
+    /// (e.g. `/mqtt`); a handshake for another path is answered 404.
+    /// `None`: any path.
+    #[serde(default)]
+    pub ws_path: Option<String>,
 }
 
 /// ferry: where a publish outside its client's own topics goes instead

@@ -755,6 +755,7 @@ mod tests {
             max_session_expiry: 0,
             topic_alias_max: 0,
             publish_sink: None,
+            ws_path: None,
         }
     }
 

@@ -572,7 +572,10 @@ async fn connection<P: Protocol>(
     let network: Box<dyn N> = match link_type {
         #[cfg(feature = "websocket")]
         LinkType::Websocket => {
-            let ws = time::timeout_at(accepted.connect_by, accept_hdr_async(network, WSCallback));
+            let callback = WSCallback {
+                path: config.ws_path.clone(),
+            };
+            let ws = time::timeout_at(accepted.connect_by, accept_hdr_async(network, callback));
             match ws.await {
                 Ok(Ok(s)) => Box::new(WsStream::new(s)),
                 Ok(Err(e)) => {
@@ -592,15 +595,26 @@ async fn connection<P: Protocol>(
 
 /// Configures the Websocket connection to indicate the correct protocol
 /// by adding the "sec-websocket-protocol" with value of "mqtt" to the response header
+/// ferry: and, with a path, refuses a handshake for any other (404).
 #[cfg(feature = "websocket")]
-struct WSCallback;
+struct WSCallback {
+    path: Option<String>,
+}
 #[cfg(feature = "websocket")]
 impl Callback for WSCallback {
     fn on_request(
         self,
-        _request: &Request,
+        request: &Request,
         mut response: Response,
     ) -> Result<Response, ErrorResponse> {
+        if let Some(path) = &self.path {
+            if request.uri().path() != path {
+                let mut refused =
+                    ErrorResponse::new(Some(format!("MQTT is served on {path} here\n")));
+                *refused.status_mut() = async_tungstenite::tungstenite::http::StatusCode::NOT_FOUND;
+                return Err(refused);
+            }
+        }
         response
             .headers_mut()
             .insert("sec-websocket-protocol", HeaderValue::from_static("mqtt"));
