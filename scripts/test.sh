@@ -4,7 +4,8 @@
 # status page test's headless browser; faketime, the clock tests' false
 # wall clock; python3-paho-mqtt and mosquitto-clients, the conformance
 # suite's clients; libmosquitto-dev and libcjson-dev, the C example's;
-# dpkg-dev and strace, the package and sandbox tests'), then `cargo test`
+# dpkg-dev and strace, the package and sandbox tests'; Node.js with MQTT.js
+# from the npm registry, the WebSocket test's), then `cargo test`
 # over the workspace: ferry and its fork of rumqttd
 # (vendor/rumqttd). Extra arguments go to cargo test.
 set -euo pipefail
@@ -53,6 +54,13 @@ command -v dpkg-shlibdeps >/dev/null 2>&1 || install dpkg-dev "the package test'
 command -v strip >/dev/null 2>&1 || install binutils "the package test's strip"
 # The sandbox test runs ferry under strace against the unit's syscall filter.
 command -v strace >/dev/null 2>&1 || install strace "the sandbox test's system call trace"
+# The WebSocket test's client is MQTT.js (tests/js, pinned in its
+# package-lock.json), run by Node.js, as browser panels and Node
+# dashboards connect.
+command -v node >/dev/null 2>&1 || install nodejs "the WebSocket test's MQTT.js runtime"
+command -v npm >/dev/null 2>&1 || install npm "to install MQTT.js for the WebSocket test"
+[ -f tests/js/node_modules/mqtt/package.json ] ||
+    (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
 # The tests start their own Mosquitto on free ports; the packaged service
 # is not needed. Benches are not run here (they are long; see
 # docs/BENCHMARKS.md), and there are no doc tests. One cargo invocation

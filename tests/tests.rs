@@ -70,3 +70,4 @@ mod tls_recipe;
 mod uplink;
 mod v5_broker;
 mod versions;
+mod websocket;
