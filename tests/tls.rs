@@ -137,16 +137,8 @@ async fn a_tls_listener_and_a_plain_loopback_listener_serve_side_by_side() {
         c.south.tls.cert = server.cert;
         c.south.tls.key = server.key;
         c.south.listeners = vec![
-            ferry::config::RawListener {
-                listen: "127.0.0.1:0".into(),
-                transport: "tls".into(),
-                path: String::new(),
-            },
-            ferry::config::RawListener {
-                listen: "127.0.0.1:0".into(),
-                transport: "tcp".into(),
-                path: String::new(),
-            },
+            crate::support::listener("127.0.0.1:0", "tls"),
+            crate::support::listener("127.0.0.1:0", "tcp"),
         ];
     });
     let ferry = Ferry::start(opts);

@@ -38,11 +38,7 @@ async fn mqtt_js_over_websocket_stores_and_gets_its_receipts() {
     let node = require_mqtt_js();
     let mq = Mosquitto::start();
     let ferry = Ferry::start(FerryOpts::new("gw-mqttjs", mq.port).with(|c| {
-        c.south.listeners = vec![ferry::config::RawListener {
-            listen: "127.0.0.1:0".into(),
-            transport: "ws".into(),
-            path: String::new(),
-        }];
+        c.south.listeners = vec![crate::support::listener("127.0.0.1:0", "ws")];
     }));
     let _backend = Backend::connect_auto_ack(mq.port, "gw-mqttjs").await;
     let msg_id = format!("{}-js", boot_id());

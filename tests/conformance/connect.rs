@@ -227,16 +227,8 @@ async fn over_websocket(level: &str) {
     let gw = Gw::start("gw-conf-ws", |o| {
         o.with(|c| {
             c.south.listeners = vec![
-                ferry::config::RawListener {
-                    listen: "127.0.0.1:0".into(),
-                    transport: "tcp".into(),
-                    path: String::new(),
-                },
-                ferry::config::RawListener {
-                    listen: "127.0.0.1:0".into(),
-                    transport: "ws".into(),
-                    path: String::new(),
-                },
+                crate::support::listener("127.0.0.1:0", "tcp"),
+                crate::support::listener("127.0.0.1:0", "ws"),
             ]
         })
     })

@@ -128,6 +128,16 @@ impl FerryOpts {
 }
 
 /// Any raw config as a TOML file.
+/// A `south.listeners` entry on `listen` (port 0: `Ferry::start` gives it
+/// a free one) with this transport, on the default path.
+pub fn listener(listen: &str, transport: &str) -> ferry::config::RawListener {
+    ferry::config::RawListener {
+        listen: listen.into(),
+        transport: transport.into(),
+        path: String::new(),
+    }
+}
+
 pub fn to_toml(config: &RawConfig) -> String {
     toml::to_string(config).unwrap_or_else(|e| panic!("config to TOML: {e}\n{config:#?}"))
 }

@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use certs::Pki;
 pub use clients::{device_topics, forgeries, north_topics, Backend, Device, NorthMessage};
-pub use config::FerryOpts;
+pub use config::{listener, FerryOpts};
 pub use ferry::{check_config, ferry_binary, ferry_command, run_on_config, Ferry};
 pub use mosquitto::{Mosquitto, TlsListener};
 pub use proc::{raise_fd_limit, rss_kib, Tmpfs};
