@@ -402,19 +402,7 @@ impl SideTasks {
 fn announce(cfg: &Config) {
     let south_desc = match &cfg.south.mode {
         SouthMode::Embedded => {
-            let on: Vec<String> = cfg
-                .south
-                .listeners
-                .iter()
-                .map(|l| {
-                    let tls = if l.tls { " TLS" } else { "" };
-                    match &l.ws_path {
-                        Some(path) => format!("{} (WebSocket{tls} on {path})", l.listen),
-                        None if l.tls => format!("{} (TLS)", l.listen),
-                        None => l.listen.to_string(),
-                    }
-                })
-                .collect();
+            let on: Vec<String> = cfg.south.listeners.iter().map(|l| l.to_string()).collect();
             format!("embedded broker on {}", on.join(", "))
         }
         SouthMode::External(site) => format!("client of {}:{}", site.host, site.port),

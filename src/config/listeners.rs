@@ -38,6 +38,19 @@ impl Listener {
     }
 }
 
+/// As the start line names it: `0.0.0.0:8883 (TLS)`, `127.0.0.1:8080
+/// (WebSocket on /mqtt)`.
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tls = if self.tls { " TLS" } else { "" };
+        match &self.ws_path {
+            Some(path) => write!(f, "{} (WebSocket{tls} on {path})", self.listen),
+            None if self.tls => write!(f, "{} (TLS)", self.listen),
+            None => write!(f, "{}", self.listen),
+        }
+    }
+}
+
 /// The listeners, each problem noted in `p` under its key; `tls_set`:
 /// whether `[south.tls]` has a certificate.
 pub(super) fn check(raw: &RawSouth, tls_set: bool, p: &mut Problems) -> Option<Vec<Listener>> {
