@@ -264,3 +264,48 @@ async fn over_websocket(level: &str) {
         "a handshake on another path is refused: {r}"
     );
 }
+
+/// MQTT over WebSocket over TLS (transport "wss", `[south.tls]`): paho
+/// checks the gateway's certificate, then the same as over "ws".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_websocket_with_tls() {
+    let pki = crate::support::Pki::new("conf-wss");
+    let server = pki.server("ferry-south");
+    let gw = Gw::start("gw-conf-wss", |o| {
+        o.with(|c| {
+            c.south.tls.cert = server.cert;
+            c.south.tls.key = server.key;
+            c.south.listeners = vec![
+                crate::support::listener("127.0.0.1:0", "tcp"),
+                crate::support::listener("127.0.0.1:0", "wss"),
+            ]
+        })
+    })
+    .await;
+    let wss_port: u16 = gw.ferry.config.south.listeners[1]
+        .listen
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap();
+    let boot = gw.boot.clone();
+    let ca = pki.ca.to_string_lossy().into_owned();
+    let r = run(
+        "websocket",
+        wss_port,
+        "wss-5",
+        "5",
+        &[("boot", &boot), ("path", "/mqtt"), ("ca", &ca)],
+    )
+    .await;
+    assert_eq!(code(&r["connack"]), 0, "{r}");
+    let got = receipts(&r["messages"]);
+    for q in 0..3 {
+        let msg_id = format!("{boot}-w{q}");
+        assert!(
+            got.iter()
+                .any(|v| v["msg_id"] == msg_id.as_str() && v["status"] == "stored"),
+            "no stored receipt over wss for QoS {q}: {r}"
+        );
+    }
+    assert!(r["wrong_path_refused"].is_string(), "{r}");
+}

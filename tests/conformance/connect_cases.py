@@ -251,11 +251,13 @@ def case_session_expiry(a):
 
 
 def case_websocket(a):
-    """MQTT over WebSocket on the listener's path: at every level, publishes
-    at QoS 0, 1 and 2 are stored and answered over the WebSocket; a
-    handshake for another path is refused before any MQTT."""
+    """MQTT over WebSocket (over TLS with the `ca` param) on the listener's
+    path: at every level, publishes at QoS 0, 1 and 2 are stored and
+    answered over the WebSocket; a handshake for another path is refused
+    before any MQTT."""
     boot = a.param["boot"]
-    p = Probe(a.device, a.version, ws_path=a.param["path"])
+    ca = a.param.get("ca")  # set: wss, the gateway's certificate checked
+    p = Probe(a.device, a.version, ws_path=a.param["path"], ca=ca)
     connack = p.start()
     p.sub(p.topic("ack"))
     for q in (0, 1, 2):
@@ -264,7 +266,7 @@ def case_websocket(a):
     p.bye()
     out = p.report()
     out["connack"] = connack
-    wrong = Probe(a.device, a.version, ws_path=a.param["path"] + "-not")
+    wrong = Probe(a.device, a.version, ws_path=a.param["path"] + "-not", ca=ca)
     try:
         out["wrong_path_connack"] = wrong.start()
         out["wrong_path_refused"] = None

@@ -79,7 +79,7 @@ def props(kind, **values):
 class Probe(mqtt.Client):
     """One connection of a device: a paho client that records what it gets."""
 
-    def __init__(self, device, version, clean=True, password=None, client_id=None, ws_path=None):
+    def __init__(self, device, version, clean=True, password=None, client_id=None, ws_path=None, ca=None):
         self.device = device
         self.version = version
         self.v5 = version == "5"
@@ -90,6 +90,9 @@ class Probe(mqtt.Client):
         super().__init__(client_id=client_id or device, protocol=VERSIONS[version], **kw)
         if ws_path is not None:
             self.ws_set_options(path=ws_path)
+        # Over TLS, verifying the gateway's certificate against `ca`.
+        if ca is not None:
+            self.tls_set(ca_certs=ca)
         if password is not None:
             self.username_pw_set(device, password)
         self.clean = clean
