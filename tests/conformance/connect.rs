@@ -233,36 +233,7 @@ async fn over_websocket(level: &str) {
         })
     })
     .await;
-    let ws_port: u16 = gw.ferry.config.south.listeners[1]
-        .listen
-        .rsplit_once(':')
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap();
-    let device = format!("ws-{level}");
-    let boot = gw.boot.clone();
-    let r = run(
-        "websocket",
-        ws_port,
-        &device,
-        level,
-        &[("boot", &boot), ("path", "/mqtt")],
-    )
-    .await;
-    assert_eq!(code(&r["connack"]), 0, "{r}");
-    let got = receipts(&r["messages"]);
-    for q in 0..3 {
-        let msg_id = format!("{boot}-w{q}");
-        assert!(
-            got.iter()
-                .any(|v| v["msg_id"] == msg_id.as_str() && v["status"] == "stored"),
-            "no stored receipt over the WebSocket for QoS {q}: {r}"
-        );
-        assert_eq!(gw.stored(&device, &msg_id), 1, "{r}");
-    }
-    assert!(
-        r["wrong_path_connack"].is_null() && r["wrong_path_refused"].is_string(),
-        "a handshake on another path is refused: {r}"
-    );
+    websocket_case(&gw, &format!("ws-{level}"), level, None).await;
 }
 
 /// MQTT over WebSocket over TLS (transport "wss", `[south.tls]`): paho
@@ -282,21 +253,23 @@ async fn over_websocket_with_tls() {
         })
     })
     .await;
-    let wss_port: u16 = gw.ferry.config.south.listeners[1]
+    let ca = pki.ca.to_string_lossy().into_owned();
+    websocket_case(&gw, "wss-5", "5", Some(&ca)).await;
+}
+
+/// Runs the `websocket` case on `gw`'s second listener (over TLS with
+/// `ca`) and checks what it saw: each QoS stored once and answered
+/// `stored` over the WebSocket, and another path refused.
+async fn websocket_case(gw: &Gw, device: &str, level: &str, ca: Option<&str>) {
+    let port: u16 = gw.ferry.config.south.listeners[1]
         .listen
         .rsplit_once(':')
         .and_then(|(_, p)| p.parse().ok())
         .unwrap();
     let boot = gw.boot.clone();
-    let ca = pki.ca.to_string_lossy().into_owned();
-    let r = run(
-        "websocket",
-        wss_port,
-        "wss-5",
-        "5",
-        &[("boot", &boot), ("path", "/mqtt"), ("ca", &ca)],
-    )
-    .await;
+    let mut params = vec![("boot", boot.as_str()), ("path", "/mqtt")];
+    params.extend(ca.map(|ca| ("ca", ca)));
+    let r = run("websocket", port, device, level, &params).await;
     assert_eq!(code(&r["connack"]), 0, "{r}");
     let got = receipts(&r["messages"]);
     for q in 0..3 {
@@ -304,8 +277,12 @@ async fn over_websocket_with_tls() {
         assert!(
             got.iter()
                 .any(|v| v["msg_id"] == msg_id.as_str() && v["status"] == "stored"),
-            "no stored receipt over wss for QoS {q}: {r}"
+            "no stored receipt over the WebSocket for QoS {q}: {r}"
         );
+        assert_eq!(gw.stored(device, &msg_id), 1, "{r}");
     }
-    assert!(r["wrong_path_refused"].is_string(), "{r}");
+    assert!(
+        r["wrong_path_connack"].is_null() && r["wrong_path_refused"].is_string(),
+        "a handshake on another path is refused: {r}"
+    );
 }
