@@ -256,39 +256,42 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
         ws_path: None,
     };
     // Every listener serves the one broker, with the same settings.
-    let servers = cfg.listeners.iter().map(|l| {
-        let settings = ServerSettings {
-            name: format!("south {}", l.listen),
-            listen: l.listen,
-            tls: if l.tls {
-                cfg.tls.as_ref().map(listener_tls)
+    let servers: Vec<_> = cfg
+        .listeners
+        .iter()
+        .map(|l| {
+            let settings = ServerSettings {
+                name: format!("south {}", l.listen),
+                listen: l.listen,
+                tls: if l.tls {
+                    cfg.tls.as_ref().map(listener_tls)
+                } else {
+                    None
+                },
+                next_connection_delay_ms: 0,
+                connections: ConnectionSettings {
+                    ws_path: l.ws_path.clone(),
+                    ..connections.clone()
+                },
+            };
+            let mut server = Server::new(settings, router_tx.clone(), AnyVersion::default());
+            let listen = l.listen;
+            // MQTT over WebSocket: the handshake (after TLS, for wss) and then
+            // the same connection as over TCP.
+            let link = if l.ws_path.is_some() {
+                LinkType::Websocket
             } else {
-                None
-            },
-            next_connection_delay_ms: 0,
-            connections: ConnectionSettings {
-                ws_path: l.ws_path.clone(),
-                ..connections.clone()
-            },
-        };
-        let mut server = Server::new(settings, router_tx.clone(), AnyVersion::default());
-        let listen = l.listen;
-        // MQTT over WebSocket: the handshake (after TLS, for wss) and then
-        // the same connection as over TCP.
-        let link = if l.ws_path.is_some() {
-            LinkType::Websocket
-        } else {
-            LinkType::Remote
-        };
-        Box::pin(async move {
-            match server.start(link).await {
-                Ok(()) => format!("south listener {listen} stopped"),
-                Err(e) => format!("south listener {listen} failed: {e}"),
-            }
+                LinkType::Remote
+            };
+            Box::pin(async move {
+                match server.start(link).await {
+                    Ok(()) => format!("south listener {listen} stopped"),
+                    Err(e) => format!("south listener {listen} failed: {e}"),
+                }
+            })
         })
-    });
+        .collect();
     // The first listener to stop stops the south.
-    let servers: Vec<_> = servers.collect();
     let stopped = tokio::spawn(async move {
         let (why, _, _) = futures_util::future::select_all(servers).await;
         why
