@@ -124,6 +124,10 @@ pub type ConnectHook = Arc<
         + Sync,
 >;
 
+/// ferry: whether client `client_id` may publish on `topic` beyond its own
+/// device topics under isolation (see [`ConnectionSettings::also_publish`]).
+pub type PublishHook = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
 #[derive(Debug, Default, Serialize, Deserialize, Clone)]
 pub struct Config {
     pub id: usize,
@@ -262,6 +266,11 @@ pub struct ConnectionSettings {
     /// behaviour.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// ferry: under isolation, the topics beyond its own device topics a
+    /// client may publish on (and put its will on), as the hook decides:
+    /// the gateway's plain devices' topics. `None`: only its own.
+    #[serde(skip)]
+    pub also_publish: Option<PublishHook>,
     /// ferry: when set, decides every CONNECT (after the static `auth` and
     /// `external_auth`, which ferry leaves unset): a refusal is answered
     /// with a CONNACK carrying the hook's return code, then the connection
@@ -305,6 +314,13 @@ pub const QUARANTINE_TOPIC: &str = "ferry-quarantine";
 pub const PUBLISHER_PROPERTY: &str = "ferry-publisher";
 /// ferry: the user property giving a quarantined publish's own topic.
 pub const TOPIC_PROPERTY: &str = "ferry-topic";
+
+/// ferry: whether client `client_id` may publish on `topic` under
+/// isolation `prefix` and the gateway's `also` hook: on its own device
+/// topics, or where the hook says.
+pub fn may_publish(prefix: &str, also: Option<&PublishHook>, client_id: &str, topic: &str) -> bool {
+    own_publish_topic(prefix, client_id, topic) || also.is_some_and(|h| h(client_id, topic))
+}
 
 /// ferry: whether client `client_id` may publish on `topic` under
 /// isolation `prefix`: only on its own device topics.
@@ -369,6 +385,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("max_keep_alive", &self.max_keep_alive)
             .field("oversize_head", &self.oversize_head)
             .field("connect_hook", &self.connect_hook.is_some())
+            .field("also_publish", &self.also_publish.is_some())
             .field("publish_sink", &self.publish_sink.is_some())
             .field("max_client_id_len", &self.max_client_id_len)
             .finish()

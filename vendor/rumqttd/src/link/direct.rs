@@ -9,9 +9,17 @@
 //!
 //! An ack the gateway drops unanswered (its store failed, it is stopping)
 //! ends the connection: what was not acknowledged the client sends again.
+//!
+//! Each publish is numbered ([`DevicePublish::number`]), once per process:
+//! a resend (DUP) of a publish whose acknowledgement its connection never
+//! wrote carries the first send's number, so the gateway can tell a
+//! client's redelivery from a new message that happens to reuse a packet
+//! id (`Numbers`).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -27,6 +35,10 @@ pub struct DevicePublish {
     pub client_id: Arc<str>,
     pub publish: Publish,
     pub properties: Option<PublishProperties>,
+    /// Unique per sink, from 1 on; a resend (DUP, same packet id) of a
+    /// publish whose PUBACK (PUBREC) the client's last connection never
+    /// wrote carries that publish's number instead.
+    pub number: u64,
     /// Its acknowledgement to the client (QoS 1 and 2): answer it once the
     /// publish is committed or its refusal answered. Dropped unanswered,
     /// it ends the client's connection.
@@ -50,6 +62,91 @@ pub struct PublishSink {
     tx: mpsc::Sender<DevicePublish>,
     bytes: Arc<Semaphore>,
     max_bytes: u32,
+    numbers: Arc<Numbers>,
+}
+
+/// How long the publishes a connection left unacknowledged are kept for a
+/// resend on the client's next connection.
+const UNWRITTEN_KEPT: Duration = Duration::from_secs(24 * 3600);
+/// Clients whose unacknowledged publishes are kept, at most (the oldest
+/// go first): a resend past it is numbered as new.
+const UNWRITTEN_CLIENTS: usize = 65_536;
+
+/// The sink's numbering, and each client's publishes its last connection
+/// took but never acknowledged on the wire: `(packet id, number)`.
+#[derive(Debug, Default)]
+struct Numbers {
+    next: AtomicU64,
+    /// The clients in `unwritten` (read without the lock: most publishes
+    /// find nobody there).
+    clients: AtomicUsize,
+    unwritten: Mutex<HashMap<Arc<str>, (Instant, Vec<(u16, u64)>)>>,
+}
+
+impl Numbers {
+    fn fresh(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// `publish`'s number: its first send's, when it is a resend of one
+    /// left unacknowledged; a new one otherwise. A publish that reuses
+    /// the packet id without DUP ends the wait for that id's resend.
+    fn of(&self, client: &Arc<str>, publish: &Publish) -> u64 {
+        if publish.qos == QoS::AtMostOnce || self.clients.load(Ordering::Relaxed) == 0 {
+            return self.fresh();
+        }
+        let mut unwritten = self.unwritten.lock().unwrap_or_else(|e| e.into_inner());
+        let first = unwritten.get_mut(client).and_then(|(_, left)| {
+            let at = left.iter().position(|(pkid, _)| *pkid == publish.pkid)?;
+            let (_, number) = left.swap_remove(at);
+            Some(number)
+        });
+        if unwritten
+            .get(client)
+            .is_some_and(|(_, left)| left.is_empty())
+        {
+            unwritten.remove(client);
+        }
+        self.clients.store(unwritten.len(), Ordering::Relaxed);
+        drop(unwritten);
+        match first {
+            Some(number) if publish.dup => number,
+            _ => self.fresh(),
+        }
+    }
+
+    /// A connection of `client` ended with `left` unacknowledged on the
+    /// wire.
+    fn left(&self, client: &Arc<str>, left: Vec<(u16, u64)>) {
+        let mut unwritten = self.unwritten.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        unwritten.retain(|_, (at, _)| now.duration_since(*at) < UNWRITTEN_KEPT);
+        if left.is_empty() {
+            unwritten.remove(client);
+        } else {
+            if unwritten.len() >= UNWRITTEN_CLIENTS && !unwritten.contains_key(client) {
+                let oldest = unwritten
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(c, _)| c.clone());
+                if let Some(oldest) = oldest {
+                    unwritten.remove(&oldest);
+                }
+            }
+            unwritten.insert(client.clone(), (now, left));
+        }
+        self.clients.store(unwritten.len(), Ordering::Relaxed);
+    }
+
+    /// `client` starts a clean session: it resends nothing of before.
+    fn forget(&self, client: &str) {
+        if self.clients.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut unwritten = self.unwritten.lock().unwrap_or_else(|e| e.into_inner());
+        unwritten.remove(client);
+        self.clients.store(unwritten.len(), Ordering::Relaxed);
+    }
 }
 
 impl PublishSink {
@@ -62,8 +159,25 @@ impl PublishSink {
             tx,
             bytes,
             max_bytes,
+            numbers: Arc::default(),
         };
         (sink, rx)
+    }
+
+    /// `publish`'s number (see [`DevicePublish::number`]).
+    pub(crate) fn number(&self, client_id: &Arc<str>, publish: &Publish) -> u64 {
+        self.numbers.of(client_id, publish)
+    }
+
+    /// A connection of `client_id` ended with these publishes
+    /// (`(packet id, number)`) unacknowledged on the wire.
+    pub(crate) fn left_unacknowledged(&self, client_id: &Arc<str>, left: Vec<(u16, u64)>) {
+        self.numbers.left(client_id, left)
+    }
+
+    /// `client_id` starts a clean session.
+    pub(crate) fn clean_start(&self, client_id: &str) {
+        self.numbers.forget(client_id)
     }
 
     /// Hands `publish` on, waiting for room; false once the gateway is gone.
@@ -72,6 +186,7 @@ impl PublishSink {
         client_id: &Arc<str>,
         publish: Publish,
         properties: Option<PublishProperties>,
+        number: u64,
         ack: Option<Acker>,
     ) -> bool {
         // A publish larger than the whole budget waits for all of it.
@@ -83,6 +198,7 @@ impl PublishSink {
             client_id: client_id.clone(),
             publish,
             properties,
+            number,
             ack,
             _bytes: Some(permit),
         };
@@ -155,8 +271,9 @@ impl Drop for Acker {
 #[derive(Debug, Default)]
 pub(crate) struct Acks {
     shared: Arc<Shared>,
-    /// The packet each slot answers with, in slot order.
-    packets: VecDeque<Packet>,
+    /// The packet each slot answers with, in slot order, and the number
+    /// of the publish it acknowledges.
+    packets: VecDeque<(Packet, Option<u64>)>,
 }
 
 /// Acknowledgements waiting at most, per connection: past it the
@@ -177,7 +294,7 @@ impl Acks {
     /// A slot for `publish`'s acknowledgement, if its QoS has one.
     /// A quarantined publish (isolation put it there) is acknowledged too,
     /// and an MQTT 5 client told it was not authorized.
-    pub(crate) fn slot(&mut self, publish: &Publish) -> Option<Acker> {
+    pub(crate) fn slot(&mut self, publish: &Publish, number: u64) -> Option<Acker> {
         let quarantined = &publish.topic[..] == crate::QUARANTINE_TOPIC.as_bytes();
         let packet = match publish.qos {
             QoS::AtMostOnce => return None,
@@ -204,7 +321,20 @@ impl Acks {
                 Packet::PubRec(rec, None)
             }
         };
-        Some(self.push(packet, Outcome::Waiting))
+        Some(self.push(packet, Some(number), Outcome::Waiting))
+    }
+
+    /// The publishes not acknowledged on the wire yet: `(packet id,
+    /// number)`.
+    pub(crate) fn unacknowledged(&self) -> Vec<(u16, u64)> {
+        self.packets
+            .iter()
+            .filter_map(|(packet, number)| match packet {
+                Packet::PubAck(ack, _) => Some((ack.pkid, (*number)?)),
+                Packet::PubRec(rec, _) => Some((rec.pkid, (*number)?)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A PUBREL's PUBCOMP, answered in turn: the publish it releases was
@@ -215,17 +345,17 @@ impl Acks {
             pkid,
             reason: PubCompReason::Success,
         };
-        let acker = self.push(Packet::PubComp(comp, None), Outcome::Acked);
+        let acker = self.push(Packet::PubComp(comp, None), None, Outcome::Acked);
         drop(acker);
     }
 
-    fn push(&mut self, packet: Packet, outcome: Outcome) -> Acker {
+    fn push(&mut self, packet: Packet, number: Option<u64>, outcome: Outcome) -> Acker {
         let mut slots = self.shared.slots.lock().unwrap_or_else(|e| e.into_inner());
         let slot = slots.first + slots.outcomes.len() as u64;
         slots.outcomes.push_back(outcome);
         let head = slots.outcomes.len() == 1 && outcome != Outcome::Waiting;
         drop(slots);
-        self.packets.push_back(packet);
+        self.packets.push_back((packet, number));
         if head {
             self.shared.ready.notify_one();
         }
@@ -252,7 +382,7 @@ impl Acks {
                 Outcome::Acked => {
                     slots.outcomes.pop_front();
                     slots.first += 1;
-                    out.extend(self.packets.pop_front());
+                    out.extend(self.packets.pop_front().map(|(packet, _)| packet));
                 }
             }
         }
@@ -291,10 +421,10 @@ mod tests {
     #[test]
     fn acknowledgements_go_out_in_arrival_order_whatever_order_they_are_answered_in() {
         let mut acks = Acks::default();
-        let one = acks.slot(&publish(1, QoS::AtLeastOnce)).unwrap();
-        let two = acks.slot(&publish(2, QoS::ExactlyOnce)).unwrap();
-        assert!(acks.slot(&publish(0, QoS::AtMostOnce)).is_none());
-        let three = acks.slot(&publish(3, QoS::AtLeastOnce)).unwrap();
+        let one = acks.slot(&publish(1, QoS::AtLeastOnce), 1).unwrap();
+        let two = acks.slot(&publish(2, QoS::ExactlyOnce), 2).unwrap();
+        assert!(acks.slot(&publish(0, QoS::AtMostOnce), 0).is_none());
+        let three = acks.slot(&publish(3, QoS::AtLeastOnce), 3).unwrap();
         let mut out = Vec::new();
         three.ack();
         two.ack();
@@ -312,8 +442,8 @@ mod tests {
     #[test]
     fn an_acknowledgement_dropped_unanswered_ends_the_connection_after_those_before_it() {
         let mut acks = Acks::default();
-        let one = acks.slot(&publish(1, QoS::AtLeastOnce)).unwrap();
-        let two = acks.slot(&publish(2, QoS::AtLeastOnce)).unwrap();
+        let one = acks.slot(&publish(1, QoS::AtLeastOnce), 1).unwrap();
+        let two = acks.slot(&publish(2, QoS::AtLeastOnce), 2).unwrap();
         one.ack();
         drop(two);
         let mut out = Vec::new();
@@ -323,5 +453,57 @@ mod tests {
             [1],
             "what was answered before it still goes out"
         );
+    }
+
+    fn dup(mut p: Publish) -> Publish {
+        p.dup = true;
+        p
+    }
+
+    #[test]
+    fn a_resend_of_a_publish_left_unacknowledged_keeps_its_number_and_nothing_else_does() {
+        let numbers = Numbers::default();
+        let client: Arc<str> = Arc::from("press-7");
+        let mut acks = Acks::default();
+        let one = numbers.of(&client, &publish(1, QoS::AtLeastOnce));
+        let two = numbers.of(&client, &publish(2, QoS::ExactlyOnce));
+        let three = numbers.of(&client, &publish(3, QoS::AtLeastOnce));
+        let first = acks.slot(&publish(1, QoS::AtLeastOnce), one).unwrap();
+        let _two = acks.slot(&publish(2, QoS::ExactlyOnce), two).unwrap();
+        let _three = acks.slot(&publish(3, QoS::AtLeastOnce), three).unwrap();
+        first.ack();
+        let mut out = Vec::new();
+        acks.answered(&mut out).unwrap();
+        // The connection ends with 2 and 3 unacknowledged on the wire.
+        numbers.left(&client, acks.unacknowledged());
+        assert_eq!(numbers.of(&client, &dup(publish(2, QoS::ExactlyOnce))), two);
+        assert_eq!(
+            numbers.of(&client, &dup(publish(2, QoS::ExactlyOnce))),
+            numbers.next.load(Ordering::Relaxed),
+            "once resent, the id is free again: a second resend is new"
+        );
+        let other: Arc<str> = Arc::from("press-8");
+        assert_ne!(
+            numbers.of(&other, &dup(publish(3, QoS::AtLeastOnce))),
+            three,
+            "another client's resend is its own"
+        );
+        assert_ne!(
+            numbers.of(&client, &dup(publish(1, QoS::AtLeastOnce))),
+            one,
+            "1 was acknowledged: a DUP with its id is a new message"
+        );
+        // 3 reused without DUP: a new message, and the wait for 3 is over.
+        let reused = numbers.of(&client, &publish(3, QoS::AtLeastOnce));
+        assert_ne!(reused, three);
+        assert_ne!(
+            numbers.of(&client, &dup(publish(3, QoS::AtLeastOnce))),
+            three
+        );
+        // A clean start forgets what was left.
+        numbers.left(&client, vec![(9, 99)]);
+        numbers.forget(&client);
+        assert_ne!(numbers.of(&client, &dup(publish(9, QoS::AtLeastOnce))), 99);
+        assert_eq!(numbers.clients.load(Ordering::Relaxed), 0);
     }
 }

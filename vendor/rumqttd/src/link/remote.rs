@@ -91,6 +91,8 @@ pub struct RemoteLink<P> {
     pub(crate) will_delay_interval: u32,
     /// ferry: the client's id and the isolation prefix, when isolated.
     isolation: Option<(String, String)>,
+    /// ferry: where else it may publish (`ConnectionSettings::also_publish`).
+    also_publish: Option<crate::PublishHook>,
     /// ferry: the topic aliases the client set (MQTT 5).
     aliases: properties::Aliases,
     /// ferry: where the client's publishes go instead of the router, and
@@ -207,6 +209,11 @@ impl<P: Protocol> RemoteLink<P> {
             }
         }
 
+        // ferry: a clean session resends nothing of an earlier connection.
+        if let (true, Some(sink)) = (clean_session, &config.publish_sink) {
+            sink.clean_start(&connect.client_id);
+        }
+
         Ok(RemoteLink {
             connection_id: id,
             network,
@@ -216,6 +223,7 @@ impl<P: Protocol> RemoteLink<P> {
             notifications: VecDeque::new(),
             will_delay_interval,
             isolation: None,
+            also_publish: config.also_publish.clone(),
             aliases: properties::Aliases::new(config.topic_alias_max),
             sink: config.publish_sink.clone(),
             client: Arc::from(connect.client_id.as_str()),
@@ -252,7 +260,7 @@ impl<P: Protocol> RemoteLink<P> {
                 continue;
             };
             let topic = String::from_utf8_lossy(&publish.topic).into_owned();
-            if crate::own_publish_topic(prefix, client_id, &topic) {
+            if crate::may_publish(prefix, self.also_publish.as_ref(), client_id, &topic) {
                 continue;
             }
             debug!(
@@ -326,8 +334,9 @@ impl<P: Protocol> RemoteLink<P> {
         for packet in self.direct.drain(..) {
             match packet {
                 Packet::Publish(publish, props) => {
-                    let ack = self.acks.slot(&publish);
-                    if !sink.send(&self.client, publish, props, ack).await {
+                    let number = sink.number(&self.client, &publish);
+                    let ack = self.acks.slot(&publish, number);
+                    if !sink.send(&self.client, publish, props, number, ack).await {
                         return Err(Error::GatewayGone);
                     }
                 }
@@ -731,6 +740,16 @@ async fn handle_auth(
     Err(Error::InvalidAuth)
 }
 
+/// ferry: what the connection took and never acknowledged on the wire is
+/// remembered for the client's resends (`link::direct`).
+impl<P> Drop for RemoteLink<P> {
+    fn drop(&mut self) {
+        if let Some(sink) = &self.sink {
+            sink.left_unacknowledged(&self.client, self.acks.unacknowledged());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::{collections::HashMap, sync::Arc};
@@ -747,6 +766,7 @@ mod tests {
             auth: None,
             external_auth: None,
             connect_hook: None,
+            also_publish: None,
             dynamic_filters: false,
             max_keep_alive: 0,
             oversize_head: 0,

@@ -193,6 +193,11 @@ impl Publish {
         }
     }
 
+    /// ferry: the QoS it was published with (0, 1 or 2).
+    pub fn qos_level(&self) -> u8 {
+        self.qos as u8
+    }
+
     pub fn is_empty(&self) -> bool {
         false
     }

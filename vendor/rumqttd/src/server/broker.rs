@@ -755,7 +755,7 @@ async fn remote<P: Protocol>(
     // the router publishes a will with no client's packet to check.
     if let (Some(prefix), Packet::Connect(_, _, Some(will), _, _)) = (&isolation, &connect_packet) {
         let topic = String::from_utf8_lossy(&will.topic);
-        if !crate::own_publish_topic(prefix, &client_id, &topic) {
+        if !crate::may_publish(prefix, settings.also_publish.as_ref(), &client_id, &topic) {
             crate::counters::WILLS_REFUSED.fetch_add(1, Ordering::Relaxed);
             if refusals::admit(accepted.peer.ip()) {
                 warn!(
