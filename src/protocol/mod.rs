@@ -12,6 +12,8 @@
 //!   and the status both devices and the gateway publish.
 //! - [`inbox`]: downlink batches to devices.
 //! - [`north`]: the uplink message the backend receives.
+//! - [`plain`]: plain devices' topics (no envelope) and ferry's ids for
+//!   their messages.
 //! - [`user_props`]: an MQTT 5 publish's user properties, bounded, as the
 //!   `props` the backend receives.
 //! - [`alert`]: the kinds of alert the gateway publishes.
@@ -29,10 +31,12 @@ pub mod depth;
 pub mod envelope;
 pub mod inbox;
 pub mod north;
+pub mod plain;
 #[cfg(test)]
 mod props;
 pub mod receipt;
 mod sniff;
+pub mod sparkplug;
 pub mod topics;
 pub mod user_props;
 

@@ -8,6 +8,7 @@
 //! both. Parsing a device topic yields a checked [`DeviceId`], never a raw
 //! string.
 
+use super::plain::PlainTopics;
 use crate::ids::{DeviceId, GatewayId};
 
 /// The last level of each device topic (after `up`, the stream follows).
@@ -281,6 +282,7 @@ pub fn check_stream(stream: &str) -> Result<(), String> {
 pub struct Topics {
     south: String,
     north: NorthTopics,
+    plain: PlainTopics,
 }
 
 impl Topics {
@@ -290,7 +292,19 @@ impl Topics {
         Topics {
             south: south.to_string(),
             north: NorthTopics::from_base(north),
+            plain: PlainTopics::default(),
         }
+    }
+
+    /// With plain devices' topics (`south.plain_topics`).
+    pub fn with_plain(mut self, plain: PlainTopics) -> Topics {
+        self.plain = plain;
+        self
+    }
+
+    /// Plain devices' topics.
+    pub fn plain(&self) -> &PlainTopics {
+        &self.plain
     }
 
     /// The device topic prefix (`devices`).
