@@ -145,7 +145,8 @@ impl Running {
         let store_exited = Box::pin(store.exited());
         let store_stopping = Box::pin(store.stopping());
         let (trigger, shutdown_rx) = shutdown::channel();
-        let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix);
+        let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix)
+            .with_plain(cfg.south.plain_topics.clone());
         let status = status_file::start(
             &cfg.data_dir,
             cfg.gateway.as_str(),

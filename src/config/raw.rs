@@ -123,6 +123,9 @@ pub struct RawSouth {
     pub listen: String,
     /// Embedded mode: several device listeners; set, it replaces `listen`.
     pub listeners: Vec<RawListener>,
+    /// Topic filters with one `{device}` level: a publish matching one is
+    /// a plain uplink of that device (no envelope).
+    pub plain_topics: Vec<String>,
     /// Largest accepted uplink envelope, bytes.
     pub max_payload_bytes: usize,
     /// Device topic prefix.
@@ -239,6 +242,7 @@ impl Default for RawSouth {
             // Loopback until devices are authenticated: see `auth`.
             listen: "127.0.0.1:1883".into(),
             listeners: Vec::new(),
+            plain_topics: Vec::new(),
             auth: "none".into(),
             password_file: PathBuf::new(),
             allow_anonymous: false,

@@ -12,6 +12,7 @@ use super::raw::RawSouth;
 use super::tls::{self, ClientTls, ListenerTls};
 use super::version::MqttVersion;
 use crate::ids::GatewayId;
+use crate::protocol::plain::{PlainFilter, PlainTopics};
 
 /// The longest `south.max_session_expiry_s` allowed: 30 days.
 const MAX_SESSION_EXPIRY_S: u64 = 30 * 24 * 3600;
@@ -27,6 +28,8 @@ pub struct SouthConfig {
     /// Embedded mode: every device listener (`south.listeners`, or the one
     /// `south.listen`).
     pub listeners: Vec<Listener>,
+    /// `south.plain_topics`: where plain devices publish.
+    pub plain_topics: PlainTopics,
     pub max_payload_bytes: usize,
     pub topic_prefix: String,
     pub max_connections: usize,
@@ -100,6 +103,7 @@ pub struct ExternalSouth {
 /// ferry's default client id on a site broker.
 pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Option<SouthConfig> {
     let listeners = super::listeners::check(raw, !raw.tls.cert.as_os_str().is_empty(), p);
+    let plain_topics = plain_topics(raw, p);
     p.take(in_range(
         "south.max_payload_bytes",
         raw.max_payload_bytes,
@@ -183,6 +187,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
         mode: south_mode?,
         listen: listeners.as_ref()?[0].listen,
         listeners: listeners?,
+        plain_topics: plain_topics?,
         max_payload_bytes: raw.max_payload_bytes,
         topic_prefix: raw.topic_prefix.clone(),
         max_connections: raw.max_connections,
@@ -199,6 +204,39 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
         },
         max_inflight_per_device: raw.max_inflight_per_device,
     })
+}
+
+/// `south.plain_topics`, each filter's problem noted under its place.
+fn plain_topics(raw: &RawSouth, p: &mut Problems) -> Option<PlainTopics> {
+    /// More would only cost every publish a longer match.
+    const MAX_PLAIN_TOPICS: usize = 64;
+    if raw.plain_topics.len() > MAX_PLAIN_TOPICS {
+        p.note(ConfigError::new(
+            "south.plain_topics",
+            format!(
+                "{} filters; at most {MAX_PLAIN_TOPICS}",
+                raw.plain_topics.len()
+            ),
+        ));
+        return None;
+    }
+    let before = p.len();
+    let reserved = [raw.topic_prefix.as_str()];
+    let filters: Vec<_> = raw
+        .plain_topics
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let parsed = PlainFilter::parse(text, &reserved).map_err(|why| {
+                ConfigError::new(
+                    &format!("south.plain_topics[{i}]"),
+                    format!("{text:?} {why}"),
+                )
+            });
+            p.take(parsed)
+        })
+        .collect();
+    (p.len() == before).then(|| PlainTopics::new(filters))
 }
 
 /// `south.mode` and what goes with it: the site broker's link in external

@@ -38,11 +38,19 @@ pub enum Count {
     /// A refusal at the door summed in a summary dead letter: its sender's
     /// dead-letter share (or all shares together) was full.
     RefusalsSummarised,
+    /// A plain device publish (no envelope, `south.plain_topics`) taken.
+    PlainFromDevices,
+    /// ... of them QoS 0: stored, best effort (nothing tells the device).
+    PlainQos0FromDevices,
+    /// A plain device publish over a per-device limit: not acknowledged,
+    /// its connection closed (QoS 1, 2: the device sends it again), or
+    /// not kept (QoS 0).
+    PlainWithheldFromDevices,
 }
 
 impl Count {
     /// In the order they are exposed.
-    pub(super) const ALL: [Count; 13] = [
+    pub(super) const ALL: [Count; 16] = [
         Count::DevicesRefused,
         Count::OversizedFromDevices,
         Count::UnauthorizedFromDevices,
@@ -56,6 +64,9 @@ impl Count {
         Count::AlertsDropped,
         Count::UplinkResendsBackendBehind,
         Count::RefusalsSummarised,
+        Count::PlainFromDevices,
+        Count::PlainQos0FromDevices,
+        Count::PlainWithheldFromDevices,
     ];
 
     /// The metric's name under the `ferry_` prefix (the sample adds
@@ -75,6 +86,9 @@ impl Count {
             Count::AlertsDropped => "alerts_dropped",
             Count::UplinkResendsBackendBehind => "uplink_resends_backend_behind",
             Count::RefusalsSummarised => "refusals_summarised",
+            Count::PlainFromDevices => "plain_from_devices",
+            Count::PlainQos0FromDevices => "plain_qos0_from_devices",
+            Count::PlainWithheldFromDevices => "plain_withheld_from_devices",
         }
     }
 
@@ -92,6 +106,9 @@ impl Count {
             Count::DiskBudgetReached => "Times the store reached store.max_db_bytes",
             Count::AlertsDropped => "Alerts dropped: the in-memory queue was full or the upstream refused one",
             Count::UplinkResendsBackendBehind => "Uplink ack timeouts not counted as failures: the backend acked only messages sent earlier (it is there, but behind), so the uplink was sent again after the retry backoff",
+            Count::PlainFromDevices => "Plain device publishes (south.plain_topics, no envelope) taken",
+            Count::PlainQos0FromDevices => "Plain device publishes at QoS 0 (stored best effort: the device is told nothing)",
+            Count::PlainWithheldFromDevices => "Plain device publishes over a per-device limit: not acknowledged and the connection closed (QoS 1, 2: the device sends them again), or not kept (QoS 0)",
             Count::RefusalsSummarised => "Refusals at the door (malformed, too large, unauthorized, bad topic) summed in one dead letter instead of one each: their sender's dead-letter share, or all shares together, was full",
         }
     }

@@ -242,6 +242,8 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
         // A device publishes on its own topics only; anything else
         // reaches the gateway quarantined, to be answered `rejected`.
         isolation: Some(topics.south_prefix().to_string()),
+        // And on plain devices' topics: its own, when its id is proven.
+        also_publish: plain_hook(cfg, topics),
         // A longer client id is no device id: CONNACK 2, also when the
         // CONNECT is too large to read.
         max_client_id_len: admission::MAX_CLIENT_ID,
@@ -404,8 +406,27 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
 }
 
 /// What the link reads: every device topic kind, and the quarantine.
-fn link_filters(topics: &Topics) -> impl Iterator<Item = String> {
-    device_filters(topics).chain(std::iter::once(QUARANTINE_TOPIC.to_string()))
+fn link_filters(topics: &Topics) -> impl Iterator<Item = String> + '_ {
+    device_filters(topics)
+        .chain(std::iter::once(QUARANTINE_TOPIC.to_string()))
+        // Plain devices' wills, which the broker publishes.
+        .chain(topics.plain().filters().iter().map(|f| f.subscription()))
+}
+
+/// Where else than its device topics a client may publish: on plain
+/// devices' topics (`south.plain_topics`), under its own `{device}` level
+/// when its id is proven (passwords, client certificates), under any
+/// device's with `south.auth = "none"` (the topic names the device).
+fn plain_hook(cfg: &SouthConfig, topics: &Topics) -> Option<rumqttd::PublishHook> {
+    let plain = topics.plain().clone();
+    if plain.is_empty() {
+        return None;
+    }
+    let certificates = cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+    let bound = certificates || matches!(cfg.auth, SouthAuth::Password { .. });
+    Some(std::sync::Arc::new(move |client: &str, topic: &str| {
+        plain.may_publish(bound, client, topic)
+    }))
 }
 
 #[cfg(test)]

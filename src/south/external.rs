@@ -59,7 +59,10 @@ pub(crate) fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) ->
         // A site broker that never acknowledges holds the receipts, then
         // the acks of device messages behind them: stuck like a north node.
         puback_timeout: Some(site.puback_timeout),
-        subscriptions: device_filters(topics).collect(),
+        // And plain devices' topics, each `{device}` as `+`.
+        subscriptions: device_filters(topics)
+            .chain(cfg.plain_topics.filters().iter().map(|f| f.subscription()))
+            .collect(),
         announce: None,
         auto_ack: false,
         replay: false,
@@ -141,6 +144,9 @@ async fn receive(
             received_ms: now_ms(),
             replayed,
             v5: Default::default(),
+            number: None,
+            qos: None,
+            retain: m.retain,
             ack: Ack(AckTo::Site(m.token)),
         };
         tx.bytes.fetch_add(msg.payload.len(), Ordering::Relaxed);

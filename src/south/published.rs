@@ -12,7 +12,7 @@ use crate::protocol::now_ms;
 /// A publish the broker forwarded (a will) as the pipeline sees it.
 pub(super) fn south_message(f: Forward) -> Option<SouthMessage> {
     // The broker acknowledged it when the link took it.
-    message(f.publish, f.properties, Ack::default())
+    message(f.publish, f.properties, None, Ack::default())
 }
 
 /// A device's publish, straight from its connection, as the pipeline sees
@@ -23,12 +23,13 @@ pub(super) fn from_device(mut p: rumqttd::DevicePublish) -> Option<SouthMessage>
         .ack
         .take()
         .map_or_else(Ack::default, |a| Ack(AckTo::Device(a)));
-    message(p.publish, p.properties, ack)
+    message(p.publish, p.properties, Some(p.number), ack)
 }
 
 fn message(
     publish: rumqttd::protocol::Publish,
     properties: Option<rumqttd::protocol::PublishProperties>,
+    number: Option<u64>,
     ack: Ack,
 ) -> Option<SouthMessage> {
     let Ok(topic) = String::from_utf8(publish.topic.to_vec()) else {
@@ -55,6 +56,9 @@ fn message(
         _ => topic,
     };
     Some(SouthMessage {
+        number,
+        qos: Some(publish.qos_level()),
+        retain: publish.retain,
         publisher,
         topic,
         payload: publish.payload,

@@ -72,6 +72,15 @@ pub struct SouthMessage {
     /// What its MQTT 5 publish carried beside the payload; empty for MQTT
     /// 3.1.1 (and in external mode).
     pub v5: PublishProps,
+    /// Embedded mode: the broker's number for it, unique per run; a
+    /// resend (DUP) of a publish whose PUBACK never went out carries the
+    /// first send's (`rumqttd::DevicePublish::number`). A plain uplink's
+    /// `msg_id` is made of it. `None`: a will, or external mode.
+    pub number: Option<u64>,
+    /// The QoS the device published with (embedded mode).
+    pub qos: Option<u8>,
+    /// The publish's retain flag.
+    pub retain: bool,
     /// Pass to [`SouthSender::ack`] once the message is committed (or
     /// handed on, for a control message).
     pub ack: Ack,

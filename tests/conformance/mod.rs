@@ -98,6 +98,7 @@ macro_rules! at_levels {
 }
 
 mod connect;
+mod plain;
 mod publish;
 mod runner;
 mod sessions;

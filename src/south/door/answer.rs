@@ -40,6 +40,8 @@ pub(super) enum Answer {
     Stored {
         device: DeviceId,
         result: Result<(IntakeOutcome, Timing), StoreError>,
+        /// A plain uplink: its PUBACK is its only receipt.
+        plain: bool,
     },
     Rejected {
         device: Option<DeviceId>,
@@ -51,6 +53,9 @@ pub(super) enum Answer {
         device: DeviceId,
         rejection: Rejection,
     },
+    /// Not kept, and not acknowledged: the device sends it again (a plain
+    /// publish that waited for room when shutdown began).
+    Withheld,
 }
 
 pub(super) type AnswerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
@@ -78,6 +83,10 @@ pub(super) async fn finish(
     to: &To<'_>,
     lines: &mut Lines,
 ) -> Result<bool, StoreError> {
+    if let Answer::Withheld = answer {
+        drop(taken.ack);
+        return Ok(true);
+    }
     let going = answer_device(answer, taken.at, to, lines).await?;
     let south = to.south;
     south.ack(taken.ack);
@@ -98,11 +107,14 @@ async fn answer_device(
         engine,
         store,
     } = *to;
+    let mut receipt_out = true;
     let (device, receipt, new) = match answer {
         Answer::Stored {
             device,
             result: Ok((IntakeOutcome::Stored(msg), timing)),
+            plain,
         } => {
+            receipt_out = !plain;
             metrics::stage_took(Stage::Queued, timing.started - timing.queued);
             metrics::stage_took(Stage::Commit, timing.committed - timing.started);
             let receipt = Receipt::stored(&msg.msg_id, msg.seq);
@@ -115,6 +127,7 @@ async fn answer_device(
         Answer::Stored {
             device,
             result: Ok((IntakeOutcome::Duplicate(dup), _)),
+            ..
         } => {
             if dup.state == MessageState::Stored {
                 // The engine answers it (see `ToEngine::Duplicate`).
@@ -130,6 +143,7 @@ async fn answer_device(
         Answer::Stored {
             device,
             result: Ok((IntakeOutcome::AtBudget { msg_id, detail }, _)),
+            ..
         } => {
             let rejection = Rejection {
                 code: RejectCode::DiskBudget,
@@ -141,6 +155,7 @@ async fn answer_device(
         Answer::Stored {
             device,
             result: Err(e),
+            ..
         } => {
             if e.is_fatal() {
                 return Err(e);
@@ -197,6 +212,7 @@ async fn answer_device(
             )
         }
         Answer::Refused { device, rejection } => refused(device, rejection),
+        Answer::Withheld => return Ok(true),
         Answer::Rejected { result: Err(e), .. } => {
             if e.is_fatal() {
                 return Err(e);
@@ -210,13 +226,15 @@ async fn answer_device(
         metrics::stored(Direction::Up, 1);
         metrics::stored_receipt_took(taken_at.elapsed());
     }
-    south
-        .publish(
-            &device,
-            topics.device_ack(&device),
-            Bytes::from(receipt.to_bytes()),
-        )
-        .await;
+    if receipt_out {
+        south
+            .publish(
+                &device,
+                topics.device_ack(&device),
+                Bytes::from(receipt.to_bytes()),
+            )
+            .await;
+    }
     Ok(match new {
         Some(new) => {
             if let ToEngine::Stored { committed, msg } = &new {

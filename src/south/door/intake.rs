@@ -74,6 +74,12 @@ pub struct IntakeConfig {
     /// Told of every device that sends something, once a second at most
     /// (its last seen time).
     pub seen: LiveSender,
+    /// External mode: plain devices are not held to the per-device limits
+    /// (the site broker bounds them; a publish ferry does not acknowledge
+    /// there would hold every later one).
+    pub external: bool,
+    /// This run's part of plain uplinks' msg_ids.
+    pub plain: super::plain::PlainIds,
 }
 
 impl IntakeConfig {
@@ -94,6 +100,8 @@ impl IntakeConfig {
             max_inflight_per_device: cfg.south.max_inflight_per_device,
             presence: external.then(|| status_file.clone()),
             seen: status_file,
+            external,
+            plain: super::plain::PlainIds::new(),
         }
     }
 }
@@ -151,13 +159,16 @@ pub async fn run(
             msg = inbound.recv(), if room => match msg {
                 Some(mut msg) => {
                     let (size, ack, at) = (msg.payload.len(), std::mem::take(&mut msg.ack), Instant::now());
-                    match accept(&cfg, &topics, &store, &mut limits, &mut lines, msg).await {
+                    match accept(&cfg, &topics, &store, (&mut limits, &mut lines), msg, &shutdown).await {
                         Verdict::Answer { answer, in_flight } => {
                             unanswered.push_back(answer);
                             sizes.push_back(Taken { size, ack, in_flight, at });
                             bytes += size;
                         }
                         Verdict::Done => south.ack(ack),
+                        // Not acknowledged: the device's connection ends
+                        // and it sends the publish again.
+                        Verdict::Withheld => drop(ack),
                     }
                 }
                 None => break,
@@ -194,7 +205,7 @@ fn summarise_lines(lines: &mut Lines) {
 }
 
 /// What intake does with one device publish.
-enum Verdict {
+pub(super) enum Verdict {
     /// Answer it once `answer` resolves, in arrival order. `in_flight`:
     /// whom it counts against in flight until then.
     Answer {
@@ -203,6 +214,9 @@ enum Verdict {
     },
     /// Handed on (a control), held, dropped or ignored: nothing to answer.
     Done,
+    /// A plain publish over a limit: its acknowledgement is withheld
+    /// (`super::plain::withhold`).
+    Withheld,
 }
 
 /// Judges one device publish: over a limit it is refused at once,
@@ -211,9 +225,9 @@ async fn accept(
     cfg: &IntakeConfig,
     topics: &Topics,
     store: &Store,
-    limits: &mut Limits,
-    lines: &mut Lines,
+    (limits, lines): (&mut Limits, &mut Lines),
     msg: SouthMessage,
+    shutdown: &Shutdown,
 ) -> Verdict {
     let route = Route::of(topics, &msg);
     let sender = route.sender();
@@ -226,13 +240,17 @@ async fn accept(
     if !matches!(route, Route::Control { .. }) {
         metrics::received(Direction::Up);
     }
+    let plain = matches!(route, Route::Plain { .. });
+    if plain {
+        super::plain::count(&msg);
+    }
     // The rate comes first: a publish over it costs no store and no log
     // line of its own, and no parsing but a status's one flag. A nack is not held to it: it is neither
     // cumulative nor repeated, and a confirm past a dropped nack would
     // report that message `delivered` instead of dead-lettered. Nor is what
     // the site broker replays from the backlog it held for ferry (external
     // mode, `south::backlog`): that is not a device sending fast.
-    let limited = !msg.replayed;
+    let limited = !msg.replayed && (!plain || !cfg.external);
     if limited
         && !matches!(
             route,
@@ -254,6 +272,9 @@ async fn accept(
                     )
                     .await;
                 }
+            }
+            Rate::Over if plain => {
+                return super::plain::withhold(lines, sender, limits.rate_detail(), &msg)
             }
             Rate::Over => return over_rate(limits, route, sender, &msg),
         }
@@ -286,7 +307,10 @@ async fn accept(
     // resend of a message it knows is answered as the duplicate it is:
     // an uplink that names its msg_id goes to the store, which tells the
     // two apart; anything else is refused here.
+    // A plain publish waits for room instead (`super::plain`): it has no
+    // receipt to be told it was refused.
     if store.budget().over()
+        && !plain
         && !(matches!(route, Route::Up { .. }) && sniff_msg_id(&msg.payload).is_some())
     {
         return refuse(
@@ -297,10 +321,13 @@ async fn accept(
         );
     }
     if limited && !limits.admit(&sender) {
+        if plain {
+            return super::plain::withhold(lines, sender, limits.in_flight_detail(), &msg);
+        }
         return refuse(sender, RejectCode::Rate, limits.in_flight_detail(), &msg);
     }
     Verdict::Answer {
-        answer: judge(cfg, topics, store, route, lines, &msg),
+        answer: judge(cfg, topics, store, route, lines, &msg, shutdown),
         in_flight: limited.then_some(sender),
     }
 }
@@ -386,9 +413,19 @@ fn judge(
     route: Route,
     lines: &mut Lines,
     msg: &SouthMessage,
+    shutdown: &Shutdown,
 ) -> AnswerFuture {
     let (device, stream) = match route {
         Route::Up { device, stream } => (device, stream),
+        Route::Plain { device } => {
+            let to = super::plain::Store {
+                cfg,
+                topics,
+                store,
+                shutdown,
+            };
+            return super::plain::judge(to, device, msg);
+        }
         Route::Unauthorized { publisher, sender } => {
             let total = metrics::count(Count::UnauthorizedFromDevices);
             if lines.admit(&sender, Instant::now()) {
@@ -453,6 +490,7 @@ fn judge(
                 Answer::Stored {
                     device,
                     result: stored.await,
+                    plain: false,
                 }
             })
         }
@@ -467,7 +505,7 @@ fn judge(
 }
 
 /// The largest the message's north PUBLISH can be once its seq is spliced in.
-fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
+pub(super) fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
     /// `"seq":` plus a u64 and a comma, in place of nothing.
     const SEQ_FIELD: usize = 7 + 20;
     let topic_len = topics.north_up_len(&intake.device, &intake.stream);

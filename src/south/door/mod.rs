@@ -10,6 +10,9 @@
 //!   new messages on to the uplink engine; controls (`confirm`, `pull`,
 //!   `read`, `nack`, `status`) go to the downlink as
 //!   [`super::DeviceControl`]s.
+//! - A plain device's publish (`south.plain_topics`, no envelope) is
+//!   stored as it came under a msg_id of ferry's own (`plain.rs`); its
+//!   PUBACK is its only receipt.
 //! - Every publish's PUBACK (PUBREC) waits for its answer here: after the
 //!   commit, or once its refusal is answered ([`super::Ack`]).
 //!
@@ -20,4 +23,5 @@
 mod answer;
 pub mod intake;
 pub mod limits;
+mod plain;
 mod route;

@@ -20,6 +20,10 @@ pub(super) enum Route {
         device: DeviceId,
         stream: String,
     },
+    /// On a plain device's topic (`south.plain_topics`): a plain uplink.
+    Plain {
+        device: DeviceId,
+    },
     Control {
         device: DeviceId,
         kind: ControlKind,
@@ -42,6 +46,9 @@ impl Route {
                 sender: DeviceId::new(publisher.as_str()).ok(),
                 publisher: publisher.clone(),
             };
+        }
+        if let Some(device) = topics.plain().device(&msg.topic) {
+            return Route::Plain { device };
         }
         match topics.parse_device(&msg.topic) {
             Ok((device, DeviceTopic::Up { stream })) => Route::Up { device, stream },
@@ -72,6 +79,7 @@ impl Route {
         match self {
             Route::Unauthorized { sender, .. } => sender.clone(),
             Route::Up { device, .. }
+            | Route::Plain { device }
             | Route::Control { device, .. }
             | Route::BadStream { device, .. } => Some(device.clone()),
             Route::BadTopic { .. } => None,
@@ -92,6 +100,9 @@ mod tests {
             received_ms: 0,
             replayed: false,
             v5: Default::default(),
+            number: None,
+            qos: None,
+            retain: false,
             ack: Default::default(),
         };
         let route = Route::of(&Topics::new("devices", "ferry/gw"), &msg);

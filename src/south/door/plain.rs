@@ -1,0 +1,182 @@
+//! Plain devices at the door: a publish on one of `south.plain_topics`
+//! (docs/PROTOCOL.md, "Plain devices") is stored as it came, with no
+//! envelope to judge, and its PUBACK (PUBREC) is its only receipt.
+//!
+//! - Its `msg_id` is ferry's own ([`PlainIds`]): `p.{run}.{number}`, the
+//!   run unique per gateway start, the number the broker's
+//!   ([`crate::south::SouthMessage::number`]), which a resend (DUP) of a
+//!   publish never acknowledged keeps: the store answers it as the
+//!   duplicate it is, and it is not stored twice.
+//! - Nothing tells a plain device `rejected`, so it is never refused with
+//!   a reason it could act on: over a per-device limit its PUBACK is
+//!   withheld and its connection closed ([`withhold`]): the device sends
+//!   it again. At the disk budget it waits for room, its PUBACK with it.
+//!   A publish that can never be stored (too large) is dead-lettered and
+//!   acknowledged, as an envelope's would be.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::answer::{reject, Answer, AnswerFuture};
+use super::intake::{north_packet_len, IntakeConfig};
+use super::limits::{Lines, Sender};
+use crate::clip::Clip;
+use crate::ids::{DeviceId, MsgId};
+use crate::metrics::{self, Count};
+use crate::protocol::envelope::{with_publish, RejectCode, Rejection};
+use crate::protocol::plain::{plain_envelope, plain_msg_id, PLAIN_STREAM};
+use crate::protocol::topics::Topics;
+use crate::shutdown::Shutdown;
+use crate::south::SouthMessage;
+use crate::store::record::uplink::{Intake, IntakeOutcome};
+
+/// How often a plain publish waiting at the disk budget looks again.
+const BUDGET_POLL: Duration = Duration::from_millis(500);
+
+/// This run's plain msg_ids: `run` is the wall clock at start (ms, hex)
+/// and 32 random bits, so two runs share it only if both coincide; wills
+/// (which the broker publishes, unnumbered) count on their own as
+/// `p.{run}.w{n}`.
+#[derive(Debug)]
+pub struct PlainIds {
+    run: String,
+    wills: AtomicU64,
+}
+
+impl PlainIds {
+    pub fn new() -> PlainIds {
+        PlainIds {
+            run: format!(
+                "{:x}{:08x}",
+                crate::protocol::now_ms(),
+                rand::random::<u32>()
+            ),
+            wills: AtomicU64::new(0),
+        }
+    }
+
+    /// The msg_id of `msg`.
+    fn of(&self, msg: &SouthMessage) -> MsgId {
+        let id = match msg.number {
+            Some(number) => plain_msg_id(&self.run, number),
+            None => {
+                let will = self.wills.fetch_add(1, Ordering::Relaxed) + 1;
+                format!("p.{}.w{will}", self.run)
+            }
+        };
+        MsgId::new(id).expect("a hex run and numbers make a msg_id")
+    }
+}
+
+impl Default for PlainIds {
+    fn default() -> Self {
+        PlainIds::new()
+    }
+}
+
+/// Counts a plain publish as it comes.
+pub(super) fn count(msg: &SouthMessage) {
+    metrics::count(Count::PlainFromDevices);
+    if msg.qos == Some(0) {
+        metrics::count(Count::PlainQos0FromDevices);
+    }
+}
+
+/// What judging a plain publish needs of intake.
+pub(super) struct Store<'a> {
+    pub cfg: &'a IntakeConfig,
+    pub topics: &'a Topics,
+    pub store: &'a crate::store::Store,
+    pub shutdown: &'a Shutdown,
+}
+
+/// A plain publish over a per-device limit (`detail`): not acknowledged,
+/// so its device's connection ends and it is sent again (QoS 1, 2); a
+/// QoS 0 one is not kept. Counted, and said at most so often per device.
+pub(super) fn withhold(
+    lines: &mut Lines,
+    sender: Sender,
+    detail: String,
+    msg: &SouthMessage,
+) -> super::intake::Verdict {
+    let total = metrics::count(Count::PlainWithheldFromDevices);
+    if lines.admit(&sender, Instant::now()) {
+        let device = sender.as_ref().map_or("-", DeviceId::as_str);
+        warn!(event = "plain_publish_withheld", device, topic = %Clip(&msg.topic), qos = msg.qos, detail = %Clip(&detail), total, "plain device over its limit: publish not acknowledged and its connection closed (QoS 0: not kept); the device sends it again");
+    }
+    super::intake::Verdict::Withheld
+}
+
+/// Stores a plain publish of `device`, answered once it is committed.
+pub(super) fn judge(to: Store<'_>, device: DeviceId, msg: &SouthMessage) -> AnswerFuture {
+    let Store {
+        cfg,
+        topics,
+        store,
+        shutdown,
+    } = to;
+    let msg_id = cfg.plain.of(msg);
+    if let Some(size) = msg.oversize {
+        let rejection = Rejection {
+            code: RejectCode::TooLarge,
+            detail: format!(
+                "{size} bytes > {}, the largest packet a device may send \
+                 (south.max_payload_bytes + 1024)",
+                crate::south::max_packet_bytes(cfg.max_payload_bytes)
+            ),
+            msg_id: Some(msg_id),
+        };
+        return reject(store, Some(device), rejection, msg);
+    }
+    let envelope = plain_envelope(msg_id, &msg.topic, &msg.payload, msg.qos, msg.retain);
+    let envelope = match with_publish(envelope, msg.v5.user.clone(), msg.v5.expiry_s) {
+        Ok(envelope) => envelope,
+        Err(rejection) => return reject(store, Some(device), rejection, msg),
+    };
+    let intake = Intake::new(
+        &cfg.gateway,
+        device.clone(),
+        PLAIN_STREAM.into(),
+        envelope,
+        store.now(),
+    )
+    .received_at(msg.received_ms);
+    let packet = north_packet_len(topics, &intake);
+    if packet > cfg.max_north_packet {
+        let rejection = Rejection {
+            code: RejectCode::TooLarge,
+            detail: format!(
+                "its north packet would be {packet} bytes > north.max_packet_bytes {}",
+                cfg.max_north_packet
+            ),
+            msg_id: Some(intake.msg_id),
+        };
+        return reject(store, Some(device), rejection, msg);
+    }
+    let store = store.clone();
+    let mut shutdown = shutdown.clone();
+    Box::pin(async move {
+        loop {
+            // At the budget it waits, its PUBACK with it (the device is
+            // held back by its own window); at shutdown it is left for the
+            // device to send again.
+            while store.budget().over() {
+                tokio::select! {
+                    _ = tokio::time::sleep(BUDGET_POLL) => {}
+                    _ = shutdown.begun() => return Answer::Withheld,
+                }
+            }
+            let result = store.intake_timed(intake.clone()).await;
+            if !matches!(result, Ok((IntakeOutcome::AtBudget { .. }, _))) {
+                return Answer::Stored {
+                    device,
+                    result,
+                    plain: true,
+                };
+            }
+        }
+    })
+}
