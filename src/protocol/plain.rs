@@ -11,6 +11,8 @@
 //! What ferry adds to a plain uplink it stores: its own `msg_id`
 //! ([`plain_msg_id`]), unique per gateway, and the stream [`PLAIN_STREAM`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde_json::{Map, Value};
 
 use super::depth::{nested_deeper_than, MAX_DEPTH};
@@ -171,6 +173,44 @@ impl PlainTopics {
     pub fn may_publish(&self, bound: bool, client: &str, topic: &str) -> bool {
         self.device(topic)
             .is_some_and(|d| !bound || d.as_str() == client)
+    }
+}
+
+/// This run's plain msg_ids: `run` is the wall clock at start (ms, hex)
+/// and 32 random bits, so two runs share it only if both coincide; wills
+/// (which the broker publishes, unnumbered) count on their own as
+/// `p.{run}.w{n}`.
+#[derive(Debug)]
+pub struct PlainIds {
+    run: String,
+    wills: AtomicU64,
+}
+
+impl PlainIds {
+    pub fn new() -> PlainIds {
+        PlainIds {
+            run: format!("{:x}{:08x}", super::now_ms(), rand::random::<u32>()),
+            wills: AtomicU64::new(0),
+        }
+    }
+
+    /// The msg_id of the publish the broker numbered `number` (a will:
+    /// `None`).
+    pub fn of(&self, number: Option<u64>) -> MsgId {
+        let id = match number {
+            Some(number) => plain_msg_id(&self.run, number),
+            None => {
+                let will = self.wills.fetch_add(1, Ordering::Relaxed) + 1;
+                format!("p.{}.w{will}", self.run)
+            }
+        };
+        MsgId::new(id).expect("a hex run and numbers make a msg_id")
+    }
+}
+
+impl Default for PlainIds {
+    fn default() -> Self {
+        PlainIds::new()
     }
 }
 

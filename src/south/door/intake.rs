@@ -23,7 +23,6 @@
 //! the engine and the downlink task see their input close.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,21 +32,22 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::answer::{finish, reject, Answer, AnswerFuture, Taken, To};
+pub use super::judged::IntakeConfig;
+use super::judged::{north_packet_len, Verdict};
 use super::limits::{Limits, Lines, Rate, Sender};
 use super::route::Route;
 use crate::clip::{self, Clip};
-use crate::config::{RateLimit, MAX_UNANSWERED};
+use crate::config::MAX_UNANSWERED;
 use crate::dead_letter::Direction;
 use crate::ids::DeviceId;
 use crate::metrics::{self, Count};
 use crate::protocol::control::{self, parse_control, Control, ControlKind, Status};
 use crate::protocol::depth::{nested_deeper_than, MAX_DEPTH};
 use crate::protocol::envelope::{parse_uplink, sniff_msg_id, with_publish, RejectCode, Rejection};
-use crate::protocol::publish_packet_len;
 use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
 use crate::south::{DeviceControl, Inbound, SouthMessage, SouthSender};
-use crate::status_file::{LiveEvent, LiveSender};
+use crate::status_file::LiveEvent;
 use crate::store::record::uplink::{Intake, ToEngine};
 use crate::store::{Store, StoreError};
 
@@ -55,56 +55,6 @@ use crate::store::{Store, StoreError};
 /// ([`MAX_UNANSWERED`]), and their payload bytes: past either, intake waits
 /// (and the broker, soon after, holds the devices back).
 const MAX_UNANSWERED_BYTES: usize = 32 << 20;
-
-pub struct IntakeConfig {
-    pub gateway: Arc<str>,
-    pub max_payload_bytes: usize,
-    /// `north.max_packet_bytes`: a message whose north packet would be
-    /// larger can never be published, so it is refused at the door.
-    pub max_north_packet: usize,
-    /// Where device control messages (confirm, pull, ...) go.
-    pub controls: mpsc::Sender<DeviceControl>,
-    /// `south.rate_per_s` and `south.burst`, per device.
-    pub rate: RateLimit,
-    /// `south.max_inflight_per_device`.
-    pub max_inflight_per_device: usize,
-    /// External mode: devices' statuses also go to the status file (the
-    /// only word of their presence there).
-    pub presence: Option<LiveSender>,
-    /// Told of every device that sends something, once a second at most
-    /// (its last seen time).
-    pub seen: LiveSender,
-    /// External mode: plain devices are not held to the per-device limits
-    /// (the site broker bounds them; a publish ferry does not acknowledge
-    /// there would hold every later one).
-    pub external: bool,
-    /// This run's part of plain uplinks' msg_ids.
-    pub plain: super::plain::PlainIds,
-}
-
-impl IntakeConfig {
-    /// Intake as `cfg` has it, handing controls to `controls`; in external
-    /// mode devices' statuses also go to `status_file`.
-    pub fn of(
-        cfg: &crate::config::Config,
-        controls: mpsc::Sender<DeviceControl>,
-        status_file: LiveSender,
-    ) -> IntakeConfig {
-        let external = matches!(cfg.south.mode, crate::config::SouthMode::External(_));
-        IntakeConfig {
-            gateway: Arc::from(cfg.gateway.as_str()),
-            max_payload_bytes: cfg.south.max_payload_bytes,
-            max_north_packet: cfg.north.max_packet_bytes,
-            controls,
-            rate: cfg.south.rate,
-            max_inflight_per_device: cfg.south.max_inflight_per_device,
-            presence: external.then(|| status_file.clone()),
-            seen: status_file,
-            external,
-            plain: super::plain::PlainIds::new(),
-        }
-    }
-}
 
 /// How often buckets that are full again are freed (and the statuses held
 /// for them passed on).
@@ -202,21 +152,6 @@ fn summarise_lines(lines: &mut Lines) {
             "more bad publishes from this device than are logged one by one; all are answered and counted"
         );
     }
-}
-
-/// What intake does with one device publish.
-pub(super) enum Verdict {
-    /// Answer it once `answer` resolves, in arrival order. `in_flight`:
-    /// whom it counts against in flight until then.
-    Answer {
-        answer: AnswerFuture,
-        in_flight: Option<Sender>,
-    },
-    /// Handed on (a control), held, dropped or ignored: nothing to answer.
-    Done,
-    /// A plain publish over a limit: its acknowledgement is withheld
-    /// (`super::plain::withhold`).
-    Withheld,
 }
 
 /// Judges one device publish: over a limit it is refused at once,
@@ -502,12 +437,4 @@ fn judge(
             reject(store, Some(device), rejection, msg)
         }
     }
-}
-
-/// The largest the message's north PUBLISH can be once its seq is spliced in.
-pub(super) fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
-    /// `"seq":` plus a u64 and a comma, in place of nothing.
-    const SEQ_FIELD: usize = 7 + 20;
-    let topic_len = topics.north_up_len(&intake.device, &intake.stream);
-    publish_packet_len(topic_len, intake.body.len() + SEQ_FIELD)
 }

@@ -13,6 +13,8 @@
 //! - A plain device's publish (`south.plain_topics`, no envelope) is
 //!   stored as it came under a msg_id of ferry's own (`plain.rs`); its
 //!   PUBACK is its only receipt.
+//! - `judged.rs` holds what both share: intake's configuration, its
+//!   verdict on a publish, a message's north packet size.
 //! - Every publish's PUBACK (PUBREC) waits for its answer here: after the
 //!   commit, or once its refusal is answered ([`super::Ack`]).
 //!
@@ -22,6 +24,7 @@
 
 mod answer;
 pub mod intake;
+mod judged;
 pub mod limits;
 mod plain;
 mod route;

@@ -2,7 +2,7 @@
 //! (docs/PROTOCOL.md, "Plain devices") is stored as it came, with no
 //! envelope to judge, and its PUBACK (PUBREC) is its only receipt.
 //!
-//! - Its `msg_id` is ferry's own ([`PlainIds`]): `p.{run}.{number}`, the
+//! - Its `msg_id` is ferry's own ([`crate::protocol::plain::PlainIds`]): `p.{run}.{number}`, the
 //!   run unique per gateway start, the number the broker's
 //!   ([`crate::south::SouthMessage::number`]), which a resend (DUP) of a
 //!   publish never acknowledged keeps: the store answers it as the
@@ -14,20 +14,19 @@
 //!   A publish that can never be stored (too large) is dead-lettered and
 //!   acknowledged, as an envelope's would be.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::answer::{reject, Answer, AnswerFuture};
-use super::intake::{north_packet_len, IntakeConfig};
+use super::judged::{north_packet_len, IntakeConfig, Verdict};
 use super::limits::{Lines, Sender};
 use crate::clip::Clip;
-use crate::ids::{DeviceId, MsgId};
+use crate::ids::DeviceId;
 use crate::metrics::{self, Count};
 use crate::protocol::envelope::{with_publish, RejectCode, Rejection};
-use crate::protocol::plain::{plain_envelope, plain_msg_id, PLAIN_STREAM};
+use crate::protocol::plain::{plain_envelope, PLAIN_STREAM};
 use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
 use crate::south::SouthMessage;
@@ -35,47 +34,6 @@ use crate::store::record::uplink::{Intake, IntakeOutcome};
 
 /// How often a plain publish waiting at the disk budget looks again.
 const BUDGET_POLL: Duration = Duration::from_millis(500);
-
-/// This run's plain msg_ids: `run` is the wall clock at start (ms, hex)
-/// and 32 random bits, so two runs share it only if both coincide; wills
-/// (which the broker publishes, unnumbered) count on their own as
-/// `p.{run}.w{n}`.
-#[derive(Debug)]
-pub struct PlainIds {
-    run: String,
-    wills: AtomicU64,
-}
-
-impl PlainIds {
-    pub fn new() -> PlainIds {
-        PlainIds {
-            run: format!(
-                "{:x}{:08x}",
-                crate::protocol::now_ms(),
-                rand::random::<u32>()
-            ),
-            wills: AtomicU64::new(0),
-        }
-    }
-
-    /// The msg_id of `msg`.
-    fn of(&self, msg: &SouthMessage) -> MsgId {
-        let id = match msg.number {
-            Some(number) => plain_msg_id(&self.run, number),
-            None => {
-                let will = self.wills.fetch_add(1, Ordering::Relaxed) + 1;
-                format!("p.{}.w{will}", self.run)
-            }
-        };
-        MsgId::new(id).expect("a hex run and numbers make a msg_id")
-    }
-}
-
-impl Default for PlainIds {
-    fn default() -> Self {
-        PlainIds::new()
-    }
-}
 
 /// Counts a plain publish as it comes.
 pub(super) fn count(msg: &SouthMessage) {
@@ -101,13 +59,13 @@ pub(super) fn withhold(
     sender: Sender,
     detail: String,
     msg: &SouthMessage,
-) -> super::intake::Verdict {
+) -> Verdict {
     let total = metrics::count(Count::PlainWithheldFromDevices);
     if lines.admit(&sender, Instant::now()) {
         let device = sender.as_ref().map_or("-", DeviceId::as_str);
         warn!(event = "plain_publish_withheld", device, topic = %Clip(&msg.topic), qos = msg.qos, detail = %Clip(&detail), total, "plain device over its limit: publish not acknowledged and its connection closed (QoS 0: not kept); the device sends it again");
     }
-    super::intake::Verdict::Withheld
+    Verdict::Withheld
 }
 
 /// Stores a plain publish of `device`, answered once it is committed.
@@ -118,7 +76,7 @@ pub(super) fn judge(to: Store<'_>, device: DeviceId, msg: &SouthMessage) -> Answ
         store,
         shutdown,
     } = to;
-    let msg_id = cfg.plain.of(msg);
+    let msg_id = cfg.plain.of(msg.number);
     if let Some(size) = msg.oversize {
         let rejection = Rejection {
             code: RejectCode::TooLarge,

@@ -1,0 +1,91 @@
+//! What intake is given and what it makes of a publish: its
+//! configuration ([`IntakeConfig`]), its [`Verdict`] on one publish, and
+//! the size of the north packet a message will take, shared by intake and
+//! plain devices.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::answer::AnswerFuture;
+use super::limits::Sender;
+use crate::config::RateLimit;
+use crate::protocol::plain::PlainIds;
+use crate::protocol::publish_packet_len;
+use crate::protocol::topics::Topics;
+use crate::south::DeviceControl;
+use crate::status_file::LiveSender;
+use crate::store::record::uplink::Intake;
+
+pub struct IntakeConfig {
+    pub gateway: Arc<str>,
+    pub max_payload_bytes: usize,
+    /// `north.max_packet_bytes`: a message whose north packet would be
+    /// larger can never be published, so it is refused at the door.
+    pub max_north_packet: usize,
+    /// Where device control messages (confirm, pull, ...) go.
+    pub controls: mpsc::Sender<DeviceControl>,
+    /// `south.rate_per_s` and `south.burst`, per device.
+    pub rate: RateLimit,
+    /// `south.max_inflight_per_device`.
+    pub max_inflight_per_device: usize,
+    /// External mode: devices' statuses also go to the status file (the
+    /// only word of their presence there).
+    pub presence: Option<LiveSender>,
+    /// Told of every device that sends something, once a second at most
+    /// (its last seen time).
+    pub seen: LiveSender,
+    /// External mode: plain devices are not held to the per-device limits
+    /// (the site broker bounds them; a publish ferry does not acknowledge
+    /// there would hold every later one).
+    pub external: bool,
+    /// This run's part of plain uplinks' msg_ids.
+    pub plain: PlainIds,
+}
+
+impl IntakeConfig {
+    /// Intake as `cfg` has it, handing controls to `controls`; in external
+    /// mode devices' statuses also go to `status_file`.
+    pub fn of(
+        cfg: &crate::config::Config,
+        controls: mpsc::Sender<DeviceControl>,
+        status_file: LiveSender,
+    ) -> IntakeConfig {
+        let external = matches!(cfg.south.mode, crate::config::SouthMode::External(_));
+        IntakeConfig {
+            gateway: Arc::from(cfg.gateway.as_str()),
+            max_payload_bytes: cfg.south.max_payload_bytes,
+            max_north_packet: cfg.north.max_packet_bytes,
+            controls,
+            rate: cfg.south.rate,
+            max_inflight_per_device: cfg.south.max_inflight_per_device,
+            presence: external.then(|| status_file.clone()),
+            seen: status_file,
+            external,
+            plain: PlainIds::new(),
+        }
+    }
+}
+
+/// What intake does with one device publish.
+pub(super) enum Verdict {
+    /// Answer it once `answer` resolves, in arrival order. `in_flight`:
+    /// whom it counts against in flight until then.
+    Answer {
+        answer: AnswerFuture,
+        in_flight: Option<Sender>,
+    },
+    /// Handed on (a control), held, dropped or ignored: nothing to answer.
+    Done,
+    /// A plain publish over a limit: its acknowledgement is withheld
+    /// (`super::plain::withhold`).
+    Withheld,
+}
+
+/// The largest the message's north PUBLISH can be once its seq is spliced in.
+pub(super) fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
+    /// `"seq":` plus a u64 and a comma, in place of nothing.
+    const SEQ_FIELD: usize = 7 + 20;
+    let topic_len = topics.north_up_len(&intake.device, &intake.stream);
+    publish_packet_len(topic_len, intake.body.len() + SEQ_FIELD)
+}
