@@ -105,6 +105,15 @@ mod sessions;
 mod stock;
 mod v5;
 
+/// The `-V` value for a level.
+pub fn v(level: &str) -> &'static str {
+    match level {
+        "31" => "mqttv31",
+        "311" => "mqttv311",
+        _ => "mqttv5",
+    }
+}
+
 /// A gateway for one test: the upstream Mosquitto, ferry on it, and a
 /// backend reading north (acking nothing, so the only receipts are
 /// `stored`).

@@ -9,18 +9,10 @@ use base64::Engine;
 use serde_json::Value;
 
 use super::runner::tool;
-use super::Gw;
+use super::{v, Gw};
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_20: Duration = Duration::from_secs(20);
-
-fn v(level: &str) -> &'static str {
-    match level {
-        "31" => "mqttv31",
-        "311" => "mqttv311",
-        _ => "mqttv5",
-    }
-}
 
 /// QoS 0, 1 and 2 from `mosquitto_pub` on `plant/line3/{device}/temp`,
 /// one a JSON number and one text that is not JSON (carried base64): each

@@ -7,18 +7,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::runner::{tool, Running};
-use super::Gw;
+use super::{v, Gw};
 
 const SECS_10: Duration = Duration::from_secs(10);
-
-/// The `-V` value for a level.
-fn v(level: &str) -> &'static str {
-    match level {
-        "31" => "mqttv31",
-        "311" => "mqttv311",
-        _ => "mqttv5",
-    }
-}
 
 at_levels!(mosquitto_rr_gets_its_stored_receipt: v31 => "31", v311 => "311", v5 => "5");
 

@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 
 use super::answer::{finish, reject, Answer, AnswerFuture, Taken, To};
 pub use super::judged::IntakeConfig;
-use super::judged::{north_packet_len, Verdict};
+use super::judged::{too_large_north, Verdict};
 use super::limits::{Limits, Lines, Rate, Sender};
 use super::route::Route;
 use crate::clip::{self, Clip};
@@ -408,16 +408,7 @@ fn judge(
             let now = store.now();
             let intake = Intake::new(&cfg.gateway, device.clone(), stream, envelope, now)
                 .received_at(msg.received_ms);
-            let packet = north_packet_len(topics, &intake);
-            if packet > cfg.max_north_packet {
-                let rejection = Rejection {
-                    code: RejectCode::TooLarge,
-                    detail: format!(
-                        "its north packet would be {packet} bytes > north.max_packet_bytes {}",
-                        cfg.max_north_packet
-                    ),
-                    msg_id: Some(intake.msg_id),
-                };
+            if let Some(rejection) = too_large_north(cfg, topics, &intake) {
                 return reject(store, Some(device), rejection, msg);
             }
             let stored = store.intake_timed(intake);

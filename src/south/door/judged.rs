@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use super::answer::AnswerFuture;
 use super::limits::Sender;
 use crate::config::RateLimit;
+use crate::protocol::envelope::{RejectCode, Rejection};
 use crate::protocol::plain::PlainIds;
 use crate::protocol::publish_packet_len;
 use crate::protocol::topics::Topics;
@@ -82,8 +83,26 @@ pub(super) enum Verdict {
     Withheld,
 }
 
+/// Why `intake` can never go north, if its north PUBLISH would be larger
+/// than `north.max_packet_bytes`: refused at the door instead.
+pub(super) fn too_large_north(
+    cfg: &IntakeConfig,
+    topics: &Topics,
+    intake: &Intake,
+) -> Option<Rejection> {
+    let packet = north_packet_len(topics, intake);
+    (packet > cfg.max_north_packet).then(|| Rejection {
+        code: RejectCode::TooLarge,
+        detail: format!(
+            "its north packet would be {packet} bytes > north.max_packet_bytes {}",
+            cfg.max_north_packet
+        ),
+        msg_id: Some(intake.msg_id.clone()),
+    })
+}
+
 /// The largest the message's north PUBLISH can be once its seq is spliced in.
-pub(super) fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
+fn north_packet_len(topics: &Topics, intake: &Intake) -> usize {
     /// `"seq":` plus a u64 and a comma, in place of nothing.
     const SEQ_FIELD: usize = 7 + 20;
     let topic_len = topics.north_up_len(&intake.device, &intake.stream);

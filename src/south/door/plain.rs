@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::answer::{reject, Answer, AnswerFuture};
-use super::judged::{north_packet_len, IntakeConfig, Verdict};
+use super::judged::{too_large_north, IntakeConfig, Verdict};
 use super::limits::{Lines, Sender};
 use crate::clip::Clip;
 use crate::ids::DeviceId;
@@ -102,16 +102,7 @@ pub(super) fn judge(to: Store<'_>, device: DeviceId, msg: &SouthMessage) -> Answ
         store.now(),
     )
     .received_at(msg.received_ms);
-    let packet = north_packet_len(topics, &intake);
-    if packet > cfg.max_north_packet {
-        let rejection = Rejection {
-            code: RejectCode::TooLarge,
-            detail: format!(
-                "its north packet would be {packet} bytes > north.max_packet_bytes {}",
-                cfg.max_north_packet
-            ),
-            msg_id: Some(intake.msg_id),
-        };
+    if let Some(rejection) = too_large_north(cfg, topics, &intake) {
         return reject(store, Some(device), rejection, msg);
     }
     let store = store.clone();
