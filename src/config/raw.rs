@@ -126,6 +126,9 @@ pub struct RawSouth {
     /// Topic filters with one `{device}` level: a publish matching one is
     /// a plain uplink of that device (no envelope).
     pub plain_topics: Vec<String>,
+    /// A topic with one `{device}` level: plain devices' downlinks go
+    /// there as their bare payload.
+    pub plain_down: Option<String>,
     /// Largest accepted uplink envelope, bytes.
     pub max_payload_bytes: usize,
     /// Device topic prefix.
@@ -243,6 +246,7 @@ impl Default for RawSouth {
             listen: "127.0.0.1:1883".into(),
             listeners: Vec::new(),
             plain_topics: Vec::new(),
+            plain_down: None,
             auth: "none".into(),
             password_file: PathBuf::new(),
             allow_anonymous: false,

@@ -13,6 +13,7 @@ use super::tls::{self, ClientTls, ListenerTls};
 use super::version::MqttVersion;
 use crate::ids::GatewayId;
 use crate::protocol::plain::{PlainFilter, PlainTopics};
+use crate::protocol::plain_down::PlainDown;
 
 /// The longest `south.max_session_expiry_s` allowed: 30 days.
 const MAX_SESSION_EXPIRY_S: u64 = 30 * 24 * 3600;
@@ -30,6 +31,9 @@ pub struct SouthConfig {
     pub listeners: Vec<Listener>,
     /// `south.plain_topics`: where plain devices publish.
     pub plain_topics: PlainTopics,
+    /// `south.plain_down`: where plain devices' downlinks go (embedded
+    /// mode only).
+    pub plain_down: Option<PlainDown>,
     pub max_payload_bytes: usize,
     pub topic_prefix: String,
     pub max_connections: usize,
@@ -178,6 +182,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
         .and_then(|listeners| p.take(south_auth(raw, listeners, external)));
     let mqtt_version = p.take(MqttVersion::parse("south.mqtt_version", &raw.mqtt_version));
     let south_mode = mqtt_version.and_then(|v| p.take(mode_of(raw, gateway, mode, v)));
+    let plain_down = plain_down(raw, external, p);
     let south_tls = match south_mode.as_ref()? {
         SouthMode::Embedded => p.take(tls::listener(listener_tls))?,
         SouthMode::External(_) => None,
@@ -188,6 +193,7 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
         listen: listeners.as_ref()?[0].listen,
         listeners: listeners?,
         plain_topics: plain_topics?,
+        plain_down: plain_down?,
         max_payload_bytes: raw.max_payload_bytes,
         topic_prefix: raw.topic_prefix.clone(),
         max_connections: raw.max_connections,
@@ -204,6 +210,29 @@ pub(super) fn check(raw: &RawSouth, gateway: &GatewayId, p: &mut Problems) -> Op
         },
         max_inflight_per_device: raw.max_inflight_per_device,
     })
+}
+
+/// `south.plain_down`, if set: embedded mode only (only the device port
+/// sees a device's PUBACK, which is its `delivered`). `None` when it has a
+/// problem (noted); `Some(None)` when unset.
+fn plain_down(raw: &RawSouth, external: bool, p: &mut Problems) -> Option<Option<PlainDown>> {
+    let Some(text) = &raw.plain_down else {
+        return Some(None);
+    };
+    let why = if external {
+        "is for embedded mode only: the site broker keeps a device's PUBACK, which is its          `delivered`, to itself"
+            .to_string()
+    } else {
+        match PlainDown::parse(text, &[raw.topic_prefix.as_str()]) {
+            Ok(down) => return Some(Some(down)),
+            Err(why) => why,
+        }
+    };
+    p.note(ConfigError::new(
+        "south.plain_down",
+        format!("{text:?} {why}"),
+    ));
+    None
 }
 
 /// `south.plain_topics`, each filter's problem noted under its place.

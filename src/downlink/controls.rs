@@ -61,7 +61,7 @@ impl Downlink {
     }
 
     /// Waits for a cursor-moving request; its outcome arrives as `Done::Moved`.
-    fn commit_move(
+    pub(super) fn commit_move(
         &mut self,
         device: &DeviceId,
         moved: impl Future<Output = Result<CursorMove, StoreError>> + Send + 'static,

@@ -24,6 +24,7 @@
 
 mod controls;
 mod intake;
+mod plain;
 mod presence;
 mod receipts;
 mod receipts_north;
@@ -77,6 +78,8 @@ pub struct DownlinkSettings {
     /// Times a lone receipt may be refused by the upstream before it is
     /// dead-lettered (`retry.max_attempts`).
     pub max_attempts: u32,
+    /// `south.plain_down`: where plain devices take their downlinks.
+    pub plain_down: Option<crate::protocol::plain_down::PlainDown>,
 }
 
 impl DownlinkSettings {
@@ -88,6 +91,7 @@ impl DownlinkSettings {
             groups: cfg.groups.clone(),
             max_payload_bytes: cfg.south.max_payload_bytes,
             max_attempts: cfg.retry.max_attempts,
+            plain_down: cfg.south.plain_down.clone(),
         }
     }
 }
@@ -382,14 +386,17 @@ impl Downlink {
                     (Some(f), Some(l)) => Some((f.seq, l.seq, read.entries.len())),
                     _ => None,
                 };
-                if let Verdict::Send { more } = self.scheduler.on_read(
+                let verdict = self.scheduler.on_read(
                     &device,
                     gen,
                     span,
                     read.head,
                     reply_empty,
                     Instant::now(),
-                ) {
+                );
+                if verdict != Verdict::Drop && self.scheduler.is_plain(&device) {
+                    self.send_plain(&device, &read.entries).await;
+                } else if let Verdict::Send { more } = verdict {
                     let body = inbox_batch(read.entries.iter().map(BatchEntry::row), more);
                     let bytes = body.len();
                     self.south

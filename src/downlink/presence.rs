@@ -12,6 +12,13 @@ impl Downlink {
         let actions = match p {
             Presence::Online(device) => self.scheduler.on_online(&device),
             Presence::Ready(device) => self.scheduler.on_subscribed(&device, Instant::now()),
+            Presence::PlainReady(device) => {
+                self.scheduler.on_subscribed_plain(&device, Instant::now())
+            }
+            Presence::PlainDelivered(device, seq) => {
+                self.on_plain_delivered(&device, seq);
+                Vec::new()
+            }
             Presence::Offline(device) => {
                 self.scheduler.on_offline(&device);
                 Vec::new()

@@ -118,6 +118,10 @@ struct Device {
     subscribed_at: Option<Instant>,
     /// Times the current batch went unconfirmed (the timeout doubles).
     resends: u32,
+    /// A plain device (it subscribed to its `south.plain_down` topic): a
+    /// batch is one message, confirmed by its PUBACK, and never resent on
+    /// a timeout (MQTT resends only on a new connection).
+    plain: bool,
 }
 
 pub struct DownScheduler {
@@ -172,6 +176,7 @@ impl DownScheduler {
                 status: Status::Loading { pull },
                 subscribed_at: None,
                 resends: 0,
+                plain: false,
             },
         );
         Some(vec![DownAction::LoadCursors(device.clone())])
@@ -184,9 +189,25 @@ impl DownScheduler {
     /// The device (re)subscribed to its inbox: a batch sent before this may
     /// never have reached it, so start again from the cursor.
     pub fn on_subscribed(&mut self, device: &DeviceId, now: Instant) -> Vec<DownAction> {
+        self.subscribed(device, now, false)
+    }
+
+    /// The device (re)subscribed to its plain command topic: from now on
+    /// it is sent its downlinks one by one, from the cursor.
+    pub fn on_subscribed_plain(&mut self, device: &DeviceId, now: Instant) -> Vec<DownAction> {
+        self.subscribed(device, now, true)
+    }
+
+    /// Whether the device takes its downlinks bare, one by one.
+    pub fn is_plain(&self, device: &DeviceId) -> bool {
+        self.devices.get(device).is_some_and(|d| d.plain)
+    }
+
+    fn subscribed(&mut self, device: &DeviceId, now: Instant, plain: bool) -> Vec<DownAction> {
         let arrived = self.arrive(device, None);
         let d = self.devices.get_mut(device).expect("arrived");
         d.subscribed_at = Some(now);
+        d.plain = plain;
         if let Some(actions) = arrived {
             return actions;
         }
@@ -413,8 +434,10 @@ impl DownScheduler {
             resends: d.resends,
         };
         d.status = Status::AwaitingConfirm { cursors, batch };
-        let timeout = self.cfg.confirm_timeout * 2u32.pow(d.resends.min(4));
-        self.timers.insert(device.clone(), now + timeout);
+        if !d.plain {
+            let timeout = self.cfg.confirm_timeout * 2u32.pow(d.resends.min(4));
+            self.timers.insert(device.clone(), now + timeout);
+        }
         Verdict::Send { more: last < head }
     }
 
@@ -456,10 +479,11 @@ impl DownScheduler {
             from: cursors.delivered_upto,
             pulled: false,
         };
+        let limit = if d.plain { 1 } else { self.cfg.batch_size };
         vec![DownAction::Read {
             device: device.clone(),
             after: cursors.delivered_upto,
-            limit: self.cfg.batch_size,
+            limit,
             gen,
             reply_empty: false,
         }]

@@ -32,6 +32,7 @@ pub mod envelope;
 pub mod inbox;
 pub mod north;
 pub mod plain;
+pub mod plain_down;
 #[cfg(test)]
 mod props;
 pub mod receipt;

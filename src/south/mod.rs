@@ -79,10 +79,16 @@ fn report_presence(
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Some(p) = presence.recv().await {
-            let _ = status.send(match &p {
-                Presence::Online(d) | Presence::Ready(d) => LiveEvent::DeviceOnline(d.clone()),
-                Presence::Offline(d) => LiveEvent::DeviceOffline(d.clone()),
-            });
+            let live = match &p {
+                Presence::Online(d) | Presence::Ready(d) | Presence::PlainReady(d) => {
+                    Some(LiveEvent::DeviceOnline(d.clone()))
+                }
+                Presence::Offline(d) => Some(LiveEvent::DeviceOffline(d.clone())),
+                Presence::PlainDelivered(..) => None,
+            };
+            if let Some(live) = live {
+                let _ = status.send(live);
+            }
             if tx.send(p).is_err() {
                 return;
             }

@@ -26,7 +26,8 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::deadlines::{sleep_until, Deadlines};
-use crate::ids::DeviceId;
+use crate::ids::{DeviceId, Seq};
+use crate::protocol::plain_down::PlainDown;
 use crate::protocol::topics::Topics;
 
 /// A device the broker saw connect is taken as online after this, unless it
@@ -40,6 +41,12 @@ pub enum Presence {
     Online(DeviceId),
     /// Subscribed to its inbox: ready for a batch from its cursor.
     Ready(DeviceId),
+    /// Subscribed to its plain command topic (`south.plain_down`): ready
+    /// for its downlinks one by one, bare, from its cursor.
+    PlainReady(DeviceId),
+    /// It acknowledged (PUBACK) the plain downlink of this seq: its
+    /// `delivered`.
+    PlainDelivered(DeviceId, Seq),
     Offline(DeviceId),
 }
 
@@ -50,8 +57,12 @@ pub async fn run(
     mut events: mpsc::UnboundedReceiver<ClientEvent>,
     out: mpsc::UnboundedSender<Presence>,
     topics: Topics,
+    plain_down: Option<PlainDown>,
 ) {
-    let mut tracker = Tracker::default();
+    let mut tracker = Tracker {
+        plain_down,
+        ..Tracker::default()
+    };
     let mut lines = Lines::default();
     loop {
         let next = tracker.grace.next();
@@ -97,7 +108,7 @@ impl Lines {
         let (client_id, connected) = match event {
             ClientEvent::Connected { client_id } => (client_id, true),
             ClientEvent::Disconnected { client_id } => (client_id, false),
-            ClientEvent::Subscribed { .. } => return,
+            ClientEvent::Subscribed { .. } | ClientEvent::Delivered { .. } => return,
         };
         // The gateway's own link is no device.
         let Ok(device) = DeviceId::new(client_id.as_str()) else {
@@ -131,6 +142,8 @@ impl Lines {
 #[derive(Default)]
 struct Tracker {
     grace: Deadlines<DeviceId>,
+    /// `south.plain_down`, whose subscriptions say a plain device is ready.
+    plain_down: Option<PlainDown>,
 }
 
 impl Tracker {
@@ -155,7 +168,20 @@ impl Tracker {
                     self.grace.remove(&device);
                     vec![Presence::Ready(device)]
                 }
+                Ok(device)
+                    if self
+                        .plain_down
+                        .as_ref()
+                        .is_some_and(|d| d.is_of(device.as_str(), &filter)) =>
+                {
+                    self.grace.remove(&device);
+                    vec![Presence::PlainReady(device)]
+                }
                 _ => Vec::new(),
+            },
+            ClientEvent::Delivered { client_id, tag } => match DeviceId::new(client_id) {
+                Ok(device) => vec![Presence::PlainDelivered(device, Seq(tag))],
+                Err(_) => Vec::new(),
             },
         }
     }
@@ -213,6 +239,41 @@ mod tests {
         assert!(t.due(now).is_empty(), "not before the grace");
         assert_eq!(t.due(now + CONNECT_GRACE), vec![Presence::Online(dev("a"))]);
         assert!(t.due(now + CONNECT_GRACE * 2).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_subscription_to_its_plain_command_topic_makes_a_device_plain_ready() {
+        let plain_down = PlainDown::parse("cmd/{device}", &["devices"]).unwrap();
+        let (mut t, now) = (
+            Tracker {
+                plain_down: Some(plain_down),
+                ..Tracker::default()
+            },
+            Instant::now(),
+        );
+        t.on_event(connected("a"), &topics(), now);
+        let other = ClientEvent::Subscribed {
+            client_id: "a".into(),
+            filter: "cmd/b".into(),
+        };
+        assert!(t.on_event(other, &topics(), now).is_empty(), "not its own");
+        let own = ClientEvent::Subscribed {
+            client_id: "a".into(),
+            filter: "cmd/a".into(),
+        };
+        assert_eq!(
+            t.on_event(own, &topics(), now),
+            vec![Presence::PlainReady(dev("a"))]
+        );
+        assert!(t.due(now + CONNECT_GRACE).is_empty(), "grace dropped");
+        let acked = ClientEvent::Delivered {
+            client_id: "a".into(),
+            tag: 7,
+        };
+        assert_eq!(
+            t.on_event(acked, &topics(), now),
+            vec![Presence::PlainDelivered(dev("a"), Seq(7))]
+        );
     }
 
     #[test]

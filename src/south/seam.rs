@@ -168,6 +168,7 @@ impl SouthSender {
                     client_id: device.to_string(),
                     topic: Bytes::from(topic),
                     payload,
+                    tag: None,
                 };
                 deliver(tx, vec![publish]).await
             }
@@ -183,6 +184,34 @@ impl SouthSender {
                 }
                 true
             }
+        }
+    }
+
+    /// Queues plain downlink `seq` to a device on its command topic
+    /// (`south.plain_down`), tagged with its seq: the device's PUBACK comes
+    /// back as [`presence::Presence::PlainDelivered`]. Offered again while
+    /// queued or in flight, it is not sent twice; a device not connected
+    /// is not sent it (it is offered again when the device is back).
+    /// Embedded mode only (the configuration allows `plain_down` nowhere
+    /// else): elsewhere nothing is sent. False once the south side is gone.
+    pub async fn publish_plain(
+        &self,
+        device: &DeviceId,
+        topic: String,
+        payload: Bytes,
+        seq: crate::ids::Seq,
+    ) -> bool {
+        match &self.0 {
+            Outbound::Embedded(tx) => {
+                let publish = DirectPublish {
+                    client_id: device.to_string(),
+                    topic: Bytes::from(topic),
+                    payload,
+                    tag: Some(seq.0),
+                };
+                deliver(tx, vec![publish]).await
+            }
+            Outbound::External(_) => true,
         }
     }
 

@@ -99,6 +99,7 @@ macro_rules! at_levels {
 
 mod connect;
 mod plain;
+mod plain_down;
 mod publish;
 mod runner;
 mod sessions;

@@ -152,3 +152,39 @@ fn an_open_listener_off_loopback_is_refused_though_another_requires_certificates
     });
     assert_eq!(got, Vec::<String>::new(), "plain TCP on loopback");
 }
+
+#[test]
+fn plain_down_is_one_topic_per_device_in_embedded_mode_only() {
+    let cfg =
+        load_str("[gateway]\nid = \"g\"\n[south]\nplain_down = \"plant/cmd/{device}\"\n").unwrap();
+    let down = cfg.south.plain_down.expect("set");
+    assert_eq!(
+        down.topic(&crate::ids::DeviceId::new("press-7").unwrap()),
+        "plant/cmd/press-7"
+    );
+    assert!(load_str("[gateway]\nid = \"g\"\n")
+        .unwrap()
+        .south
+        .plain_down
+        .is_none());
+    for bad in [
+        "plant/cmd/+",
+        "plant/cmd",
+        "devices/{device}",
+        "$x/{device}",
+    ] {
+        assert_eq!(
+            keys(|c| c.south.plain_down = Some(bad.into())),
+            ["south.plain_down"],
+            "{bad}"
+        );
+    }
+    let external = keys(|c| {
+        c.south.mode = "external".into();
+        c.south.plain_down = Some("plant/cmd/{device}".into());
+    });
+    assert!(
+        external.contains(&"south.plain_down".to_string()),
+        "{external:?}"
+    );
+}

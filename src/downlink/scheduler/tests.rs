@@ -388,3 +388,36 @@ async fn a_pull_past_the_head_is_answered_empty_and_leaves_the_cursor_alone() {
         "new messages go from the cursor"
     );
 }
+
+#[test]
+fn a_plain_device_is_sent_one_at_a_time_and_never_resent_on_an_open_connection() {
+    let t0 = Instant::now();
+    let mut s = DownScheduler::new(cfg());
+    assert_eq!(
+        s.on_subscribed_plain(&dev(), t0),
+        vec![DownAction::LoadCursors(dev())]
+    );
+    assert!(s.is_plain(&dev()));
+    let (after, limit, gen) = read_of(&s.on_cursors(&dev(), cursors(5, 0))).unwrap();
+    assert_eq!((after, limit), (0, 1), "one message, not a batch of 3");
+    assert_eq!(
+        s.on_read(&dev(), gen, Some((Seq(1), Seq(1), 1)), Seq(5), false, t0),
+        Verdict::Send { more: true }
+    );
+    assert_eq!(
+        s.next_deadline(),
+        None,
+        "its PUBACK is waited for, not timed"
+    );
+    assert!(s.on_tick(t0 + Duration::from_secs(3600)).is_empty());
+    let (released, acts) = s.on_cursor_moved(&dev(), cursors(5, 1), Some(Seq(1)));
+    assert_eq!(released.map(|o| o.first.0), Some(1));
+    assert_eq!(
+        read_of(&acts).map(|r| (r.0, r.1)),
+        Some((1, 1)),
+        "then the next"
+    );
+    // Subscribing to its inbox makes it an envelope device again.
+    s.on_subscribed(&dev(), t0);
+    assert!(!s.is_plain(&dev()));
+}

@@ -27,6 +27,10 @@ pub mod reason {
         format!("nacked: {reason}")
     }
 
+    /// A downlink for a plain device whose body has no payload to send
+    /// bare (`south.plain_down`).
+    pub const NOT_PLAIN: &str = "malformed: no payload or payload_b64 to send to a plain device";
+
     /// A downlink refused at intake, with its dead letter.
     pub fn rejected(reason: &str, dead_letter: i64) -> String {
         format!("{reason} (dead letter {dead_letter})")

@@ -359,6 +359,21 @@ pub fn own_subscribe_filter(prefix: &str, client_id: &str, filter: &str) -> bool
         .is_some_and(|rest| matches!(rest, "ack" | "inbox"))
 }
 
+/// ferry: whether a remote client `client_id` may subscribe to `filter`
+/// under isolation `prefix`: its own `ack` and `inbox`, or `also` (see
+/// [`RouterConfig::also_subscribe`]) with its own id in it.
+pub fn may_subscribe(prefix: &str, also: Option<&str>, client_id: &str, filter: &str) -> bool {
+    own_subscribe_filter(prefix, client_id, filter)
+        || also.is_some_and(|t| {
+            t.split_once("{device}").is_some_and(|(head, tail)| {
+                filter.len() == head.len() + client_id.len() + tail.len()
+                    && filter.starts_with(head)
+                    && filter.ends_with(tail)
+                    && &filter[head.len()..head.len() + client_id.len()] == client_id
+            })
+        })
+}
+
 impl ConnectionSettings {
     pub fn set_auth_handler<F, O>(&mut self, auth_fn: F)
     where
@@ -435,6 +450,11 @@ pub struct RouterConfig {
     /// upstream's behaviour.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// ferry: under isolation, one more topic a remote client may subscribe
+    /// to: this one with `{device}` replaced by its client id, exactly (the
+    /// gateway's plain devices' downlink topic, e.g. `plant/cmd/{device}`).
+    #[serde(default)]
+    pub also_subscribe: Option<String>,
     /// ferry: most sessions kept for clients that are away, with
     /// `ephemeral` (see `router/sessions.rs`; how long each lives is its
     /// connection's session expiry, [`ConnectionSettings::max_session_expiry`]

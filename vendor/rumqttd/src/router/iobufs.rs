@@ -82,12 +82,15 @@ pub struct Out {
     handle: Option<Sender<()>>,
     /// The buffer to keep track of inflight packets.
     inflight_buffer: VecDeque<(u16, FilterIdx, Option<Cursor>)>,
-    /// Direct publishes (and their QoS) waiting for a free slot.
-    pub(crate) direct: VecDeque<(crate::protocol::Publish, u8)>,
-    /// The QoS 1 direct publishes in flight, oldest first (their
-    /// `inflight_buffer` entries are under [`DIRECT_FILTER`]), kept for a
-    /// session that outlives the connection.
-    direct_inflight: VecDeque<crate::protocol::Publish>,
+    /// Direct publishes (their QoS, their tag) waiting for a free slot.
+    pub(crate) direct: VecDeque<(crate::protocol::Publish, u8, Option<u64>)>,
+    /// The QoS 1 direct publishes in flight and their tags, oldest first
+    /// (their `inflight_buffer` entries are under [`DIRECT_FILTER`]), kept
+    /// for a session that outlives the connection.
+    direct_inflight: VecDeque<(crate::protocol::Publish, Option<u64>)>,
+    /// Where the client's PUBACK of a tagged direct publish is told
+    /// ([`crate::ClientEvent::Delivered`]): the router's client events.
+    pub(crate) events: Option<tokio::sync::mpsc::UnboundedSender<crate::ClientEvent>>,
     /// The CONNACK is not out yet: nothing is delivered before it.
     pub(crate) connack_pending: bool,
     /// Last packet id
@@ -213,6 +216,15 @@ impl Out {
     /// matches the topic (at that subscription's QoS, at most 1), and
     /// moves what is queued into flight while there is room.
     pub(crate) fn deliver(&mut self, d: crate::DirectPublish) -> Delivered {
+        // A tagged publish already queued or in flight is not sent twice:
+        // the gateway may offer it again (a resumed session holds it).
+        if let Some(tag) = d.tag {
+            let held = self.direct.iter().any(|(_, _, t)| *t == Some(tag))
+                || self.direct_inflight.iter().any(|(_, t)| *t == Some(tag));
+            if held {
+                return Delivered::Queued;
+            }
+        }
         let topic = std::str::from_utf8(&d.topic).unwrap_or_default();
         let qos = self
             .subscriptions
@@ -253,7 +265,7 @@ impl Out {
             pkid: 0,
             payload: d.payload,
         };
-        self.direct.push_back((publish, qos));
+        self.direct.push_back((publish, qos, d.tag));
         Delivered::Queued
     }
 
@@ -264,11 +276,11 @@ impl Out {
         if self.connack_pending {
             return false;
         }
-        while let Some((_, qos)) = self.direct.front() {
+        while let Some((_, qos, _)) = self.direct.front() {
             if *qos > 0 && self.free_slots() == 0 {
                 break;
             }
-            let (mut publish, qos) = self.direct.pop_front().expect("front exists");
+            let (mut publish, qos, tag) = self.direct.pop_front().expect("front exists");
             moved = true;
             if qos == 0 {
                 let forward = Forward {
@@ -293,7 +305,7 @@ impl Out {
             } else {
                 self.last_pkid = publish.pkid;
             }
-            self.direct_inflight.push_back(publish.clone());
+            self.direct_inflight.push_back((publish.clone(), tag));
             self.inflight_buffer
                 .push_back((publish.pkid, DIRECT_FILTER, None));
             self.meter.publish_count += 1;
@@ -318,7 +330,7 @@ impl Out {
     pub fn register_ack(&mut self, pkid: u16) -> Option<()> {
         let (head, filter_idx, _cursor) = self.inflight_buffer.pop_front()?;
         if filter_idx == DIRECT_FILTER {
-            self.direct_inflight.pop_front();
+            self.direct_acked();
         }
 
         // We don't support out of order acks
@@ -339,12 +351,25 @@ impl Out {
         match self.inflight_buffer.front() {
             Some(&(head, DIRECT_FILTER, _)) if head == pkid => {
                 self.inflight_buffer.pop_front();
-                self.direct_inflight.pop_front();
+                self.direct_acked();
                 self.flush_direct();
                 self.update_behind();
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The direct publish at the head of the flight is acknowledged: its
+    /// tag, if it has one, is told as delivered.
+    fn direct_acked(&mut self) {
+        if let Some((_, Some(tag))) = self.direct_inflight.pop_front() {
+            if let Some(events) = &self.events {
+                let _ = events.send(crate::ClientEvent::Delivered {
+                    client_id: self.client_id.clone(),
+                    tag,
+                });
+            }
         }
     }
 
@@ -374,13 +399,17 @@ impl Out {
     /// The QoS 1 direct publishes not acknowledged, in the order they
     /// were meant to reach the client: those in flight, then those queued
     /// (for a session that outlives the connection).
-    pub(crate) fn take_unacked_direct(&mut self) -> Vec<crate::protocol::Publish> {
+    ///
+    /// A tagged one is kept only while in flight, with its tag (its packet
+    /// id names it again on resume); one queued is the gateway's to offer
+    /// again when the client is back.
+    pub(crate) fn take_unacked_direct(&mut self) -> Vec<(crate::protocol::Publish, Option<u64>)> {
         let mut unacked: Vec<_> = self.direct_inflight.drain(..).collect();
         unacked.extend(
             self.direct
                 .drain(..)
-                .filter(|(_, q)| *q > 0)
-                .map(|(p, _)| p),
+                .filter(|(_, q, tag)| *q > 0 && tag.is_none())
+                .map(|(p, _, _)| (p, None)),
         );
         unacked
     }
@@ -428,6 +457,7 @@ impl Outgoing {
             inflight_buffer: VecDeque::new(),
             direct: VecDeque::new(),
             direct_inflight: VecDeque::new(),
+            events: None,
             connack_pending: true,
             last_pkid: 0,
             max_inflight: MAX_INFLIGHT,
@@ -486,7 +516,7 @@ impl Outgoing {
         self.lock().register_ack(pkid)
     }
 
-    pub(crate) fn take_unacked_direct(&mut self) -> Vec<crate::protocol::Publish> {
+    pub(crate) fn take_unacked_direct(&mut self) -> Vec<(crate::protocol::Publish, Option<u64>)> {
         self.lock().take_unacked_direct()
     }
 
@@ -566,6 +596,7 @@ mod test {
             client_id: "dev-1".into(),
             topic: bytes::Bytes::copy_from_slice(topic.as_bytes()),
             payload: bytes::Bytes::from_static(b"{}"),
+            tag: None,
         }
     }
 
@@ -643,7 +674,7 @@ mod test {
             again.qos = crate::protocol::QoS::AtLeastOnce;
             again.pkid = 7;
             again.dup = true;
-            out.direct.push_front((again, 1));
+            out.direct.push_front((again, 1, None));
             out.deliver(direct("devices/dev-1/ack"));
             out.flush_direct();
         }
@@ -651,9 +682,48 @@ mod test {
         let mut out = outgoing.lock();
         let unacked = out.take_unacked_direct();
         assert_eq!(
-            unacked.iter().map(|p| p.pkid).collect::<Vec<_>>(),
+            unacked.iter().map(|(p, _)| p.pkid).collect::<Vec<_>>(),
             [7, 8],
             "what is in flight keeps the ids it was sent under"
+        );
+    }
+
+    #[test]
+    fn a_tagged_publish_is_offered_once_its_puback_told_and_only_its_flight_kept() {
+        let (outgoing, _rx) = connected(1, 0);
+        let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let tagged = |tag| crate::DirectPublish {
+            tag: Some(tag),
+            ..direct("devices/dev-1/ack")
+        };
+        {
+            let mut out = outgoing.lock();
+            out.events = Some(tx);
+            assert_eq!(out.deliver(tagged(7)), Delivered::Queued);
+            out.flush_direct();
+            assert_eq!(out.deliver(tagged(7)), Delivered::Queued, "again");
+            out.deliver(tagged(8));
+            out.flush_direct();
+        }
+        assert_eq!(sent_pkids(&outgoing), [1], "7 once; 8 waits for room");
+        let mut out = outgoing.lock();
+        assert!(out.ack_direct(1));
+        assert_eq!(
+            events.try_recv().ok(),
+            Some(crate::ClientEvent::Delivered {
+                client_id: "dev-1".into(),
+                tag: 7
+            })
+        );
+        out.deliver(tagged(9));
+        let unacked = out.take_unacked_direct();
+        assert_eq!(
+            unacked
+                .iter()
+                .map(|(p, t)| (p.pkid, *t))
+                .collect::<Vec<_>>(),
+            [(2, Some(8))],
+            "8 in flight is kept with its tag; 9, queued, is the gateway's to offer again"
         );
     }
 

@@ -92,6 +92,9 @@ pub enum ClientEvent {
     Disconnected { client_id: String },
     /// The client was granted a subscription to `filter`.
     Subscribed { client_id: String, filter: String },
+    /// The client acknowledged (PUBACK) the direct publish tagged `tag`
+    /// (see [`DirectPublish::tag`]).
+    Delivered { client_id: String, tag: u64 },
 }
 
 /// ferry: a publish for one client, delivered only if it is connected and
@@ -103,6 +106,14 @@ pub struct DirectPublish {
     pub client_id: String,
     pub topic: Bytes,
     pub payload: Bytes,
+    /// The gateway's name for it: its PUBACK is told as
+    /// [`ClientEvent::Delivered`], it is offered at most once at a time
+    /// (a second offer while it is queued or in flight is a no-op), kept
+    /// in a session only while in flight (under its packet id), and
+    /// dropped, not queued, for a client that is not connected: the
+    /// gateway offers it again when the client is back. `None`: an
+    /// ordinary direct publish.
+    pub tag: Option<u64>,
 }
 
 /// Notification from router to connection

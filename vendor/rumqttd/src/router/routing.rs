@@ -464,11 +464,16 @@ impl Router {
         } else {
             0
         };
-        outgoing.lock().set_client_limits(
-            connection.receive_max,
-            connection.max_packet_size,
-            max_queue,
-        );
+        {
+            let mut out = outgoing.lock();
+            out.set_client_limits(
+                connection.receive_max,
+                connection.max_packet_size,
+                max_queue,
+            );
+            // ferry: its PUBACKs of tagged deliveries are told there.
+            out.events = self.client_events.clone();
+        }
         let connection_id = self.connections.insert(connection);
         assert_eq!(self.ibufs.insert(incoming), connection_id);
         assert_eq!(self.obufs.insert(outgoing), connection_id);
@@ -776,6 +781,15 @@ impl Router {
         let mut touched = Vec::new();
         for d in publishes {
             let Some(&id) = self.connection_map.get(&d.client_id) else {
+                // ferry: a tagged one is the gateway's to offer again
+                // when the client is back.
+                if d.tag.is_some() {
+                    debug!(
+                        client_id = d.client_id,
+                        "tagged direct publish for a client not connected dropped"
+                    );
+                    continue;
+                }
                 // ferry: kept in its session, if it has one.
                 let topic = std::str::from_utf8(&d.topic).unwrap_or_default().to_owned();
                 let publish = Publish {
@@ -1059,8 +1073,9 @@ impl Router {
                             let remote =
                                 self.ibufs.get(id).is_some_and(|i| !i.client_id.is_empty());
                             if remote
-                                && !crate::own_subscribe_filter(
+                                && !crate::may_subscribe(
                                     prefix,
+                                    self.config.also_subscribe.as_deref(),
                                     &connection.client_id,
                                     &f.path,
                                 )

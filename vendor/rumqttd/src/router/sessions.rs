@@ -250,6 +250,9 @@ pub(crate) struct Saved {
     pub(crate) filters: Vec<(Filter, QoS)>,
     /// QoS 1 deliveries to send again, oldest first.
     pub(crate) messages: Kept,
+    /// The gateway's tags of the messages sent under these packet ids
+    /// (`DirectPublish::tag`), given back with them on resume.
+    pub(crate) tags: Vec<(u16, u64)>,
     /// Its expiry, from the end of its connection.
     expiry: Duration,
     ends: Instant,
@@ -314,6 +317,14 @@ impl Sessions {
 
     /// Saves `client_id`'s session for `expiry` from `now`, with its
     /// filters and the deliveries to send again (in order).
+    /// Keeps the tags of the messages the saved session of `client_id`
+    /// holds under these packet ids (see [`Saved::tags`]).
+    pub(crate) fn tag(&mut self, client_id: &str, tags: Vec<(u16, u64)>) {
+        if let Some(saved) = self.saved.get_mut(client_id) {
+            saved.tags = tags;
+        }
+    }
+
     pub(crate) fn save(
         &mut self,
         client_id: &str,
@@ -333,6 +344,7 @@ impl Sessions {
         let mut saved = Saved {
             filters,
             messages: Kept::default(),
+            tags: Vec::new(),
             expiry,
             ends: now + expiry,
         };

@@ -31,6 +31,11 @@ impl Router {
             })
             .collect();
         let unacked = outgoing.take_unacked_direct();
+        let tags: Vec<(u16, u64)> = unacked
+            .iter()
+            .filter_map(|(p, tag)| Some((p.pkid, (*tag)?)))
+            .collect();
+        let unacked: Vec<_> = unacked.into_iter().map(|(p, _)| p).collect();
         let expiry = Duration::from_secs(connection.session_expiry.into());
         debug!(
             client_id = %Clip(&connection.client_id),
@@ -45,6 +50,9 @@ impl Router {
             expiry,
             Instant::now(),
         );
+        if !tags.is_empty() {
+            self.sessions.tag(&connection.client_id, tags);
+        }
     }
 
     /// The session `client_id` resumes, if it has one and does not start
@@ -66,7 +74,10 @@ impl Router {
     /// held to be sent again once the CONNACK is out.
     pub(super) fn resume_session(&mut self, id: ConnectionId, saved: Saved) {
         let Saved {
-            filters, messages, ..
+            filters,
+            messages,
+            tags,
+            ..
         } = saved;
         for (path, qos) in filters {
             let filter = protocol::Filter {
@@ -89,7 +100,11 @@ impl Router {
         if let Some(outgoing) = self.obufs.get_mut(id) {
             let mut out = outgoing.lock();
             for publish in messages.into_publishes().into_iter().rev() {
-                out.direct.push_front((publish, 1));
+                let tag = tags
+                    .iter()
+                    .find(|(pkid, _)| publish.pkid != 0 && *pkid == publish.pkid)
+                    .map(|(_, tag)| *tag);
+                out.direct.push_front((publish, 1, tag));
             }
         }
     }
