@@ -59,6 +59,7 @@ mod package;
 mod passwd_file;
 mod power_loss;
 mod quickstart;
+mod readme_devices;
 mod robust;
 mod sandbox;
 mod session_memory;

@@ -231,14 +231,22 @@ pub fn render_dom_with(url: &str, settle: Duration, args: &[&str]) -> String {
     super::blocking(|| render_now(url, settle, args))
 }
 
+/// Loads `url` in headless Chromium in real time and returns the DOM as
+/// HTML once the page has loaded (its load event: every frame and image
+/// in it fetched), for a page whose scripts wait on a socket, which
+/// virtual time does not wait for.
+pub fn render_loaded(url: &str) -> String {
+    super::blocking(|| render_now(url, Duration::ZERO, &[]))
+}
+
 fn render_now(url: &str, settle: Duration, args: &[&str]) -> String {
     let profile = tempfile::tempdir().expect("a Chromium profile dir");
     let mut command = chromium(&profile);
-    command
-        .args(args)
-        .arg(format!("--virtual-time-budget={}", settle.as_millis()))
-        .arg("--dump-dom")
-        .arg(url);
+    command.args(args);
+    if !settle.is_zero() {
+        command.arg(format!("--virtual-time-budget={}", settle.as_millis()));
+    }
+    command.arg("--dump-dom").arg(url);
     let out = run_bounded(command, url);
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
