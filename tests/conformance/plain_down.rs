@@ -64,7 +64,7 @@ async fn delivered_seqs(backend: &mut BackendClient, ids: &[&str]) -> Vec<u64> {
 /// Two downlinks stored while the device is away (a text one and a JSON
 /// one) reach `mosquitto_sub` on `plant/cmd/{device}` once it subscribes,
 /// bare and in order; each PUBACK comes back north as `delivered`, seq 1
-/// and 2.
+/// and 2; a third (bytes) sent while it is there follows at once.
 async fn a_plain_downlink_reaches_mosquitto_sub_and_its_puback_is_delivered(level: &str) {
     let gw = plain_gateway("gw-plain-down").await;
     let device = format!("valve-{level}");
@@ -92,23 +92,32 @@ async fn a_plain_downlink_reaches_mosquitto_sub_and_its_puback_is_delivered(leve
             &topic,
             "-v",
             "-C",
-            "2",
+            "3",
             "-W",
             "15",
         ],
     );
-    let lines = sub.lines_until(SECS_20, |l| l.contains("rpm")).await;
-    assert_eq!(
-        lines,
-        [format!("{topic} OPEN"), format!("{topic} {{\"rpm\":1200}}")],
-        "bare, in seq order"
-    );
-    assert_eq!(sub.close().await, Some(0), "mosquitto_sub got both");
+    let mut lines = sub.lines_until(SECS_20, |l| l.contains("rpm")).await;
     assert_eq!(
         delivered_seqs(&mut downlinks, &[&a, &b]).await,
         [1, 2],
         "each PUBACK is its `delivered`"
     );
+    // And one sent while it is there goes at once.
+    let c = format!("{}-c", gw.boot);
+    downlinks.send_down(&[&device], json!({"msg_id": c, "payload_b64": "Q0xPU0U="}));
+    lines.extend(sub.lines_until(SECS_20, |l| l.contains("CLOSE")).await);
+    assert_eq!(
+        lines,
+        [
+            format!("{topic} OPEN"),
+            format!("{topic} {{\"rpm\":1200}}"),
+            format!("{topic} CLOSE")
+        ],
+        "bare, in seq order"
+    );
+    assert_eq!(sub.close().await, Some(0), "mosquitto_sub got all three");
+    assert_eq!(delivered_seqs(&mut downlinks, &[&c]).await, [3]);
 }
 
 at_levels!(a_plain_downlink_reaches_mosquitto_sub_and_its_puback_is_delivered:
