@@ -51,6 +51,7 @@ mod isolation;
 mod lifecycle;
 mod limits;
 mod logs;
+mod mosquitto_passwd;
 mod north_errors;
 mod operate;
 mod ops;

@@ -1,6 +1,8 @@
 //! The password file `ferry passwd` writes and `south.password_file`
 //! names: one `device:hash` line per device, the hash an argon2id PHC
-//! string; blank lines and lines starting with `#` are skipped.
+//! string or one of Mosquitto's (`$6$`, `$7$`: a `mosquitto_passwd` file
+//! is taken as it is, see [`mosquitto`]); blank lines and lines starting
+//! with `#` are skipped.
 //!
 //! - [`parse`] accepts a file only if every line is usable and no device is
 //!   named twice, so an edit never leaves two passwords where one was meant,
@@ -19,6 +21,8 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
 use argon2::Argon2;
 
 use crate::ids::DeviceId;
+
+pub mod mosquitto;
 
 /// A password file line that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -58,9 +62,17 @@ pub fn parse(path: &Path, text: &str) -> Result<Table, FileError> {
             return Err(bad("expected device:hash".into()));
         };
         let device = DeviceId::new(device).map_err(|e| bad(format!("device id: {e}")))?;
+        if mosquitto::is_mosquitto(hash) {
+            mosquitto::parse(hash).map_err(bad)?;
+            if table.insert(device.clone(), hash.to_owned()).is_some() {
+                return Err(bad(format!("device {device} is named twice")));
+            }
+            continue;
+        }
         let parsed = PasswordHash::new(hash).map_err(|e| {
             bad(format!(
-                "not a PHC hash string ({e}); make it with `ferry passwd`"
+                "neither an argon2id PHC string ({e}) nor a Mosquitto $6$/$7$ hash; make it \
+                 with `ferry passwd`"
             ))
         })?;
         if parsed.algorithm.as_str() != "argon2id" {
@@ -123,10 +135,20 @@ pub fn set_line(text: &str, device: &DeviceId, hash: &str) -> String {
     out
 }
 
+/// How many of the table's hashes are Mosquitto's `$6$` (one SHA-512
+/// round: cheap to attack if the file is stolen).
+pub fn weak(table: &Table) -> usize {
+    table.values().filter(|h| h.starts_with("$6$")).count()
+}
+
 /// Whether `password` matches the PHC string `phc`, computed in `blocks`
 /// (grown to what `phc`'s parameters need, then kept): what argon2's
-/// `verify_password` does, without allocating 19 MiB per check.
+/// `verify_password` does, without allocating 19 MiB per check. A
+/// Mosquitto hash is checked as Mosquitto does ([`mosquitto::verify`]).
 pub fn verify_in(blocks: &mut Vec<argon2::Block>, password: &[u8], phc: &str) -> bool {
+    if mosquitto::is_mosquitto(phc) {
+        return mosquitto::parse(phc).is_ok_and(|h| mosquitto::verify(&h, password));
+    }
     let Ok(hash) = PasswordHash::new(phc) else {
         return false;
     };

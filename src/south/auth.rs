@@ -79,6 +79,14 @@ impl Verifier {
     }
 }
 
+/// Warns when the file holds Mosquitto `$6$` hashes (taken, but weak).
+fn say_weak(path: &Path, table: &Table) {
+    let weak = passwords::weak(table);
+    if weak > 0 {
+        tracing::warn!(event = "password_hashes_weak", path = %path.display(), devices = weak, "password file has Mosquitto $6$ hashes (one SHA-512 round, cheap to crack if the file leaks); set those passwords again with `ferry passwd` to store argon2id");
+    }
+}
+
 /// A verifier thread: checks until the authenticator is gone.
 fn verify_checks(checks: &Mutex<mpsc::Receiver<Check>>) {
     lower_priority();
@@ -173,6 +181,7 @@ impl Authenticator {
         threads: usize,
     ) -> Result<Arc<Authenticator>, FileError> {
         let table = passwords::load(path)?;
+        say_weak(path, &table);
         let mut key = [0u8; 32];
         OsRng.fill_bytes(&mut key);
         let mut decoy = [0u8; 16];
@@ -197,6 +206,7 @@ impl Authenticator {
     /// previous table stays. Connected devices are not touched.
     pub fn reload(&self) -> Result<usize, FileError> {
         let table = passwords::load(&self.path)?;
+        say_weak(&self.path, &table);
         let devices = table.len();
         // Forget verified passwords whose line changed or went.
         self.verified

@@ -10,7 +10,8 @@ fn a_line_that_is_not_device_colon_argon2id_names_its_line() {
     let cases = [
         ("no-colon\n", "line 1: expected device:hash"),
         ("# c\n\nbad id:$argon2id$v=19$m=8,t=1,p=1$c2FsdHNhbHQ$aGFzaA\n", "line 3: device id"),
-        ("d1:plaintext\n", "line 1: not a PHC hash string"),
+        ("d1:plaintext\n", "line 1: neither an argon2id PHC string"),
+        ("d1:$7$x$c2FsdA==$aGFzaA==\n", "line 1: Mosquitto $7$ hash: iterations"),
         ("d1:$scrypt$ln=16,r=8,p=1$aM15713r3Xsvxbi31lqr1Q$nFNh2CVHVjNldFVKDHDlm4CbdRSCdEBsjjJxD+iCs5E\n", "line 1: hash algorithm scrypt"),
     ];
     for (text, want) in cases {
