@@ -7,7 +7,9 @@
 //! - (c) ferry embedded: devices → ferry's own broker → ferry (SQLite,
 //!   `store.sync = full`) → the upstream Mosquitto → the backend;
 //! - (d) ferry external: devices → a site Mosquitto → ferry as its client
-//!   → the upstream Mosquitto → the backend (docs/EXTERNAL.md).
+//!   → the upstream Mosquitto → the backend (docs/EXTERNAL.md);
+//! - (e) ferry embedded, plain devices: (a)'s publishers, whose PUBACK
+//!   comes after the commit, on `south.plain_topics`, then as (c).
 //!
 //! Every path carries the same envelopes (`support::arrivals`: each
 //! payload stamped with its send time, padded to `--payload-bytes`), QoS 1,
@@ -28,7 +30,7 @@
 //! ```text
 //! cargo bench --bench compare -- [--quick] [--publishers 100] [--per 2000]
 //!     [--paced-per 500] [--rate 10000] [--payload-bytes 200] [--window 64]
-//!     [--only a,b,c,d] [--timeout-s 120] [--quiet-wait-s 60]
+//!     [--only a,b,c,d,e] [--timeout-s 120] [--quiet-wait-s 60]
 //!     [--batch-max 1] [--batch-linger-ms 5]
 //! ```
 
@@ -134,7 +136,7 @@ impl Args {
             support::invalid::<Args>("--rate must be a number > 0".into());
         }
         if args.only.is_empty() {
-            support::invalid::<Args>("--only needs at least one of a, b, c, d".into());
+            support::invalid::<Args>("--only needs at least one of a, b, c, d, e".into());
         }
         (args, sizes)
     }
@@ -212,7 +214,7 @@ async fn run_phase(
     let mut watched = setup.watched.clone();
     watched.push(("bench".into(), bench_pid));
 
-    let (first_hop, first_publish_ns, first_hop_us, before, wall) = if setup.path.is_ferry() {
+    let (first_hop, first_publish_ns, first_hop_us, before, wall) = if setup.path.has_devices() {
         let fleet = Fleet::connect(ctx.clone()).await?;
         let before = CpuSnapshot::take(&watched);
         let wall = Instant::now();

@@ -165,11 +165,8 @@ async fn read_uplinks(
                     Ok(ups) => {
                         for up in ups {
                             if let Some(arrivals) = &arrivals {
-                                let sent_ns = match &up.envelope.payload {
-                                    Payload::Json(v) => v.get("t").and_then(Value::as_u64),
-                                    Payload::Base64(_) => None,
-                                };
-                                arrivals.record_id(up.envelope.msg_id.as_str(), sent_ns);
+                                let (id, sent_ns) = stamp_of(&up);
+                                arrivals.record_id(id, sent_ns);
                             }
                             let _ = acks.send(BackendAck::ok(up.device, up.envelope.msg_id));
                         }
@@ -187,6 +184,23 @@ async fn read_uplinks(
             }
             _ => {}
         }
+    }
+}
+
+/// An uplink's bench id and send stamp: its envelope's, or for a plain
+/// uplink (stream `plain`, whose msg_id is ferry's own) those of the
+/// stamped envelope a plain publisher sent as its payload.
+fn stamp_of(up: &NorthMessage) -> (&str, Option<u64>) {
+    match &up.envelope.payload {
+        Payload::Json(v) if up.stream == "plain" => match v.get("msg_id").and_then(Value::as_str) {
+            Some(id) => (id, v.get("payload").and_then(|p| p.get("t")?.as_u64())),
+            None => (up.envelope.msg_id.as_str(), None),
+        },
+        Payload::Json(v) => (
+            up.envelope.msg_id.as_str(),
+            v.get("t").and_then(Value::as_u64),
+        ),
+        Payload::Base64(_) => (up.envelope.msg_id.as_str(), None),
     }
 }
 

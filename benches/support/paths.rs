@@ -6,7 +6,10 @@
 //!   once a probe crossed the bridge;
 //! - (c) ferry embedded ([`Env`]) and (d) ferry external ([`ExternalEnv`]):
 //!   devices → ferry → the upstream → an [`AckingBackend`] that records
-//!   what it gets.
+//!   what it gets;
+//! - (e) ferry embedded with plain devices: (a)'s publishers (no
+//!   envelope, PUBACK after the commit) on `bench/{i}`, ferry's
+//!   `south.plain_topics = ["bench/{device}"]`, then as (c).
 //!
 //! Every consumer records into the path's [`Arrivals`]; [`Setup::watched`]
 //! names the broker and gateway processes whose CPU and memory count.
@@ -41,6 +44,8 @@ pub enum Path {
     C,
     /// (d) ferry external, behind a site Mosquitto.
     D,
+    /// (e) ferry embedded, the publishers plain devices.
+    E,
 }
 
 impl Path {
@@ -50,10 +55,17 @@ impl Path {
             Path::B => "(b) Mosquitto → Mosquitto bridge",
             Path::C => "(c) ferry embedded",
             Path::D => "(d) ferry external",
+            Path::E => "(e) ferry embedded, plain devices",
         }
     }
 
     pub fn is_ferry(self) -> bool {
+        matches!(self, Path::C | Path::D | Path::E)
+    }
+
+    /// Whether the publishers are ferry's envelope devices (waiting for
+    /// `stored` receipts), not plain MQTT publishers (waiting for PUBACKs).
+    pub fn has_devices(self) -> bool {
         matches!(self, Path::C | Path::D)
     }
 }
@@ -169,8 +181,13 @@ impl Setup {
                     arrivals,
                 }
             }
-            Path::C => {
-                let env = Env::start(gateway, configure);
+            Path::C | Path::E => {
+                let env = Env::start(gateway, |c| {
+                    configure(c);
+                    if path == Path::E {
+                        c.south.plain_topics = vec![format!("{TOPIC_ROOT}/{{device}}")];
+                    }
+                });
                 let far = backend(env.mosquitto.port).await?;
                 Setup {
                     path,

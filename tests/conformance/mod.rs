@@ -43,6 +43,7 @@
 //! | `test_flow_control1` | `v5::a_receive_maximum_holds_the_receipts_in_flight` | 5 |
 //! | `test_user_properties` (reserved names only) | `v5::a_devices_ferry_properties_are_stripped` | 5 |
 //! | stock clients | `stock::*`: `mosquitto_rr` gets its `stored` receipt, `mosquitto_sub` a downlink batch, `mosquitto_pub` (with a kept session) its receipt | 3.1, 3.1.1, 5 |
+//! | (plain devices) | `plain::*`: `mosquitto_pub` on `south.plain_topics`, stored once, north on `plain`; `plain_sessions::*`: cut off mid-stream, the DUP resends on the kept session stored once, in order; withheld over the rate, then its DUP resend stored once; `plain_edges::*`: another device's level refused `unauthorized` with logins, external mode (the site broker's ACL), waiting at the disk budget | 3.1.1 (`plain`: all) |
 //!
 //! Not applicable to a gateway that isolates devices, and not run:
 //! `test_overlapping_subscriptions` (a device's only filters are its own
@@ -100,6 +101,8 @@ macro_rules! at_levels {
 mod connect;
 mod plain;
 mod plain_down;
+mod plain_edges;
+mod plain_sessions;
 mod publish;
 mod runner;
 mod sessions;

@@ -260,6 +260,15 @@ impl RawMqtt {
         self.stream.flush().await.expect("raw flush");
     }
 
+    /// Closes the sending half (TCP FIN), as the kernel does for a client
+    /// killed with nothing left unread: the broker reads what was sent,
+    /// then the end, and ends the connection. What it wrote before that
+    /// can still be read ([`RawMqtt::try_recv`] until the socket closes).
+    pub async fn shutdown_write(&mut self) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.stream.shutdown().await
+    }
+
     /// Writes bytes as they are (a packet written by hand, or garbage); an
     /// error once the broker has closed the connection.
     pub async fn write_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
