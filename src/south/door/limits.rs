@@ -327,7 +327,7 @@ impl Limits {
                         rate_per_s = self.limit.per_s,
                         burst = self.limit.burst,
                         total,
-                        "device over south.rate_per_s: its uplinks are refused (rate), its status held and its confirm, pull and read dropped until it slows down"
+                        "device over south.rate_per_s: its envelope uplinks are refused (rate) and its plain publishes withheld (no PUBACK, connection closed), its status held and its confirm, pull and read dropped until it slows down"
                     );
                 }
                 Rate::Over
