@@ -42,6 +42,7 @@ mod edges;
 mod examples_c;
 mod examples_python;
 mod external;
+mod external_doc;
 mod external_v5;
 mod faults;
 mod fleet;
