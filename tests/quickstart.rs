@@ -13,9 +13,12 @@
 //!
 //! It proves the path end to end: the gateway runs on the shipped config
 //! with an upstream Mosquitto, `ferry device` gets `stored` and exits 0,
-//! and the backend's `mosquitto_sub` on the upstream prints the message.
-//! Then the `talking-rr` block (Talking to it: `mosquitto_rr` as the
-//! device) gets its `stored` receipt from the same gateway.
+//! the backend's `mosquitto_sub` on the upstream prints the message, and
+//! the `quickstart-ack` block makes it `delivered` in the store. Then
+//! "Talking to it", in the order a reader runs it: `talking-device`
+//! (`ferry device --wait delivered`) waits, seq 2, until `talking-ack`
+//! acks it, and `talking-rr` (`mosquitto_rr` as the device) gets its
+//! `stored` receipt, seq 3, from the same gateway.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -283,10 +286,78 @@ async fn the_readme_quick_start_runs_as_written_and_a_device_message_reaches_the
     assert_eq!(body["payload"], serde_json::json!({"temp": 81.5}), "{line}");
     assert_eq!(body["device"], "press-7");
 
+    assert_eq!(msg_id, "qs-0001", "the msg_id the block gives: {said}");
+    to_the_end(
+        dir,
+        "ack",
+        &ports.swap(&block(&doc, "quickstart-ack")),
+        path,
+    )
+    .await;
+    let db = dir.join("data/ferry.db");
+    wait_for(dir, "the acked message is delivered in the store", || {
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT state FROM uplink WHERE device = 'press-7' AND msg_id = 'qs-0001'",
+                    [],
+                    |r| r.get::<_, String>(0),
+                )
+            })
+            .is_ok_and(|s| s == "delivered")
+    })
+    .await;
+
+    // Talking to it: the device waits for `delivered` until the backend
+    // acks, in another terminal.
+    let mut device = terminal(
+        dir,
+        "talking-device",
+        &ports.swap(&block(&doc, "talking-device")),
+        path,
+    );
+    let started = Instant::now();
+    while !output(dir, "talking-device").contains("stored msg_id=boot42-000017 seq=2") {
+        assert!(
+            started.elapsed() < SECS_20,
+            "the talking device's message is not stored as seq 2: {}",
+            output(dir, "talking-device")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    to_the_end(
+        dir,
+        "talking-ack",
+        &ports.swap(&block(&doc, "talking-ack")),
+        path,
+    )
+    .await;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = device.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < SECS_20,
+            "ferry device still waits after the ack: {}",
+            output(dir, "talking-device")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let said = output(dir, "talking-device");
+    assert!(status.success(), "{said}");
+    assert!(
+        said.contains("delivered msg_id=boot42-000017 seq=2"),
+        "{said}"
+    );
+
     let said = to_the_end(dir, "rr", &ports.swap(&block(&doc, "talking-rr")), path).await;
     let receipt: serde_json::Value = serde_json::from_str(said.trim()).expect("one receipt");
     assert_eq!(receipt["msg_id"], "boot42-000018", "{said}");
     assert_eq!(receipt["status"], "stored", "{said}");
-    assert_eq!(receipt["seq"], 2, "after the Quick start's alarm: {said}");
+    assert_eq!(
+        receipt["seq"], 3,
+        "after the Quick start's and Talking's alarms: {said}"
+    );
     tokio::task::block_in_place(|| drop((backend, gateway)));
 }
