@@ -522,7 +522,13 @@ async fn a_downlink_from_the_backend_is_committed_confirmed_and_reported_deliver
         .until("online", SECS_10, |e| e["event"] == "online")
         .await;
     let mut backend = s
-        .backend(&["--send", "py-panel-1", r#"{"cmd": "shift B starts 14:00"}"#])
+        .backend(&[
+            "--send",
+            "py-panel-1",
+            r#"{"cmd": "shift B starts 14:00"}"#,
+            "--until",
+            "read",
+        ])
         .await;
     let journaled = backend.first("downlink_journaled").await;
     let msg_id = journaled["msg_id"].clone();
@@ -550,7 +556,14 @@ async fn a_downlink_from_the_backend_is_committed_confirmed_and_reported_deliver
         assert_eq!(r["device"], "py-panel-1", "{r}");
         assert_eq!(r["seq"], seq, "{r}");
     }
-    let backend_seen = backend.stop().await;
+    // `--send` alone: it took no uplinks and exits by itself once the
+    // downlink is read.
+    backend.exits(SECS_10).await;
+    let backend_seen = std::mem::take(&mut backend.seen);
+    assert!(
+        !backend_seen.iter().any(|e| e["event"] == "uplink"),
+        "a sender is no second backend: {backend_seen:?}"
+    );
     device.stop().await;
     // Sent until stored, then no more.
     let sends = backend_seen
@@ -741,7 +754,7 @@ async fn the_examples_run_on_paho_2_over_mqtt_5() {
     );
     device.first("online").await;
     let mut backend = s
-        .backend(&[&v5[..], &["--send", "py-panel-2", "\"open\""]].concat())
+        .backend(&[&v5[..], &["--send", "py-panel-2", "\"open\"", "--serve"]].concat())
         .await;
     let msg_id = backend.first("downlink_journaled").await["msg_id"].clone();
     device

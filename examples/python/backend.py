@@ -1,7 +1,8 @@
 """A backend behind ferry, on the upstream broker (docs/PROTOCOL.md, "North").
 
     python3 backend.py --gateway edge-01 [--gateway edge-02 ...] [--port 1884]
-                       [--db backend.db] [--share GROUP] [--send DEVICE JSON ...]
+                       [--db backend.db] [--share GROUP]
+    python3 backend.py --send DEVICE JSON [--send ...] [--until delivered] [--serve]
 
 The protocol points it shows:
 
@@ -30,7 +31,11 @@ The protocol points it shows:
   60 s). Receipts come on `ferry/{gateway}/receipts`, one object or an
   array: `stored`, then `delivered` once the device confirmed it, `read`,
   or `expired`/`failed`/`rejected`. Every instance subscribes to them
-  (not shared) and records them once.
+  (not shared) and records them once. With `--send` it only sends: it
+  takes no uplinks (another instance is the backend) and exits once every
+  downlink reached `--until` (`stored`, `delivered`, the default, or
+  `read`): 0, or 1 if one ended `expired`, `failed` or `rejected`.
+  `--serve` sends and stays the backend, taking uplinks, until stopped.
 
 Prints one JSON line per event; stops on SIGINT/SIGTERM.
 """
@@ -83,6 +88,12 @@ class Backend:
         self.lock = threading.Lock()  # the db and the timers, both threads
         self.online = False
         self.timers = {}  # (msg_id, device) -> [resend at, timeout]
+        # `--send` without `--serve`: the downlinks still to reach
+        # `--until`, and whether one ended otherwise.
+        self.sender_only = bool(args.send) and not args.serve
+        self.waiting = set()
+        self.failed = False
+        self.stop = threading.Event()
 
         self.client = make_client(self.id, args.mqtt)
         configure(self.client, args, default_username=self.id)
@@ -100,7 +111,9 @@ class Backend:
             up = f"{base}/up/#"
             if self.args.share:
                 up = f"$share/{self.args.share}/{up}"
-            filters += [(up, 1), (f"{base}/receipts", 1), (f"{base}/status", 1)]
+            if not self.sender_only:
+                filters.append((up, 1))
+            filters += [(f"{base}/receipts", 1), (f"{base}/status", 1)]
         client.subscribe(filters)
 
     def on_subscribe(self, client, userdata, mid, granted, *rest):
@@ -184,6 +197,7 @@ class Backend:
                             "created_ms) VALUES (?, ?, ?, ?, ?)",
                             (msg_id, device, body, self.id, now_ms()))
             self.timers[(msg_id, device)] = [0.0, self.args.receipt_timeout]
+            self.waiting.add((msg_id, device))
         emit("downlink_journaled", msg_id=msg_id, device=device)
 
     def load_pending(self):
@@ -224,9 +238,27 @@ class Backend:
                 self.timers.pop((msg_id, device), None)
         emit("receipt", msg_id=shown(str(msg_id)), device=shown(str(device)),
              status=shown(str(status)), seq=r.get("seq"), reason=shown(str(reason or "")))
+        self.settle((msg_id, device), status, reason)
+
+    def settle(self, key, status, reason):
+        """`--send`: one of this run's downlinks reached `--until`, or
+        ended otherwise; the run ends when none is left."""
+        order = ["stored", "delivered", "read"]
+        ended = status in ("expired", "failed") or (
+            status == "rejected" and not str(reason).startswith("disk_budget"))
+        reached = status in order and order.index(status) >= order.index(self.args.until)
+        with self.lock:
+            if key not in self.waiting or not (ended or reached):
+                return
+            self.waiting.discard(key)
+            self.failed |= ended
+            done = self.sender_only and not self.waiting
+        if done:
+            self.stop.set()
 
     def run(self, stop):
         args = self.args
+        self.stop = stop
         self.load_pending()
         for device, text in args.send:
             value = parse_json(text)  # JSON, or else the text as a string
@@ -239,6 +271,7 @@ class Backend:
         self.client.disconnect()
         self.client.loop_stop()
         emit("stopped")
+        return 1 if self.failed else 0
 
 
 def main():
@@ -254,7 +287,12 @@ def main():
     p.add_argument("--share", metavar="GROUP", help="take uplinks through "
                    "the shared subscription $share/GROUP/...")
     p.add_argument("--send", nargs=2, action="append", default=[],
-                   metavar=("DEVICE", "JSON"), help="send a downlink (repeatable)")
+                   metavar=("DEVICE", "JSON"), help="send a downlink (repeatable); "
+                   "then exit once each reached --until (no uplinks taken)")
+    p.add_argument("--until", choices=["stored", "delivered", "read"], default="delivered",
+                   help="with --send: the receipt to wait for (default: delivered)")
+    p.add_argument("--serve", action="store_true",
+                   help="with --send: also take uplinks and keep running")
     p.add_argument("--receipt-timeout", type=float, default=5.0)
     args = p.parse_args()
     args.gateway = args.gateway or ["edge-01"]
@@ -267,7 +305,7 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        Backend(args).run(stop)
+        sys.exit(Backend(args).run(stop))
     except (OSError, sqlite3.Error) as e:  # a file, the journal, TLS (SSLError)
         sys.exit(f"backend.py: {e}")
 
