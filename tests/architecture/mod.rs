@@ -466,3 +466,35 @@ fn the_graph_reader_sees_uses_paths_and_inline_modules() {
         .collect();
     assert_eq!(names, ["a::b", "a::c"]);
 }
+
+/// The fork's patch count, as vendor/README.md and Cargo.toml state it, is
+/// the number of patches vendor/README.md lists (`N. **title**` items).
+#[test]
+fn the_fork_s_patch_count_is_the_number_of_patches_listed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("vendor/README.md")).expect("vendor/README.md");
+    let listed = readme
+        .lines()
+        .filter(|l| {
+            l.split_once(". **")
+                .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    let stated = |text: &str, what: &str| -> usize {
+        let at = text
+            .find(" patches (")
+            .unwrap_or_else(|| panic!("{what} states no patch count"));
+        text[..at]
+            .rsplit(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no number before \" patches (\""))
+    };
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    assert_eq!(
+        stated(&readme, "vendor/README.md"),
+        listed,
+        "vendor/README.md's count"
+    );
+    assert_eq!(stated(&cargo, "Cargo.toml"), listed, "Cargo.toml's count");
+}
