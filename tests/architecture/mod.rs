@@ -498,3 +498,26 @@ fn the_fork_s_patch_count_is_the_number_of_patches_listed() {
     );
     assert_eq!(stated(&cargo, "Cargo.toml"), listed, "Cargo.toml's count");
 }
+
+/// Every module `src/lib.rs` declares is named in the README's Layout
+/// section (as `src/NAME.rs` or `src/NAME/`), so the two do not drift.
+#[test]
+fn the_readme_layout_names_every_module_of_the_library() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).expect("src/lib.rs");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let start = readme.find("## Layout\n").expect("a Layout section");
+    let layout = &readme[start..];
+    let layout = &layout[..layout[3..].find("\n## ").map_or(layout.len(), |e| e + 3)];
+    let missing: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod ").and_then(|m| m.strip_suffix(';')))
+        .filter(|m| {
+            !layout.contains(&format!("`src/{m}.rs`")) && !layout.contains(&format!("`src/{m}/`"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README.md's Layout does not name: {missing:?}"
+    );
+}
