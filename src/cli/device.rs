@@ -225,6 +225,8 @@ struct Session {
     connected: bool,
     /// Why the last connection attempt failed.
     last_failure: Option<String>,
+    /// Whether a password was given (a refusal then means another thing).
+    with_password: bool,
 }
 
 /// What one event means to the loop.
@@ -268,7 +270,7 @@ impl Session {
                         "cannot connect to {} as {}: {}",
                         self.at,
                         self.id,
-                        report::hint(&failure.error)
+                        report::hint(&failure.error, self.with_password)
                     )));
                 }
                 self.say(Line::NoConnection {
@@ -313,6 +315,7 @@ async fn run(plan: Plan) -> Result<(), Failure> {
         json: plan.json,
         connected: false,
         last_failure: None,
+        with_password: plan.target.opts.password.is_some(),
     };
     let result = match plan.job {
         Job::Pub {

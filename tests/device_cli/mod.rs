@@ -309,7 +309,7 @@ async fn a_wrong_password_is_one_line_and_a_non_zero_exit_the_right_one_from_std
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("wrong password"), "{err}");
 
-    // No password where one is needed.
+    // No password where one is needed: told so, not "a wrong password".
     let (code, _, err) = device(
         &["--id", "press-7", "--port", &port, "pub", "up/a", "1"],
         None,
@@ -317,6 +317,10 @@ async fn a_wrong_password_is_one_line_and_a_non_zero_exit_the_right_one_from_std
     .await;
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the gateway asks for a password") && !err.contains("wrong password"),
+        "{err}"
+    );
 
     let (code, out, err) = device(
         &[

@@ -59,13 +59,18 @@ impl Wait {
 /// [`ferry::clip::MAX`], so a TLS error can name the certificate's names.
 const MAX_ERROR: usize = 512;
 
-/// A failed connection's error, bounded and escaped, with what to check.
-pub fn hint(error: &str) -> String {
+/// A failed connection's error, bounded and escaped, with what to check;
+/// `with_password`: whether a password was sent.
+pub fn hint(error: &str, with_password: bool) -> String {
     let error = bounded(error, MAX_ERROR);
     let lower = error.to_ascii_lowercase();
     let check =
         if lower.contains("badusernamepassword") || lower.contains("bad_user_name_or_password") {
-            "a wrong password, or a device not in the gateway's password file"
+            if with_password {
+                "a wrong password, or a device not in the gateway's password file"
+            } else {
+                "the gateway asks for a password: give --password-file FILE or --password-stdin"
+            }
         } else if lower.contains("notauthorized") || lower.contains("not_authorized") {
             "not authorized (a password needed, or a certificate naming another device)"
         } else if lower.contains("badclientid")
@@ -249,19 +254,32 @@ mod tests {
 
     #[test]
     fn a_connection_error_is_bounded_escaped_and_says_what_to_check() {
-        let refused = hint("Connection refused, return code: `BadUserNamePassword`");
+        let refused = hint(
+            "Connection refused, return code: `BadUserNamePassword`",
+            true,
+        );
         assert!(
             refused.ends_with(": a wrong password, or a device not in the gateway's password file")
+        );
+        let none = hint(
+            "Connection refused, return code: `BadUserNamePassword`",
+            false,
+        );
+        assert!(
+            none.ends_with(
+                ": the gateway asks for a password: give --password-file FILE or --password-stdin"
+            ),
+            "{none}"
         );
         let long = format!(
             "TLS: certificate not valid for name \"127.0.0.1\"\n{}",
             "x".repeat(600)
         );
-        let said = hint(&long);
+        let said = hint(&long, false);
         assert!(said.contains("\\n") && !said.contains('\n'), "{said}");
         assert!(said.contains(&format!("…({} bytes)", long.len())), "{said}");
         assert!(said.ends_with("give --server-name with a name the gateway's certificate carries"));
-        assert_eq!(hint("I/O: timed out"), "I/O: timed out");
+        assert_eq!(hint("I/O: timed out", true), "I/O: timed out");
     }
 
     #[test]
