@@ -322,6 +322,15 @@ fn dlq(cmd: DlqCommand) -> Outcome {
                 print_json(&results)?;
             } else {
                 let mut text = Text::new();
+                if all && results.is_empty() {
+                    text.line(format_args!(
+                        "nothing to replay: no replayable dead letter{}",
+                        device
+                            .as_deref()
+                            .map(|d| format!(" of device {d}"))
+                            .unwrap_or_default()
+                    ));
+                }
                 for r in &results {
                     let (id, device, msg_id) = (r.id, opt(&r.device), opt(&r.msg_id));
                     match (&r.refused, r.seq) {
