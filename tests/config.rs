@@ -83,6 +83,30 @@ fn a_missing_config_file_is_a_usage_error_not_a_panic() {
     );
 }
 
+/// Without `-c`, a command reads the packaged `/etc/ferry/ferry.toml`:
+/// checked when it is there, named when it is not.
+#[test]
+fn without_dash_c_the_packaged_config_is_the_one_read() {
+    let out = support::ferry_command()
+        .arg("check-config")
+        .output()
+        .expect("ferry runs");
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if Path::new("/etc/ferry/ferry.toml").is_file() {
+        assert!(
+            out.status.code() == Some(0) || said.contains("/etc/ferry/ferry.toml"),
+            "{said}"
+        );
+    } else {
+        assert_eq!(out.status.code(), Some(64), "{said}");
+        assert!(
+            said.contains("/etc/ferry/ferry.toml is not a readable file"),
+            "{said}"
+        );
+    }
+}
+
 /// `config` written as TOML and read back by ferry's own loader.
 fn load_back(config: &RawConfig) -> RawConfig {
     let dir = tempfile::tempdir().expect("temp dir");

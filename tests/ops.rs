@@ -396,7 +396,11 @@ async fn trace_shows_a_downlink_stored_delivered_and_read() {
     // No dead letters yet: `replay --all` says there is nothing to replay.
     let (code, out, err) = cli(&ferry.config_path, &["dlq", "replay", "--all"]);
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(out.trim(), "nothing to replay: no replayable dead letter", "{err}");
+    assert_eq!(
+        out.trim(),
+        "nothing to replay: no replayable dead letter",
+        "{err}"
+    );
     let north_up = wait_for(SECS_10, || {
         (cli_json(&ferry, &["status"])["north"]["up"] == true).then_some(())
     })

@@ -111,7 +111,9 @@ fn run(command: OpsCommand) -> Outcome {
 
 #[derive(Args)]
 pub struct Common {
-    #[arg(long, short, value_name = "FILE")]
+    /// The config file [default: /etc/ferry/ferry.toml, where the package
+    /// puts it].
+    #[arg(long, short, value_name = "FILE", default_value = super::DEFAULT_CONFIG, hide_default_value = true)]
     config: PathBuf,
     /// Print JSON for scripts instead of a table.
     #[arg(long)]
