@@ -424,6 +424,11 @@ async fn a_device_killed_before_it_could_send_resends_its_journal_after_a_restar
     // No gateway where it looks: the readings go to the journal and wait.
     let mut first = s.device_on(free_port(), "py-press-2", &["--send", "3"]);
     first.until_count("journaled", 3, SECS_10, |_| true).await;
+    // And it says it cannot connect, rather than nothing.
+    let failed = first
+        .until("connect_failed", SECS_10, |e| e["event"] == "connect_failed")
+        .await;
+    assert_eq!(failed["host"], "127.0.0.1", "{failed}");
     let journaled = first.msg_ids("journaled", |_| true);
     first.kill();
 

@@ -52,7 +52,8 @@ import threading
 import time
 
 from ferrymqtt import (PAHO_VERSION, add_connection_args, as_list, code,
-                       configure, emit, make_client, now_ms, parse_json, shown)
+                       configure, emit, make_client, now_ms, parse_json,
+                       say_connect_failures, shown)
 
 ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -263,6 +264,7 @@ class Backend:
         for device, text in args.send:
             value = parse_json(text)  # JSON, or else the text as a string
             self.send_downlink(device, text if value is None else value)
+        say_connect_failures(self.client, args.host, args.port)
         self.client.connect_async(args.host, args.port, keepalive=30)
         self.client.loop_start()
         while not stop.is_set():

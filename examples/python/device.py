@@ -48,7 +48,8 @@ import threading
 import time
 
 from ferrymqtt import (PAHO_VERSION, add_connection_args, as_list, code,
-                       configure, emit, make_client, now_ms, parse_json, shown)
+                       configure, emit, make_client, now_ms, parse_json,
+                       say_connect_failures, shown)
 
 RETRYABLE = ("rate", "disk_budget")
 FINAL = ("stored", "delivered", "failed")
@@ -209,6 +210,7 @@ class Device:
 
     def run(self, stop):
         args = self.args
+        say_connect_failures(self.client, args.host, args.port)
         self.client.connect_async(args.host, args.port, keepalive=30)
         self.client.loop_start()
         next_reading = time.monotonic()

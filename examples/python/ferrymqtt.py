@@ -38,6 +38,20 @@ def make_client(client_id, version):
     return mqtt.Client(**kwargs)
 
 
+def say_connect_failures(client, host, port):
+    """Prints each failed attempt to connect (nothing listens, a name that
+    does not resolve, TLS refused): paho retries on its own and says
+    nothing otherwise."""
+    attempts = [0]
+
+    def on_connect_fail(*_):
+        attempts[0] += 1
+        emit("connect_failed", host=host, port=port, attempt=attempts[0],
+             hint="is the broker there? check --host and --port")
+
+    client.on_connect_fail = on_connect_fail
+
+
 def code(rc):
     """A reason code or QoS as an int (paho gives ints or ReasonCode objects)."""
     return getattr(rc, "value", rc)
