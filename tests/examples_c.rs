@@ -58,7 +58,7 @@ async fn the_c_device_gets_its_readings_delivered_and_confirms_a_downlink() {
     let mut dev = device(&s, &binary, port, "c-press-1", &["--send", "3"]);
     dev.first("online").await;
     let mut backend = s
-        .backend(&["--send", "c-press-1", "\"open valve 3\""])
+        .backend(&["--send", "c-press-1", "\"open valve 3\"", "--serve"])
         .await;
     let msg_id = backend.first("downlink_journaled").await["msg_id"].clone();
 
@@ -137,4 +137,11 @@ fn the_c_device_refuses_a_bad_id_with_its_usage() {
         assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
         assert!(err.starts_with("usage: "), "{args:?}: {err}");
     }
+    let help = Command::new(&binary)
+        .arg("--help")
+        .output()
+        .expect("run the C device");
+    let said = String::from_utf8_lossy(&help.stdout);
+    assert_eq!(help.status.code(), Some(0), "--help: {said}");
+    assert!(said.starts_with("usage: ") && said.contains("--send N"), "{said}");
 }

@@ -229,7 +229,10 @@ static void on_receipt(struct device *d, const cJSON *r)
     for (int i = 0; final && i < d->npending; i++) {
         if (strcmp(d->pending[i].msg_id, msg_id))
             continue;
-        d->pending[i] = d->pending[--d->npending];
+        /* Kept in journal order: the oldest is resent first. */
+        memmove(&d->pending[i], &d->pending[i + 1],
+                (size_t)(d->npending - i - 1) * sizeof d->pending[0]);
+        d->npending--;
         save_journal(d);
         break;
     }
@@ -346,8 +349,16 @@ int main(int argc, char **argv)
         {"id", required_argument, 0, 'i'},       {"host", required_argument, 0, 'h'},
         {"port", required_argument, 0, 'p'},     {"data-dir", required_argument, 0, 'd'},
         {"send", required_argument, 0, 's'},     {"password-file", required_argument, 0, 'P'},
-        {"exit-when-done", no_argument, 0, 'x'}, {0, 0, 0, 0},
+        {"exit-when-done", no_argument, 0, 'x'}, {"help", no_argument, 0, 'H'},
+        {0, 0, 0, 0},
     };
+    static const char usage[] =
+        "usage: %s --id DEVICE_ID [--host H] [--port P] [--data-dir D] [--send N]\n"
+        "       [--password-file F] [--exit-when-done]\n"
+        "A field device for ferry: journals N readings, sends each until its\n"
+        "receipt, commits and confirms downlinks; one JSON line per event.\n"
+        "(a device id is [A-Za-z0-9._-]{1,64}; --host 127.0.0.1, --port 1883,\n"
+        "--data-dir . by default)\n";
     static struct device d;
     const char *host = "127.0.0.1", *dir = ".", *password_file = NULL;
     int port = 1883, send = 0, exit_when_done = 0, c;
@@ -360,15 +371,12 @@ int main(int argc, char **argv)
         case 's': send = atoi(optarg); break;
         case 'P': password_file = optarg; break;
         case 'x': exit_when_done = 1; break;
+        case 'H': printf(usage, argv[0]); return 0;
         default: return 64;
         }
     }
     if (!valid_id(d.id) || port < 1 || port > 65535 || send < 0 || optind < argc) {
-        fprintf(stderr,
-                "usage: %s --id DEVICE_ID [--host H] [--port P] [--data-dir D] [--send N]\n"
-                "       [--password-file F] [--exit-when-done]\n"
-                "(a device id is [A-Za-z0-9._-]{1,64})\n",
-                argv[0]);
+        fprintf(stderr, usage, argv[0]);
         return 64;
     }
     snprintf(d.prefix, sizeof d.prefix, "devices/%s", d.id);
