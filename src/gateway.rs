@@ -19,9 +19,9 @@ use tracing::{error, info};
 use crate::admin::Admin;
 use crate::config::{Config, SouthMode};
 use crate::downlink::{Downlink, DownlinkInputs, DownlinkSettings};
-use crate::north::{AlertEvent, NorthSender};
+use crate::north::NorthSender;
 use crate::protocol::topics::Topics;
-use crate::shutdown::{self, wait_all, Outcome, Part, Plan, Shutdown};
+use crate::shutdown::{self, wait_all, Outcome, Part, Plan};
 use crate::south::door::intake::{self, IntakeConfig};
 use crate::south::SouthSender;
 use crate::store::{Store, StoreError};
@@ -29,6 +29,9 @@ use crate::uplink::batch::BatchConfig;
 use crate::uplink::scheduler::SchedulerConfig;
 use crate::uplink::{run_engine, Engine};
 use crate::{health, north, south, status_file, systemd};
+
+mod sides;
+use sides::SideTasks;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -63,9 +66,47 @@ const PIPELINE_QUEUE: usize = 8192;
 
 /// Runs the gateway until `shutdown` resolves or a part of it fails.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    // A start that fails leaves nothing behind: no pid file, and no data
+    // directory it made itself (no device was served, nothing is in it).
+    let fresh = !cfg.data_dir.exists();
+    let started = start(&cfg).await;
+    let (gateway, ready_tx) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            abandon(&cfg.data_dir, fresh);
+            return Err(e);
+        }
+    };
+    run_started(&cfg, gateway, ready_tx, shutdown).await
+}
+
+/// Undoes what a failed start left: the data directory, when this start
+/// made it (the pid file is undone by [`start`], which alone knows it
+/// wrote one: a start refused at the store's lock must leave the running
+/// gateway's).
+fn abandon(data_dir: &std::path::Path, fresh: bool) {
+    if fresh {
+        let _ = std::fs::remove_dir_all(data_dir);
+    }
+}
+
+/// Opens the store, binds the admin port and starts every part.
+async fn start(cfg: &Config) -> Result<(Running, watch::Sender<bool>), RunError> {
     // A second gateway on the same store stops here, at the store's lock.
     let store = Store::open(&cfg.data_dir, &cfg.store)?;
     status_file::pid_file::write(&cfg.data_dir);
+    let started = start_parts(cfg, store).await;
+    if started.is_err() {
+        let _ = std::fs::remove_file(cfg.data_dir.join(status_file::pid_file::PID_FILE));
+    }
+    started
+}
+
+/// Binds the admin port and starts every part on the open store.
+async fn start_parts(
+    cfg: &Config,
+    store: Store,
+) -> Result<(Running, watch::Sender<bool>), RunError> {
     // The pipeline's health, checked under systemd (for its watchdog) or
     // not (for /healthz), and whether the gateway has started (/readyz).
     let (health_tx, health_rx) = watch::channel(None);
@@ -95,8 +136,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         online: online_tx,
         alerts: alerts_tx,
     };
-    let mut gateway = Running::start(&cfg, store, health_tx, admin.map(tokio::spawn), views)?;
-    announce(&cfg);
+    let gateway = Running::start(cfg, store, health_tx, admin.map(tokio::spawn), views)?;
+    Ok((gateway, ready_tx))
+}
+
+/// Runs the started gateway until `shutdown` or a failure, then shuts it
+/// down.
+async fn run_started(
+    cfg: &Config,
+    mut gateway: Running,
+    ready_tx: watch::Sender<bool>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    announce(cfg);
     // The store is open and both links are started (not necessarily
     // connected: an absent upstream only makes messages wait).
     let notifier = systemd::Notifier::from_env();
@@ -309,93 +361,6 @@ impl Running {
             .await,
         );
         finish(outcome, grace)
-    }
-}
-
-/// The tasks beside the pipelines. Those that take the shutdown (alerts,
-/// the pruner) are waited for, briefly, in the shutdown; the rest stop
-/// with it: the watchdog's pings stop being answered once the pipeline
-/// winds down (systemd's stop timeout covers the grace instead), scrapes
-/// would read a store being closed, the writer persists the clock once
-/// more when it closes, and trimming memory has no end.
-struct SideTasks {
-    supervisor: JoinHandle<()>,
-    admin: Option<JoinHandle<()>>,
-    alerter: JoinHandle<()>,
-    clock_keeper: JoinHandle<()>,
-    pruner: JoinHandle<()>,
-    trimmer: JoinHandle<()>,
-}
-
-impl SideTasks {
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        cfg: &Config,
-        store: &Store,
-        probes: Vec<health::Probe>,
-        health: watch::Sender<Option<health::Report>>,
-        admin: Option<JoinHandle<()>>,
-        (outlets, events): (crate::alerts::Outlets, mpsc::Receiver<AlertEvent>),
-        backend_silence: watch::Receiver<Option<Instant>>,
-        shutdown: Shutdown,
-    ) -> SideTasks {
-        SideTasks {
-            supervisor: tokio::spawn(systemd::supervise(
-                systemd::Notifier::from_env(),
-                systemd::watchdog_interval(),
-                store.clone(),
-                probes,
-                health,
-            )),
-            admin,
-            alerter: tokio::spawn(crate::alerts::run(
-                cfg.alerts,
-                store.clone(),
-                outlets,
-                events,
-                backend_silence,
-                shutdown.clone(),
-            )),
-            // The store clock persisted every 10 s (ttl_s counts in it).
-            clock_keeper: tokio::spawn(store.clone().keep_clock()),
-            pruner: tokio::spawn(crate::retention::run(
-                store.clone(),
-                crate::retention::Retention {
-                    delivered: cfg.store.retention,
-                    dead: cfg.store.dead_letter_retention,
-                    min_dedup: cfg.store.min_dedup,
-                },
-                shutdown,
-            )),
-            trimmer: tokio::spawn(crate::memory::trim_periodically()),
-        }
-    }
-
-    /// Stops the tasks that do not take the shutdown.
-    fn abort_unwaited(&self) {
-        self.trimmer.abort();
-        self.clock_keeper.abort();
-        self.supervisor.abort();
-        if let Some(admin) = &self.admin {
-            admin.abort();
-        }
-    }
-
-    /// The tasks that take the shutdown, as parts done when each returns
-    /// or at `by`, whichever is first. Alerts still queued when the alerts
-    /// task returns are lost with the process (see [`crate::alerts`]); a
-    /// batch the pruner already asked for is committed by the writer
-    /// regardless.
-    fn waited(self, by: Instant) -> Vec<Part> {
-        [("alerts", self.alerter), ("retention", self.pruner)]
-            .into_iter()
-            .map(|(name, task)| {
-                Part::new(name, async move {
-                    let _ = tokio::time::timeout_at(by, task).await;
-                    Ok(())
-                })
-            })
-            .collect()
     }
 }
 

@@ -454,6 +454,12 @@ async fn an_admin_port_in_use_stops_the_start_naming_the_key() {
         err.contains("admin.listen") && err.contains(&port.to_string()),
         "{err}"
     );
+    // The start failed: it leaves no data dir it made (the config's
+    // ./data) and no pid file behind.
+    assert!(
+        !dir.path().join("data").exists(),
+        "a failed start left ./data"
+    );
     drop(taken);
 }
 

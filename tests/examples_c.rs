@@ -143,5 +143,8 @@ fn the_c_device_refuses_a_bad_id_with_its_usage() {
         .expect("run the C device");
     let said = String::from_utf8_lossy(&help.stdout);
     assert_eq!(help.status.code(), Some(0), "--help: {said}");
-    assert!(said.starts_with("usage: ") && said.contains("--send N"), "{said}");
+    assert!(
+        said.starts_with("usage: ") && said.contains("--send N"),
+        "{said}"
+    );
 }

@@ -426,7 +426,9 @@ async fn a_device_killed_before_it_could_send_resends_its_journal_after_a_restar
     first.until_count("journaled", 3, SECS_10, |_| true).await;
     // And it says it cannot connect, rather than nothing.
     let failed = first
-        .until("connect_failed", SECS_10, |e| e["event"] == "connect_failed")
+        .until("connect_failed", SECS_10, |e| {
+            e["event"] == "connect_failed"
+        })
         .await;
     assert_eq!(failed["host"], "127.0.0.1", "{failed}");
     let journaled = first.msg_ids("journaled", |_| true);

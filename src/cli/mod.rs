@@ -34,23 +34,20 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Where the package installs the config: what `-c` is when not given.
-pub const DEFAULT_CONFIG: &str = "/etc/ferry/ferry.toml";
-
 #[derive(Subcommand)]
 pub enum Command {
     /// Run the gateway.
     Run {
         /// The config file [default: /etc/ferry/ferry.toml, where the package
         /// puts it].
-        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG, hide_default_value = true)]
+        #[arg(long, short, value_name = "FILE", default_value = ferry::config::DEFAULT_FILE, hide_default_value = true)]
         config: PathBuf,
     },
     /// Check a config file (and FERRY_* overrides) and exit.
     CheckConfig {
         /// The config file [default: /etc/ferry/ferry.toml, where the package
         /// puts it].
-        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG, hide_default_value = true)]
+        #[arg(long, short, value_name = "FILE", default_value = ferry::config::DEFAULT_FILE, hide_default_value = true)]
         config: PathBuf,
     },
     /// Set DEVICE's password in a password file (south.password_file),

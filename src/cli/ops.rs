@@ -113,7 +113,7 @@ fn run(command: OpsCommand) -> Outcome {
 pub struct Common {
     /// The config file [default: /etc/ferry/ferry.toml, where the package
     /// puts it].
-    #[arg(long, short, value_name = "FILE", default_value = super::DEFAULT_CONFIG, hide_default_value = true)]
+    #[arg(long, short, value_name = "FILE", default_value = ferry::config::DEFAULT_FILE, hide_default_value = true)]
     config: PathBuf,
     /// Print JSON for scripts instead of a table.
     #[arg(long)]

@@ -24,6 +24,10 @@ mod check;
 mod listeners;
 mod load;
 mod north;
+/// Where the package installs the config: the file the commands read
+/// when `-c` is not given.
+pub const DEFAULT_FILE: &str = "/etc/ferry/ferry.toml";
+
 pub mod passwords;
 mod raw;
 mod south;
