@@ -44,6 +44,7 @@ topic read devices/+/nack
 topic read devices/+/status
 topic write devices/+/ack
 topic write devices/+/inbox
+topic read spBv1.0/#
 
 pattern write devices/%c/up/#
 pattern write devices/%c/confirm
@@ -53,6 +54,8 @@ pattern write devices/%c/nack
 pattern write devices/%c/status
 pattern read devices/%c/ack
 pattern read devices/%c/inbox
+pattern write spBv1.0/+/+/%c
+pattern write spBv1.0/+/+/%c/+
 ";
 
 /// A TLS listener a broker opens beside its plain one (the harness and
