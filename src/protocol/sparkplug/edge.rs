@@ -180,6 +180,10 @@ struct Node {
     check: SeqCheck,
     /// The broker's numbers of the node's latest publishes checked.
     recent: VecDeque<u64>,
+    /// Its session began before ferry saw it (before this gateway run):
+    /// checking started from the first message seen, and its NBIRTH's
+    /// `bdSeq` is not known.
+    adopted: bool,
 }
 
 impl EdgeNodes {
@@ -188,6 +192,11 @@ impl EdgeNodes {
     /// acknowledged keeps: a number already checked is not checked again
     /// (None). A payload that is not Sparkplug (`summary` None) is checked
     /// as one that carries neither `seq` nor `bdSeq`.
+    ///
+    /// A node first seen with data (it was born before this gateway run,
+    /// or before the node was last forgotten) is checked from that
+    /// message's `seq` on, and its NDEATH, whose `bdSeq` cannot be matched
+    /// to a birth ferry never saw, is taken as it comes.
     pub fn check(
         &mut self,
         topic: &Topic<'_>,
@@ -195,7 +204,8 @@ impl EdgeNodes {
         summary: Option<&Summary>,
     ) -> Option<Verdict> {
         let key = (topic.group.to_string(), topic.edge_node.to_string());
-        if !self.nodes.contains_key(&key) && self.nodes.len() >= MAX_NODES {
+        let fresh = !self.nodes.contains_key(&key);
+        if fresh && self.nodes.len() >= MAX_NODES {
             let any = self.nodes.keys().next().cloned();
             any.map(|k| self.nodes.remove(&k));
         }
@@ -209,10 +219,28 @@ impl EdgeNodes {
             }
             node.recent.push_back(n);
         }
-        Some(
-            node.check
-                .check(topic.kind, &summary.copied().unwrap_or_default()),
-        )
+        let summary = summary.copied().unwrap_or_default();
+        let verdict = node.check.check(topic.kind, &summary);
+        Some(match (verdict, topic.kind) {
+            (Verdict::NoBirth, Kind::NDeath) if fresh => Verdict::InOrder,
+            (Verdict::NoBirth, _) if fresh && summary.seq.is_some() => {
+                // Its NBIRTH came before ferry was there: check from here.
+                let from = Summary {
+                    bd_seq: None,
+                    ..summary
+                };
+                node.check.check(Kind::NBirth, &from);
+                node.adopted = true;
+                Verdict::InOrder
+            }
+            (Verdict::MissingBdSeq, Kind::NDeath) if node.adopted => Verdict::InOrder,
+            (verdict, kind) => {
+                if kind == Kind::NBirth || kind == Kind::NDeath {
+                    node.adopted = false;
+                }
+                verdict
+            }
+        })
     }
 }
 
@@ -358,6 +386,43 @@ mod tests {
             nodes.check(&a_data, None, None),
             Some(Verdict::MissingSeq),
             "a payload that is no Sparkplug carries no seq"
+        );
+    }
+
+    #[test]
+    fn a_node_born_before_ferry_saw_it_is_checked_from_its_first_message() {
+        let mut nodes = EdgeNodes::default();
+        let data = |seq| summarise(&encode_example(seq, None, &[])).unwrap();
+        let death = summarise(&crate::protocol::sparkplug::encode_death_example(4)).unwrap();
+        let n = parse_topic("spBv1.0/g/NDATA/n").unwrap();
+        let d = parse_topic("spBv1.0/g/NDEATH/n").unwrap();
+        assert_eq!(
+            nodes.check(&n, None, Some(&data(17))),
+            Some(Verdict::InOrder)
+        );
+        assert_eq!(
+            nodes.check(&n, None, Some(&data(18))),
+            Some(Verdict::InOrder)
+        );
+        assert_eq!(
+            nodes.check(&n, None, Some(&data(20))),
+            Some(Verdict::Gap {
+                expected: 19,
+                got: 20
+            })
+        );
+        // Its death matches no birth ferry saw: taken as it comes.
+        assert_eq!(nodes.check(&d, None, Some(&death)), Some(Verdict::InOrder));
+        // Then data without a birth is out of session, as ever.
+        assert_eq!(
+            nodes.check(&n, None, Some(&data(21))),
+            Some(Verdict::NoBirth)
+        );
+        // A node first seen dying: nothing to say.
+        let other = parse_topic("spBv1.0/g/NDEATH/m").unwrap();
+        assert_eq!(
+            nodes.check(&other, None, Some(&death)),
+            Some(Verdict::InOrder)
         );
     }
 }
