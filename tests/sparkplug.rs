@@ -320,3 +320,61 @@ async fn an_edge_node_through_an_outage_and_its_hosts_state(mode: Mode) {
     );
     assert_eq!(logged(&ferry, "sparkplug_seq_gap"), 1);
 }
+
+/// With logins an edge node publishes as itself only: under another edge
+/// node's id its publish is refused `unauthorized` and dead-lettered (its
+/// own are stored on stream `spb`), and a will on another node's NDEATH
+/// refuses the CONNECT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_logins_an_edge_node_publishes_only_as_itself() {
+    let mq = Mosquitto::start();
+    let logins = [("node-1", "pw-1"), ("node-2", "pw-2")];
+    let opts = FerryOpts::new("gw-spb-iso", mq.port)
+        .with_passwords(&logins)
+        .with(|c| c.south.sparkplug.enabled = true);
+    let ferry = Ferry::start(opts);
+    let port = ferry.south_port;
+    let (raw, _) = RawMqtt::try_connect_login(port, NODE, 30, Some((NODE, "pw-1")))
+        .await
+        .expect("node-1 connects");
+    let mut own = EdgeNode { raw };
+    own.publish("NBIRTH", None, encode_example(0, Some(3), &[("t", 1.0)]))
+        .await;
+    let (mut other, _) = RawMqtt::try_connect_login(port, "node-2", 30, Some(("node-2", "pw-2")))
+        .await
+        .expect("node-2 connects");
+    let forged = other.publish(&topic("NDATA", None), encode_example(1, None, &[]));
+    other.send(forged).await;
+    let refused =
+        "SELECT COUNT(*) FROM dead_letter WHERE device = 'node-2' AND reason LIKE 'unauthorized%'";
+    for _ in 0..100 {
+        if ferry.query_i64(refused, []) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ferry.query_i64(refused, []), 1, "{}", ferry.log_tail());
+    let stored = "SELECT COUNT(*) FROM uplink WHERE device = ?1 AND stream = 'spb'";
+    assert_eq!(ferry.query_i64(stored, [NODE]), 1, "only its own NBIRTH");
+    assert_eq!(ferry.query_i64(stored, ["node-2"]), 0);
+
+    let mut connect = rumqttc::Connect::new("node-2");
+    connect.keep_alive = 30;
+    connect.set_login("node-2", "pw-2");
+    connect.last_will = Some(rumqttc::LastWill::new(
+        topic("NDEATH", None),
+        encode_death_example(3),
+        QoS::AtLeastOnce,
+        false,
+    ));
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("tcp");
+    let refused = RawMqtt::try_connect_packet(Box::new(stream), connect).await;
+    assert!(
+        matches!(&refused, Ok((_, ack)) if ack.code != rumqttc::ConnectReturnCode::Success)
+            || refused.is_err(),
+        "a will as another edge node: {:?}",
+        refused.map(|(_, a)| a)
+    );
+}
