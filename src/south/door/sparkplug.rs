@@ -70,8 +70,8 @@ pub(super) fn judge(
             .into_inner()
             .check(&parsed, msg.number, summary.as_ref()),
     };
-    if let Some(verdict) = verdict.filter(|v| *v != Verdict::InOrder) {
-        let total = metrics::count(counter(verdict));
+    if let Some((verdict, count)) = verdict.and_then(|v| Some((v, counter(v)?))) {
+        let total = metrics::count(count);
         if admit(lines) {
             report(&device, &parsed, verdict, total);
         }
@@ -99,16 +99,17 @@ pub(super) fn judge(
     stored(to, device, STREAM, envelope, msg)
 }
 
-/// The counter a problem a sequence check saw is counted in.
-fn counter(verdict: Verdict) -> Count {
-    match verdict {
+/// The counter a problem a sequence check saw is counted in (None: no
+/// problem).
+fn counter(verdict: Verdict) -> Option<Count> {
+    Some(match verdict {
         Verdict::Gap { .. } => Count::SparkplugSeqGaps,
         Verdict::MissingBdSeq => Count::SparkplugBdSeqMissing,
         Verdict::NoBirth | Verdict::BdSeqMismatch { .. } | Verdict::MissingSeq => {
             Count::SparkplugOutOfSession
         }
-        Verdict::InOrder => Count::SparkplugFromDevices,
-    }
+        Verdict::InOrder => return None,
+    })
 }
 
 /// Logs what a sequence check saw: the message is stored as it came.
