@@ -7,7 +7,8 @@
 //! NDEATH is its will). The backend gets every message once, in order,
 //! those stored while they could not go north marked historical (in the
 //! body and in the payload's metrics); STATE offline holds forwarding and
-//! STATE online releases it; a seq gap is counted and logged, not fixed.
+//! STATE online releases it (another device's uplink goes meanwhile); a
+//! seq gap is counted and logged, not fixed.
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use ferry::protocol::sparkplug::{decode, encode_death_example, encode_example};
 use rumqttc::{Packet, QoS};
 use serde_json::Value;
 
-use crate::support::{Backend, Ferry, FerryOpts, Mode, Mosquitto, NorthMessage, RawMqtt};
+use crate::support::{Backend, Device, Ferry, FerryOpts, Mode, Mosquitto, NorthMessage, RawMqtt};
 
 const GROUP: &str = "plant";
 const NODE: &str = "node-1";
@@ -239,6 +240,19 @@ async fn an_edge_node_through_an_outage_and_its_hosts_state(mode: Mode) {
     node.data(8).await;
     node.data(10).await;
     nothing_for(&mut backend, "host offline: held").await;
+    // Another device's uplink does not wait for the host.
+    let device = Device::connect(ferry.south_port, "press-7").await;
+    device
+        .publish_envelope("t", "press-7-1", serde_json::json!(1))
+        .await;
+    let came = backend
+        .messages_until(SECS_30, |all| all.iter().any(|m| m.device() == "press-7"))
+        .await;
+    assert!(came.iter().any(|m| m.device() == "press-7"), "{came:?}");
+    assert!(
+        !came.iter().any(|m| m.device() == NODE),
+        "the node's still held: {came:?}"
+    );
     host_state(mq.port, true).await;
     until_got(&mut backend, &mut got, 10).await;
 
