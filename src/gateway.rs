@@ -198,7 +198,8 @@ impl Running {
         let store_stopping = Box::pin(store.stopping());
         let (trigger, shutdown_rx) = shutdown::channel();
         let topics = Topics::new(&cfg.south.topic_prefix, &cfg.north.prefix)
-            .with_plain(cfg.south.plain_topics.clone());
+            .with_plain(cfg.south.plain_topics.clone())
+            .with_sparkplug(cfg.sparkplug.clone());
         let status = status_file::start(
             &cfg.data_dir,
             cfg.gateway.as_str(),
@@ -268,7 +269,7 @@ impl Running {
             shutdown_rx.clone(),
         );
         let intake = tokio::spawn(intake::run(
-            IntakeConfig::of(cfg, controls_tx, status),
+            IntakeConfig::of(cfg, controls_tx, status, north.sparkplug_live),
             topics,
             store,
             south.inbound,

@@ -150,3 +150,20 @@ fn the_external_doc_s_mosquitto_files_load_with_debian_s_stock_config() {
         "a wrong password is refused: {bad:?}"
     );
 }
+
+/// The test site broker's ACL (tests/support/mosquitto.rs) is the doc's,
+/// comments aside.
+#[test]
+fn the_test_site_broker_s_acl_is_the_doc_s() {
+    let doc_acl: Vec<String> = file_block(&doc(), "/etc/mosquitto/ferry.acl")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    let site: Vec<String> = crate::support::mosquitto::SITE_ACL
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(site, doc_acl);
+}

@@ -68,6 +68,7 @@ mod session_memory;
 mod sessions;
 mod soak;
 mod source_install;
+mod sparkplug;
 mod tls;
 mod tls_recipe;
 mod uplink;

@@ -31,6 +31,7 @@ pub const DEFAULT_FILE: &str = "/etc/ferry/ferry.toml";
 pub mod passwords;
 mod raw;
 mod south;
+mod sparkplug;
 mod store;
 mod tls;
 mod version;
@@ -73,6 +74,8 @@ pub struct Config {
     pub gateway: GatewayId,
     pub data_dir: PathBuf,
     pub south: SouthConfig,
+    /// `[south.sparkplug]`: Sparkplug B edge nodes (None: off).
+    pub sparkplug: Option<crate::protocol::sparkplug::edge::SparkplugTopics>,
     pub north: NorthConfig,
     pub retry: RetryConfig,
     pub store: StoreConfig,
@@ -143,6 +146,7 @@ impl Config {
             .clone()
             .unwrap_or_else(|| GatewayId::new("gateway".to_string()).expect("a valid id"));
         let south = south::check(&raw.south, &named, p);
+        let sparkplug = sparkplug::check(&raw.south.sparkplug, p);
         let north = north::check(&raw.north, &named, raw.south.max_payload_bytes, p);
         p.take(in_range("retry.base_ms", raw.retry.base_ms, 1, 86_400_000));
         if raw.retry.max_ms < raw.retry.base_ms {
@@ -225,6 +229,7 @@ impl Config {
             gateway: gateway?,
             data_dir: raw.gateway.data_dir,
             south: south?,
+            sparkplug,
             north: north?,
             retry: RetryConfig {
                 base: Duration::from_millis(raw.retry.base_ms),

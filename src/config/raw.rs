@@ -188,6 +188,21 @@ pub struct RawSouth {
     pub tls: RawListenerTls,
     /// External mode: TLS to the site broker.
     pub site_tls: RawClientTls,
+    /// Sparkplug B edge nodes.
+    pub sparkplug: RawSparkplug,
+}
+
+/// `[south.sparkplug]`: Sparkplug B edge nodes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSparkplug {
+    /// A publish on an edge node's `spBv1.0/...` topic is an uplink of
+    /// that edge node.
+    pub enabled: bool,
+    /// The primary host application whose `spBv1.0/STATE/{host_id}` ferry
+    /// follows on the north broker: Sparkplug uplinks wait while it is
+    /// not online.
+    pub host_id: Option<String>,
 }
 
 /// One device listener of `south.listeners`.
@@ -272,6 +287,7 @@ impl Default for RawSouth {
             mqtt_version: "3.1.1".into(),
             tls: RawListenerTls::default(),
             site_tls: RawClientTls::default(),
+            sparkplug: RawSparkplug::default(),
         }
     }
 }

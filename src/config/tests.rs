@@ -362,6 +362,7 @@ fn alert_thresholds_default_and_name_their_keys() {
 
 mod listeners;
 mod north;
+mod sparkplug;
 mod tls;
 
 #[test]

@@ -46,11 +46,26 @@ pub enum Count {
     /// its connection closed (QoS 1, 2: the device sends it again), or
     /// not kept (QoS 0).
     PlainWithheldFromDevices,
+    /// A Sparkplug B edge node's publish taken (`[south.sparkplug]`).
+    SparkplugFromDevices,
+    /// ... whose `seq` was not the one due (a gap, a repeat, an NBIRTH
+    /// not at 0): logged and counted, never fixed.
+    SparkplugSeqGaps,
+    /// ... an NBIRTH or NDEATH without a `bdSeq` metric.
+    SparkplugBdSeqMissing,
+    /// ... data before its node's NBIRTH (or after its NDEATH), an NDEATH
+    /// of another session's `bdSeq`, a message without `seq`.
+    SparkplugOutOfSession,
+    /// ... whose payload is not Sparkplug B protobuf (stored as it came).
+    SparkplugUndecodable,
+    /// ... stored marked historical: north was down or the primary host
+    /// not online.
+    SparkplugHistorical,
 }
 
 impl Count {
     /// In the order they are exposed.
-    pub(super) const ALL: [Count; 16] = [
+    pub(super) const ALL: [Count; 22] = [
         Count::DevicesRefused,
         Count::OversizedFromDevices,
         Count::UnauthorizedFromDevices,
@@ -67,6 +82,12 @@ impl Count {
         Count::PlainFromDevices,
         Count::PlainQos0FromDevices,
         Count::PlainWithheldFromDevices,
+        Count::SparkplugFromDevices,
+        Count::SparkplugSeqGaps,
+        Count::SparkplugBdSeqMissing,
+        Count::SparkplugOutOfSession,
+        Count::SparkplugUndecodable,
+        Count::SparkplugHistorical,
     ];
 
     /// The metric's name under the `ferry_` prefix (the sample adds
@@ -89,6 +110,12 @@ impl Count {
             Count::PlainFromDevices => "plain_from_devices",
             Count::PlainQos0FromDevices => "plain_qos0_from_devices",
             Count::PlainWithheldFromDevices => "plain_withheld_from_devices",
+            Count::SparkplugFromDevices => "sparkplug_from_devices",
+            Count::SparkplugSeqGaps => "sparkplug_seq_gaps",
+            Count::SparkplugBdSeqMissing => "sparkplug_bdseq_missing",
+            Count::SparkplugOutOfSession => "sparkplug_out_of_session",
+            Count::SparkplugUndecodable => "sparkplug_undecodable",
+            Count::SparkplugHistorical => "sparkplug_historical",
         }
     }
 
@@ -109,6 +136,12 @@ impl Count {
             Count::PlainFromDevices => "Plain device publishes (south.plain_topics, no envelope) taken",
             Count::PlainQos0FromDevices => "Plain device publishes at QoS 0 (stored best effort: the device is told nothing)",
             Count::PlainWithheldFromDevices => "Plain device publishes over a per-device limit: not acknowledged and the connection closed (QoS 1, 2: the device sends them again), or not kept (QoS 0)",
+            Count::SparkplugFromDevices => "Sparkplug B edge node publishes (spBv1.0, [south.sparkplug]) taken",
+            Count::SparkplugSeqGaps => "Sparkplug B publishes whose seq was not the one due (a gap, a repeat, an NBIRTH not at 0): logged, never fixed",
+            Count::SparkplugBdSeqMissing => "Sparkplug B NBIRTH or NDEATH publishes without a bdSeq metric",
+            Count::SparkplugOutOfSession => "Sparkplug B publishes out of their node's session: data before its NBIRTH or after its NDEATH, an NDEATH of another bdSeq, or no seq",
+            Count::SparkplugUndecodable => "Sparkplug B topic publishes whose payload is not Sparkplug B protobuf (stored as they came)",
+            Count::SparkplugHistorical => "Sparkplug B publishes stored marked historical: north was down or the primary host not online",
             Count::RefusalsSummarised => "Refusals at the door (malformed, too large, unauthorized, bad topic) summed in one dead letter instead of one each: their sender's dead-letter share, or all shares together, was full",
         }
     }

@@ -2,7 +2,7 @@
 //! [`crate::mqtt`].
 //!
 //! What north adds to the session: its subscriptions (`{prefix}/ack`, the
-//! downlink topics), the retained `{prefix}/status` — `online: true` only
+//! downlink topics, a Sparkplug primary host's STATE: [`host`]), the retained `{prefix}/status` — `online: true` only
 //! once the subscriptions are acknowledged, `online: false` as the last will
 //! and on a clean leave — and the routing of what arrives into
 //! a typed receiver per consumer ([`NorthEvents`]).
@@ -28,6 +28,7 @@
 //! unacknowledged message to a persistent session forever).
 
 pub mod failure;
+mod host;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +91,10 @@ pub enum UplinkEvent {
     },
     /// The same, for a batch of uplinks: a failed attempt for each.
     RefusedBatch(Vec<(DeviceId, Seq)>),
+    /// Sparkplug uplinks are held (true: the primary host followed is not
+    /// online) or sent again (false). Told before the `Link::Up` it
+    /// concerns.
+    SparkplugHold(bool),
 }
 
 /// A downlink envelope. It is PUBACKed only when `token` is passed to
@@ -137,6 +142,9 @@ pub struct NorthEvents {
     pub uplink: mpsc::Receiver<UplinkEvent>,
     pub downlink: mpsc::Receiver<DownlinkEvent>,
     pub alerts: mpsc::Receiver<AlertEvent>,
+    /// Whether a Sparkplug uplink stored now goes north at once (the link
+    /// is up, and the primary host followed, if any, online).
+    pub sparkplug_live: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Events queued per consumer.
@@ -191,6 +199,7 @@ pub fn start(
     status_file: LiveSender,
 ) -> (NorthSender, NorthEvents) {
     let status = topics.north_status();
+    let (host, sparkplug_live) = host::Host::new(topics.sparkplug());
     let opts = mqtt::Options {
         name: "north".into(),
         endpoints: cfg.endpoints.clone(),
@@ -212,11 +221,14 @@ pub fn start(
         max_message_bytes: cfg.max_packet_bytes,
         inflight: SESSION_INFLIGHT,
         puback_timeout: Some(cfg.puback_timeout),
-        subscriptions: vec![
+        subscriptions: [
             topics.north_ack(),
             topics.north_down_filter(),
             topics.north_down(),
-        ],
+        ]
+        .into_iter()
+        .chain(host.subscription())
+        .collect(),
         announce: Some(Announce {
             topic: status.clone(),
             body: Arc::new(|| status_body(true)),
@@ -242,12 +254,14 @@ pub fn start(
         client_id: cfg.client_id.clone(),
         gateway: gateway.to_string(),
         logged: None,
+        host,
     };
     tokio::spawn(router.run(events));
     let events = NorthEvents {
         uplink,
         downlink,
         alerts,
+        sparkplug_live,
     };
     (NorthSender { session, status }, events)
 }
@@ -275,6 +289,8 @@ struct Router {
     /// repeat as the session's `link_down` is: the first three, then at
     /// powers of two).
     logged: Option<&'static str>,
+    /// The Sparkplug primary host followed, if any.
+    host: host::Host,
 }
 
 impl Router {
@@ -363,9 +379,12 @@ impl Router {
     }
 
     /// Tells every consumer (and the status file) of the link.
-    async fn link(&self, link: Link) {
+    async fn link(&mut self, link: Link) {
         if link == Link::Down {
             let _ = self.status_file.send(LiveEvent::NorthDown);
+        }
+        if let Some(held) = self.host.on_link(matches!(link, Link::Up(_))) {
+            let _ = self.uplink.send(UplinkEvent::SparkplugHold(held)).await;
         }
         let _ = self.alerts.try_send(AlertEvent::Link(link));
         let _ = self.uplink.send(UplinkEvent::Link(link)).await;
@@ -374,7 +393,7 @@ impl Router {
 
     /// Routes one incoming message. Uplink acks (and strays) are acked at
     /// once; a downlink waits for its commit. Either way, in receive order.
-    async fn route(&self, m: Message) {
+    async fn route(&mut self, m: Message) {
         if let Some(size) = m.oversize {
             let total = metrics::count(Count::OversizedFromUpstream);
             warn!(event = "north_message_oversized", topic = %Clip(&m.topic), bytes = size, limit = self.max_packet, total, "north message over north.max_packet_bytes acknowledged and not processed");
@@ -391,6 +410,12 @@ impl Router {
             return;
         }
         self.session.ack(m.token);
+        if self.host.is_state(&m.topic) {
+            if let Some(held) = self.host.on_state(&m.payload) {
+                let _ = self.uplink.send(UplinkEvent::SparkplugHold(held)).await;
+            }
+            return;
+        }
         if m.topic == self.topics.north_ack() {
             if m.oversize.is_none() {
                 let _ = self.uplink.send(UplinkEvent::Ack(m.payload)).await;

@@ -9,6 +9,7 @@
 //! string.
 
 use super::plain::PlainTopics;
+use super::sparkplug::edge::SparkplugTopics;
 use crate::ids::{DeviceId, GatewayId};
 
 /// The last level of each device topic (after `up`, the stream follows).
@@ -283,6 +284,7 @@ pub struct Topics {
     south: String,
     north: NorthTopics,
     plain: PlainTopics,
+    sparkplug: Option<SparkplugTopics>,
 }
 
 impl Topics {
@@ -293,6 +295,7 @@ impl Topics {
             south: south.to_string(),
             north: NorthTopics::from_base(north),
             plain: PlainTopics::default(),
+            sparkplug: None,
         }
     }
 
@@ -305,6 +308,17 @@ impl Topics {
     /// Plain devices' topics.
     pub fn plain(&self) -> &PlainTopics {
         &self.plain
+    }
+
+    /// With Sparkplug B edge nodes (`[south.sparkplug]`; None: off).
+    pub fn with_sparkplug(mut self, sparkplug: Option<SparkplugTopics>) -> Topics {
+        self.sparkplug = sparkplug;
+        self
+    }
+
+    /// Sparkplug B edge nodes' topics, when they are on.
+    pub fn sparkplug(&self) -> Option<&SparkplugTopics> {
+        self.sparkplug.as_ref()
     }
 
     /// The device topic prefix (`devices`).

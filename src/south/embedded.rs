@@ -70,8 +70,8 @@ use super::auth::{self, Authenticator};
 use super::presence;
 use super::published::{from_device, south_message};
 use super::seam::{
-    device_filters, max_packet_bytes, Inbound, InboundTx, Outbound, South, SouthMessage,
-    SouthSender, Started, INBOUND_CAPACITY, OVERSIZE_HEAD,
+    beside_filters, device_filters, max_packet_bytes, may_publish_beside, Inbound, InboundTx,
+    Outbound, South, SouthMessage, SouthSender, Started, INBOUND_CAPACITY, OVERSIZE_HEAD,
 };
 use crate::config::{ListenerTls, SouthAuth, SouthConfig};
 use crate::protocol::topics::Topics;
@@ -412,23 +412,23 @@ fn receive(mut rx: LinkRx, inbound: InboundTx) {
 fn link_filters(topics: &Topics) -> impl Iterator<Item = String> + '_ {
     device_filters(topics)
         .chain(std::iter::once(QUARANTINE_TOPIC.to_string()))
-        // Plain devices' wills, which the broker publishes.
-        .chain(topics.plain().filters().iter().map(|f| f.subscription()))
+        // Plain devices' and edge nodes' wills, which the broker publishes.
+        .chain(beside_filters(topics))
 }
 
 /// Where else than its device topics a client may publish: on plain
-/// devices' topics (`south.plain_topics`), under its own `{device}` level
-/// when its id is proven (passwords, client certificates), under any
-/// device's with `south.auth = "none"` (the topic names the device).
+/// devices' and Sparkplug edge nodes' topics, as itself when its id is
+/// proven (passwords, client certificates), as anyone with
+/// `south.auth = "none"` (the topic names the device).
 fn plain_hook(cfg: &SouthConfig, topics: &Topics) -> Option<rumqttd::PublishHook> {
-    let plain = topics.plain().clone();
-    if plain.is_empty() {
+    if topics.plain().is_empty() && topics.sparkplug().is_none() {
         return None;
     }
+    let topics = topics.clone();
     let certificates = cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     let bound = certificates || matches!(cfg.auth, SouthAuth::Password { .. });
     Some(std::sync::Arc::new(move |client: &str, topic: &str| {
-        plain.may_publish(bound, client, topic)
+        may_publish_beside(&topics, bound, client, topic)
     }))
 }
 

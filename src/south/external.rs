@@ -25,8 +25,8 @@ use tracing::{debug, error, info};
 
 use super::backlog::{Backlog, Taken};
 use super::seam::{
-    device_filters, Ack, AckTo, Inbound, InboundTx, Outbound, South, SouthMessage, SouthSender,
-    Started, TOPIC_ALLOWANCE,
+    beside_filters, device_filters, Ack, AckTo, Inbound, InboundTx, Outbound, South, SouthMessage,
+    SouthSender, Started, TOPIC_ALLOWANCE,
 };
 use crate::config::{ExternalSouth, SouthConfig};
 use crate::deadlines::sleep_until;
@@ -59,9 +59,9 @@ pub(crate) fn start(cfg: &SouthConfig, site: &ExternalSouth, topics: &Topics) ->
         // A site broker that never acknowledges holds the receipts, then
         // the acks of device messages behind them: stuck like a north node.
         puback_timeout: Some(site.puback_timeout),
-        // And plain devices' topics, each `{device}` as `+`.
+        // And plain devices' and Sparkplug edge nodes' topics.
         subscriptions: device_filters(topics)
-            .chain(cfg.plain_topics.filters().iter().map(|f| f.subscription()))
+            .chain(beside_filters(topics))
             .collect(),
         announce: None,
         auto_ack: false,

@@ -49,6 +49,23 @@ pub(super) fn device_filters(topics: &Topics) -> impl Iterator<Item = String> {
     topics.device_filters().into_iter()
 }
 
+/// The filters of what devices publish beside their device topics: plain
+/// devices' topics, each `{device}` as `+`, and Sparkplug B edge nodes'.
+pub(super) fn beside_filters(topics: &Topics) -> impl Iterator<Item = String> + '_ {
+    let plain = topics.plain().filters().iter().map(|f| f.subscription());
+    plain.chain(topics.sparkplug().map(|s| s.filters()).unwrap_or_default())
+}
+
+/// Whether client `client` may publish on `topic` beside its device
+/// topics: as a plain device or a Sparkplug edge node, of itself when
+/// `bound` (its id is proven), of anyone otherwise.
+pub(super) fn may_publish_beside(topics: &Topics, bound: bool, client: &str, topic: &str) -> bool {
+    topics.plain().may_publish(bound, client, topic)
+        || topics
+            .sparkplug()
+            .is_some_and(|s| s.may_publish(bound, client, topic))
+}
+
 /// A message a device published.
 #[derive(Debug)]
 pub struct SouthMessage {

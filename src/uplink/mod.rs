@@ -214,6 +214,7 @@ pub async fn run_engine(
                     engine.scheduler.on_refused(&device, seq, Instant::now())
                 }
                 Some(UplinkEvent::RefusedBatch(batch)) => engine.batch_refused(batch),
+                Some(UplinkEvent::SparkplugHold(held)) => engine.scheduler.hold_sparkplug(held),
                 None => return Ok(()),
             },
             _ = std::future::ready(()), if !engine.acks.is_empty() && pending.len() < MAX_PENDING => engine.apply_acks(),

@@ -38,6 +38,7 @@ use tokio::time::Instant;
 use crate::config::RetryConfig;
 use crate::deadlines::Deadlines;
 use crate::ids::{DeviceId, MsgId, Seq};
+use crate::protocol::sparkplug::edge::STREAM as SPARKPLUG;
 use crate::store::record::uplink::{PendingMessage, EXPIRED_REASON};
 use backend::Backend;
 use queue::{arm, queue, DeviceQueue, Entry, Refill, Status, Timers};
@@ -127,6 +128,8 @@ pub struct Scheduler {
     /// The `loaded_upto` of devices forgotten with nothing left (see
     /// [`queue`]), at most [`FORGOTTEN_MAX`].
     forgotten: HashMap<DeviceId, Seq>,
+    /// Sparkplug uplinks wait ([`link`]).
+    held: bool,
 }
 
 /// Most forgotten devices whose loaded seq is remembered; past it the
@@ -145,6 +148,7 @@ impl Scheduler {
             dirty: HashSet::new(),
             behind: 0,
             forgotten: HashMap::new(),
+            held: false,
         }
     }
 
@@ -293,33 +297,6 @@ impl Scheduler {
         q.entries.insert(entry.msg.seq, entry);
     }
 
-    pub fn on_link_up(&mut self, epoch: u64) {
-        self.link = Link::Up(epoch);
-        self.requeue_inflight();
-    }
-
-    pub fn on_link_down(&mut self) {
-        self.link = Link::Down;
-        self.requeue_inflight();
-    }
-
-    /// Everything in flight goes back to ready, uncounted.
-    fn requeue_inflight(&mut self) {
-        for (device, q) in &mut self.devices {
-            let mut any = false;
-            for e in q.entries.values_mut() {
-                if matches!(e.status, Status::InFlight { .. }) {
-                    e.status = Status::Ready;
-                    arm(&mut self.timers, e);
-                    any = true;
-                }
-            }
-            if any || !q.entries.is_empty() {
-                self.dirty.insert(device.clone());
-            }
-        }
-    }
-
     /// The store finished this message by itself (ttl sweep): drop it.
     pub fn forget(&mut self, device: &DeviceId, msg_id: &MsgId) {
         if let Some(q) = self.devices.get_mut(device) {
@@ -446,7 +423,9 @@ impl Scheduler {
                 let mut inflight = q.inflight();
                 let deadline = now + self.cfg.ack_timeout;
                 for entry in q.entries.values_mut().take(take).skip(skip) {
-                    if inflight >= self.cfg.max_inflight {
+                    if inflight >= self.cfg.max_inflight
+                        || (self.held && entry.msg.stream == SPARKPLUG)
+                    {
                         break;
                     }
                     if entry.status == Status::Ready {
@@ -491,6 +470,7 @@ impl Scheduler {
 }
 
 mod backend;
+mod link;
 mod queue;
 #[cfg(test)]
 mod tests;

@@ -34,7 +34,7 @@ fn mosquitto_binary() -> PathBuf {
 pub const SITE_USER: &str = "ferry";
 pub const SITE_PASSWORD: &str = "ferry-site-secret";
 /// The site broker's ACL: docs/EXTERNAL.md's, word for word.
-const SITE_ACL: &str = "\
+pub const SITE_ACL: &str = "\
 user ferry
 topic read devices/+/up/#
 topic read devices/+/confirm
@@ -45,6 +45,7 @@ topic read devices/+/status
 topic write devices/+/ack
 topic write devices/+/inbox
 topic read plant/#
+topic read spBv1.0/#
 
 pattern write devices/%c/up/#
 pattern write devices/%c/confirm
@@ -55,6 +56,8 @@ pattern write devices/%c/status
 pattern read devices/%c/ack
 pattern read devices/%c/inbox
 pattern write plant/+/%c/#
+pattern write spBv1.0/+/+/%c
+pattern write spBv1.0/+/+/%c/+
 ";
 
 /// A TLS listener a broker opens beside its plain one (the harness and

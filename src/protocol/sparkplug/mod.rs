@@ -15,7 +15,10 @@
 //!   Tahu's `sparkplug_b.proto` (vendored in `vendor/tahu/`).
 //! - [`encode_example`] and [`encode_death_example`] make real payloads
 //!   for tests.
+//! - [`edge`]: edge nodes as ferry devices (their topics, the body ferry
+//!   stores, each node's checks).
 
+pub mod edge;
 mod ext;
 pub mod proto;
 mod seq;

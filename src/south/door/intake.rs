@@ -175,9 +175,12 @@ async fn accept(
     if !matches!(route, Route::Control { .. }) {
         metrics::received(Direction::Up);
     }
-    let plain = matches!(route, Route::Plain { .. });
-    if plain {
-        super::plain::count(&msg);
+    // A Sparkplug edge node's publish is a plain one too, but for its counts.
+    let plain = matches!(route, Route::Plain { .. } | Route::Sparkplug { .. });
+    match route {
+        Route::Plain { .. } => super::plain::count(&msg),
+        Route::Sparkplug { .. } => super::sparkplug::count(),
+        _ => {}
     }
     // The rate comes first: a publish over it costs no store and no log
     // line of its own, and no parsing but a status's one flag. A nack is not held to it: it is neither
@@ -360,6 +363,15 @@ fn judge(
                 shutdown,
             };
             return super::plain::judge(to, device, msg);
+        }
+        Route::Sparkplug { device } => {
+            let to = super::plain::Store {
+                cfg,
+                topics,
+                store,
+                shutdown,
+            };
+            return super::sparkplug::judge(to, lines, device, msg);
         }
         Route::Unauthorized { publisher, sender } => {
             let total = metrics::count(Count::UnauthorizedFromDevices);

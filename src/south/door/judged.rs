@@ -3,9 +3,9 @@
 //! the size of the north packet a message will take, shared by intake and
 //! plain devices.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::answer::AnswerFuture;
 use super::limits::Sender;
@@ -13,6 +13,7 @@ use crate::config::RateLimit;
 use crate::protocol::envelope::{RejectCode, Rejection};
 use crate::protocol::plain::PlainIds;
 use crate::protocol::publish_packet_len;
+use crate::protocol::sparkplug::edge::EdgeNodes;
 use crate::protocol::topics::Topics;
 use crate::south::DeviceControl;
 use crate::status_file::LiveSender;
@@ -42,15 +43,30 @@ pub struct IntakeConfig {
     pub external: bool,
     /// This run's part of plain uplinks' msg_ids.
     pub plain: PlainIds,
+    /// Sparkplug B edge nodes (`[south.sparkplug]`), when they are on.
+    pub sparkplug: Option<SparkplugIntake>,
+}
+
+/// What intake keeps for Sparkplug B edge nodes.
+pub struct SparkplugIntake {
+    /// Whether a Sparkplug uplink stored now goes north at once: the north
+    /// link is up and the primary host, if one is followed, online. Not:
+    /// it is stored marked historical.
+    pub live: watch::Receiver<bool>,
+    /// Each edge node's sequence check (intake is one task: never
+    /// contended).
+    pub nodes: Mutex<EdgeNodes>,
 }
 
 impl IntakeConfig {
     /// Intake as `cfg` has it, handing controls to `controls`; in external
-    /// mode devices' statuses also go to `status_file`.
+    /// mode devices' statuses also go to `status_file`. `live`: north's
+    /// word on whether a Sparkplug uplink goes north at once.
     pub fn of(
         cfg: &crate::config::Config,
         controls: mpsc::Sender<DeviceControl>,
         status_file: LiveSender,
+        live: watch::Receiver<bool>,
     ) -> IntakeConfig {
         let external = matches!(cfg.south.mode, crate::config::SouthMode::External(_));
         IntakeConfig {
@@ -64,6 +80,10 @@ impl IntakeConfig {
             seen: status_file,
             external,
             plain: PlainIds::new(),
+            sparkplug: cfg.sparkplug.as_ref().map(|_| SparkplugIntake {
+                live,
+                nodes: Mutex::default(),
+            }),
         }
     }
 }

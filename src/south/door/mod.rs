@@ -12,7 +12,8 @@
 //!   [`super::DeviceControl`]s.
 //! - A plain device's publish (`south.plain_topics`, no envelope) is
 //!   stored as it came under a msg_id of ferry's own (`plain.rs`); its
-//!   PUBACK is its only receipt.
+//!   PUBACK is its only receipt; a Sparkplug B edge node's
+//!   (`[south.sparkplug]`) is one too, its seq checked (`sparkplug.rs`).
 //! - `judged.rs` holds what both share: intake's configuration, its
 //!   verdict on a publish, a message's north packet size.
 //! - Every publish's PUBACK (PUBREC) waits for its answer here: after the
@@ -28,3 +29,4 @@ mod judged;
 pub mod limits;
 mod plain;
 mod route;
+mod sparkplug;

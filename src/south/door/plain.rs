@@ -23,9 +23,9 @@ use super::answer::{reject, Answer, AnswerFuture};
 use super::judged::{too_large_north, IntakeConfig, Verdict};
 use super::limits::{Lines, Sender};
 use crate::clip::Clip;
-use crate::ids::DeviceId;
+use crate::ids::{DeviceId, MsgId};
 use crate::metrics::{self, Count};
-use crate::protocol::envelope::{with_publish, RejectCode, Rejection};
+use crate::protocol::envelope::{with_publish, Envelope, RejectCode, Rejection};
 use crate::protocol::plain::{plain_envelope, PLAIN_STREAM};
 use crate::protocol::topics::Topics;
 use crate::shutdown::Shutdown;
@@ -70,26 +70,48 @@ pub(super) fn withhold(
 
 /// Stores a plain publish of `device`, answered once it is committed.
 pub(super) fn judge(to: Store<'_>, device: DeviceId, msg: &SouthMessage) -> AnswerFuture {
+    let msg_id = to.cfg.plain.of(msg.number);
+    if let Some(rejection) = oversized(to.cfg, &msg_id, msg) {
+        return reject(to.store, Some(device), rejection, msg);
+    }
+    let envelope = plain_envelope(msg_id, &msg.topic, &msg.payload, msg.qos, msg.retain);
+    stored(to, device, PLAIN_STREAM, envelope, msg)
+}
+
+/// Why a publish over the largest packet a device may send is refused.
+pub(super) fn oversized(
+    cfg: &IntakeConfig,
+    msg_id: &MsgId,
+    msg: &SouthMessage,
+) -> Option<Rejection> {
+    let size = msg.oversize?;
+    Some(Rejection {
+        code: RejectCode::TooLarge,
+        detail: format!(
+            "{size} bytes > {}, the largest packet a device may send \
+             (south.max_payload_bytes + 1024)",
+            crate::south::max_packet_bytes(cfg.max_payload_bytes)
+        ),
+        msg_id: Some(msg_id.clone()),
+    })
+}
+
+/// Stores `envelope`, a publish of `device` with no envelope of its own
+/// (plain, Sparkplug), on `stream`: answered once it is committed, waiting
+/// at the disk budget.
+pub(super) fn stored(
+    to: Store<'_>,
+    device: DeviceId,
+    stream: &str,
+    envelope: Envelope,
+    msg: &SouthMessage,
+) -> AnswerFuture {
     let Store {
         cfg,
         topics,
         store,
         shutdown,
     } = to;
-    let msg_id = cfg.plain.of(msg.number);
-    if let Some(size) = msg.oversize {
-        let rejection = Rejection {
-            code: RejectCode::TooLarge,
-            detail: format!(
-                "{size} bytes > {}, the largest packet a device may send \
-                 (south.max_payload_bytes + 1024)",
-                crate::south::max_packet_bytes(cfg.max_payload_bytes)
-            ),
-            msg_id: Some(msg_id),
-        };
-        return reject(store, Some(device), rejection, msg);
-    }
-    let envelope = plain_envelope(msg_id, &msg.topic, &msg.payload, msg.qos, msg.retain);
     let envelope = match with_publish(envelope, msg.v5.user.clone(), msg.v5.expiry_s) {
         Ok(envelope) => envelope,
         Err(rejection) => return reject(store, Some(device), rejection, msg),
@@ -97,7 +119,7 @@ pub(super) fn judge(to: Store<'_>, device: DeviceId, msg: &SouthMessage) -> Answ
     let intake = Intake::new(
         &cfg.gateway,
         device.clone(),
-        PLAIN_STREAM.into(),
+        stream.into(),
         envelope,
         store.now(),
     )

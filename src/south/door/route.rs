@@ -24,6 +24,11 @@ pub(super) enum Route {
     Plain {
         device: DeviceId,
     },
+    /// On a Sparkplug B edge node's topic (`[south.sparkplug]`): a plain
+    /// uplink of the edge node.
+    Sparkplug {
+        device: DeviceId,
+    },
     Control {
         device: DeviceId,
         kind: ControlKind,
@@ -46,6 +51,9 @@ impl Route {
                 sender: DeviceId::new(publisher.as_str()).ok(),
                 publisher: publisher.clone(),
             };
+        }
+        if let Some((device, _)) = topics.sparkplug().and_then(|s| s.edge_node(&msg.topic)) {
+            return Route::Sparkplug { device };
         }
         if let Some(device) = topics.plain().device(&msg.topic) {
             return Route::Plain { device };
@@ -80,6 +88,7 @@ impl Route {
             Route::Unauthorized { sender, .. } => sender.clone(),
             Route::Up { device, .. }
             | Route::Plain { device }
+            | Route::Sparkplug { device }
             | Route::Control { device, .. }
             | Route::BadStream { device, .. } => Some(device.clone()),
             Route::BadTopic { .. } => None,

@@ -482,4 +482,5 @@ fn a_replayed_message_past_a_backlog_in_the_store_is_left_to_the_refill() {
 
 mod backend;
 mod forgotten;
+mod sparkplug;
 mod stages;
