@@ -1,10 +1,12 @@
 //! The README's "Devices as they are", followed as written: its
-//! `devices-config` block is the gateway's `[south]` (ports made free),
-//! `devices-plain-pub` and `devices-plain-down` run with `sh -e` as a
-//! plant engineer would paste them (Mosquitto's clients; 1883, 8083 and
-//! 1884 swapped for the test's ports), and the `devices-mqttjs` page runs
-//! in headless Chromium with MQTT.js from tests/js (the npm registry's,
-//! in place of the page's CDN address).
+//! `devices-config` and `devices-sparkplug-config` blocks are the
+//! gateway's `[south]` (ports made free), `devices-plain-pub`,
+//! `devices-plain-down` and `devices-sparkplug` run with `sh -e` as a
+//! plant engineer would paste them (Mosquitto's clients and the Sparkplug
+//! example node; 1883, 8083 and 1884 swapped for the test's ports, and the
+//! test's own build of the example for `cargo run --release --example`),
+//! and the `devices-mqttjs` page runs in headless Chromium with MQTT.js
+//! from tests/js (the npm registry's, in place of the page's CDN address).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -84,6 +86,11 @@ async fn the_readme_devices_as_they_are_run_as_written() {
     let south: toml::Table = toml::from_str(&block(&doc, "toml", "devices-config"))
         .expect("the devices-config block is TOML");
     let str_of = |v: &toml::Value| v.as_str().expect("a string").to_string();
+    let spb: toml::Table = toml::from_str(&block(&doc, "toml", "devices-sparkplug-config"))
+        .expect("the devices-sparkplug-config block is TOML");
+    let spb_enabled = spb["south"]["sparkplug"]["enabled"]
+        .as_bool()
+        .expect("south.sparkplug.enabled");
     let mq = Mosquitto::start();
     let ferry = Ferry::start(FerryOpts::new(GATEWAY, mq.port).with(|c| {
         c.south.listeners = south["listeners"]
@@ -103,6 +110,7 @@ async fn the_readme_devices_as_they_are_run_as_written() {
             .map(str_of)
             .collect();
         c.south.plain_down = Some(str_of(&south["plain_down"]));
+        c.south.sparkplug.enabled = spb_enabled;
     }));
     let (tcp, ws) = (
         port_of(&ferry.config.south.listeners[0].listen),
@@ -137,6 +145,46 @@ async fn the_readme_devices_as_they_are_run_as_written() {
         ) == 1
     })
     .await;
+
+    // The Sparkplug node, the test's build of the example for `cargo run`.
+    let node = example("sparkplug_node");
+    let script = block(&doc, "sh", "devices-sparkplug");
+    let cargo_run = "cargo run --release --example sparkplug_node --";
+    assert!(script.contains(cargo_run), "{script}");
+    let out = sh(&swap(
+        script.replace(cargo_run, &node.display().to_string()),
+    ))
+    .await;
+    for line in [
+        "NBIRTH seq 0 bdSeq 0: stored",
+        "NDATA seq 3 temp 21.5: stored",
+        "NDEATH bdSeq 0: stored",
+    ] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    let got = backend
+        .messages_until(SECS_20, |all| {
+            all.iter()
+                .filter(|m| m.topic.ends_with("/up/line3-edge/spb"))
+                .count()
+                >= 5
+        })
+        .await;
+    let mut kinds: Vec<(u64, String)> = got
+        .iter()
+        .filter(|m| m.topic.ends_with("/up/line3-edge/spb"))
+        .map(|m| {
+            let kind = m.body["sparkplug"]["message_type"].as_str().unwrap_or("?");
+            (m.body["seq"].as_u64().unwrap_or(0), kind.to_string())
+        })
+        .collect();
+    kinds.dedup();
+    let kinds: Vec<&str> = kinds.iter().map(|(_, k)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["NBIRTH", "NDATA", "NDATA", "NDATA", "NDEATH"],
+        "{got:?}"
+    );
 
     let mqtt_js =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/node_modules/mqtt/dist/mqtt.min.js");
@@ -253,4 +301,51 @@ fn hold(db: &Path) {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
+}
+
+/// The build of example `name` that `cargo test --examples` (or `cargo
+/// build --example`) made: the newest executable under target/debug/examples
+/// named `name` or `name-HASH` whose `--help` starts with its own usage (a
+/// test harness build of it would not).
+fn example(name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = crate::support::ferry_binary()
+        .parent()
+        .expect("target/debug")
+        .join("examples");
+    let mut found: Vec<(std::time::SystemTime, std::path::PathBuf)> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| {
+            let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("");
+            let named = file == name
+                || file
+                    .strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|hash| hash.bytes().all(|b| b.is_ascii_hexdigit()));
+            named
+                && p.metadata()
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .collect();
+    found.sort();
+    found
+        .into_iter()
+        .rev()
+        .map(|(_, p)| p)
+        .find(|p| {
+            Command::new(p)
+                .arg("--help")
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).starts_with(&format!("{name} [")))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no build of examples/{name}.rs in {}: run `cargo test --examples` \
+                 (./scripts/test.sh does)",
+                dir.display()
+            )
+        })
 }
