@@ -122,6 +122,38 @@ async fn a_device_over_tls_gets_stored_delivered_and_its_downlink() {
     // The listener speaks TLS only: plain MQTT gets no CONNACK.
     let plain = RawMqtt::try_connect(ferry.south_port, "tls-plain", 30).await;
     assert!(plain.is_err(), "plain MQTT on the TLS port was answered");
+    // A device trusting another CA refuses the gateway's certificate: the
+    // log says so in words, not only as the raw TLS alert.
+    let rogue = Pki::new("tls-basic-rogue");
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new("/usr/bin/mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &ferry.south_port.to_string()])
+            .arg("--cafile")
+            .arg(&rogue.ca)
+            .args([
+                "-i",
+                "tls-rogue-ca",
+                "-t",
+                "devices/tls-rogue-ca/up/t",
+                "-m",
+                "{}",
+            ])
+            .output()
+            .expect("run mosquitto_pub")
+    });
+    assert!(!out.status.success(), "{out:?}");
+    let deadline = std::time::Instant::now() + SECS_30;
+    while !ferry
+        .log()
+        .contains("does not trust the gateway's certificate")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no hint in words: {}",
+            ferry.log_tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_eq!(error_lines(&ferry.log()), Vec::<&str>::new());
 }
 

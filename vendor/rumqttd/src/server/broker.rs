@@ -494,6 +494,33 @@ pub(crate) struct Accepted {
     pub(crate) identity: CertIdentity,
 }
 
+/// ferry: a TLS handshake error in words, for the operator: what the
+/// alert a client sent (or what it sent instead of TLS) usually means.
+pub(crate) fn tls_hint(error: &str) -> &'static str {
+    let e = error.to_ascii_lowercase();
+    if e.contains("unknownca") {
+        "the device does not trust the gateway's certificate: the CA file the device uses is not the CA that signed south.tls.cert"
+    } else if e.contains("certificateexpired") {
+        "the device says the gateway's certificate has expired (or the device's clock is wrong)"
+    } else if e.contains("badcertificate") || e.contains("certificateunknown") {
+        "the device refused the gateway's certificate: its subjectAltName must hold the name or IP address the device connects to (docs/SECURITY.md, the certificate recipe)"
+    } else if e.contains("protocolversion") || e.contains("peer is incompatible") {
+        "no TLS version in common: the device speaks TLS older than 1.2"
+    } else if e.contains("handshakefailure")
+        || e.contains("no cipher")
+        || e.contains("insufficientsecurity")
+    {
+        "no cipher suite in common with the device"
+    } else if e.contains("invalidmessage")
+        || e.contains("corrupt message")
+        || e.contains("invalid content type")
+    {
+        "the client does not speak TLS: plain MQTT sent to a TLS listener?"
+    } else {
+        "see the error"
+    }
+}
+
 /// ferry: the TLS handshake, if the listener serves TLS: the tenant id, who
 /// the client certificate says the client is, and the stream. A failure
 /// is logged here, with the peer: never as an error (a port scan, a client
@@ -526,7 +553,8 @@ async fn handshake(
         Err(e) => {
             crate::counters::TLS_HANDSHAKES_FAILED.fetch_add(1, Ordering::Relaxed);
             if refusals::admit(peer.ip()) {
-                warn!(event = "tls_handshake_failed", %peer, error = %Clip(&e.to_string()), "TLS handshake failed");
+                let error = e.to_string();
+                warn!(event = "tls_handshake_failed", %peer, error = %Clip(&error), hint = tls_hint(&error), "TLS handshake failed");
             }
             None
         }
@@ -890,5 +918,26 @@ fn cert_allows(identity: &CertIdentity, client_id: &str) -> Result<(), String> {
         CertIdentity::ClientId(cn) if cn == client_id => Ok(()),
         CertIdentity::ClientId(cn) => Err(format!("the certificate's CN is {cn:?}")),
         CertIdentity::Invalid(why) => Err(why.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tls_hint_tests {
+    use super::tls_hint;
+
+    #[test]
+    fn a_tls_alert_is_said_in_words() {
+        for (error, words) in [
+            ("received fatal alert: UnknownCA", "does not trust"),
+            ("received fatal alert: BadCertificate", "subjectAltName"),
+            ("received fatal alert: CertificateExpired", "expired"),
+            (
+                "received corrupt message of type InvalidContentType",
+                "does not speak TLS",
+            ),
+            ("something else", "see the error"),
+        ] {
+            assert!(tls_hint(error).contains(words), "{error}");
+        }
     }
 }
