@@ -69,6 +69,7 @@ mod sessions;
 mod soak;
 mod source_install;
 mod sparkplug;
+mod status_page;
 mod tls;
 mod tls_recipe;
 mod uplink;

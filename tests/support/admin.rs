@@ -225,6 +225,11 @@ pub fn render_dom(url: &str, settle: Duration) -> String {
     super::blocking(|| render_now(url, settle, &[]))
 }
 
+/// [`render_dom`] in time zone `tz` (the browser's `TZ`).
+pub fn render_dom_in_zone(url: &str, settle: Duration, tz: &str) -> String {
+    super::blocking(|| render_now_in(url, settle, &[], Some(tz)))
+}
+
 /// [`render_dom`] with Chromium given `args` too (e.g. a
 /// `--host-resolver-rules` that makes a name resolve to 127.0.0.1).
 pub fn render_dom_with(url: &str, settle: Duration, args: &[&str]) -> String {
@@ -240,9 +245,16 @@ pub fn render_loaded(url: &str) -> String {
 }
 
 fn render_now(url: &str, settle: Duration, args: &[&str]) -> String {
+    render_now_in(url, settle, args, None)
+}
+
+fn render_now_in(url: &str, settle: Duration, args: &[&str], tz: Option<&str>) -> String {
     let profile = tempfile::tempdir().expect("a Chromium profile dir");
     let mut command = chromium(&profile);
     command.args(args);
+    if let Some(tz) = tz {
+        command.env("TZ", tz);
+    }
     if !settle.is_zero() {
         command.arg(format!("--virtual-time-budget={}", settle.as_millis()));
     }
