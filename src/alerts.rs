@@ -312,14 +312,14 @@ pub struct Outlets {
 
 /// Runs until shutdown begins or the store stops.
 pub async fn run(
-    cfg: AlertsConfig,
+    cfg: watch::Receiver<AlertsConfig>,
     store: Store,
     Outlets { north, topic, open }: Outlets,
     mut events: mpsc::Receiver<AlertEvent>,
     mut silence: watch::Receiver<Option<Instant>>,
     mut shutdown: Shutdown,
 ) {
-    let mut monitor = Monitor::new(cfg, Instant::now());
+    let mut monitor = Monitor::new(*cfg.borrow(), Instant::now());
     let mut outbox = AlertQueue::default();
     let mut epoch: Option<u64> = None;
     // Dead letters whose alerts were acknowledged, in this run or an
@@ -333,6 +333,8 @@ pub async fn run(
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // The thresholds may have changed while it runs.
+        monitor.cfg = *cfg.borrow();
         tokio::select! {
             _ = shutdown.begun() => return,
             ev = events.recv() => match ev {

@@ -63,7 +63,9 @@
 //!    gateway runs; replays reach the running engine through the store.
 //! 8. The operator's HTTP: [`admin`] (`/metrics`, `/healthz`, `/readyz`, the
 //!    status page)
-//!    over `ops` and `metrics`.
+//!    over `ops` and `metrics`; and the operator's `systemctl reload`:
+//!    [`reload`] (the config checked again, what can change live handed
+//!    to its part, the rest named).
 //! 9. The wiring: [`gateway`], `run()`: each part built through its own
 //!    constructor and handed the channels it reads and writes.
 //!
@@ -90,6 +92,7 @@ pub mod mqtt;
 pub mod north;
 pub mod ops;
 pub mod protocol;
+pub mod reload;
 pub mod retention;
 pub mod shutdown;
 pub mod signals;

@@ -132,6 +132,14 @@ fn init_logging(level: &str, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // `systemctl reload` may set another `log.level` (ferry::reload).
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    ferry::reload::set_log_level_setter(Box::new(move |level: &str| {
+        let new = EnvFilter::try_new(level).map_err(|e| format!("log.level {level:?}: {e}"))?;
+        handle
+            .reload(new)
+            .map_err(|e| format!("the log filter cannot be changed: {e}"))
+    }));
     let _ = tracing_log::LogTracer::init();
     // rumqttd's events are logged, but not inside its spans: it opens one
     // per publish, and creating them costs more than the rest of routing.

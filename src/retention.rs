@@ -74,7 +74,12 @@ pub struct Retention {
 }
 
 /// Runs until shutdown begins or the store stops.
-pub async fn run(store: Store, retention: Retention, mut shutdown: Shutdown) {
+/// `retention` may change while it runs: each pass takes the latest.
+pub async fn run(
+    store: Store,
+    retention: tokio::sync::watch::Receiver<Retention>,
+    mut shutdown: Shutdown,
+) {
     // Woken every second: a pass is due every EVERY, and at once (and
     // then every second) while the store is at its disk budget.
     let mut last_pass: Option<tokio::time::Instant> = None;
@@ -91,6 +96,7 @@ pub async fn run(store: Store, retention: Retention, mut shutdown: Shutdown) {
         }
         last_pass = Some(tokio::time::Instant::now());
         let pressure = store.budget().over();
+        let retention = *retention.borrow();
         let mut total = Pruned::default();
         loop {
             let c = cutoffs(store.now(), retention, pressure);

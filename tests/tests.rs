@@ -62,6 +62,7 @@ mod passwd_file;
 mod power_loss;
 mod quickstart;
 mod readme_devices;
+mod reload;
 mod robust;
 mod sandbox;
 mod session_memory;

@@ -90,6 +90,17 @@ pub struct Config {
     /// `[admin]`: where the admin HTTP server listens and the names it
     /// answers to (`None`: `admin.listen` is empty, no admin server).
     pub admin: Option<AdminConfig>,
+    /// The file it was read from, and what it said (with the environment's
+    /// overrides), for a reload to compare against (`None`: not read from
+    /// a file).
+    pub source: Option<std::sync::Arc<Source>>,
+}
+
+/// Where a [`Config`] came from.
+#[derive(Debug)]
+pub struct Source {
+    pub path: PathBuf,
+    pub raw: RawConfig,
 }
 
 /// `[alerts]`, checked: how long each condition lasts before it is raised.
@@ -113,12 +124,19 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let (raw, mut problems) = RawConfig::read(path)?;
         let from_env = raw.from_env.clone();
+        let kept = raw.clone();
         let checked = Config::from_raw(raw);
         if let Err(more) = &checked {
             problems.extend(more.iter().map(|e| load::blame_env(e.clone(), &from_env)));
         }
         match checked {
-            Ok(config) if problems.is_empty() => Ok(config),
+            Ok(mut config) if problems.is_empty() => {
+                config.source = Some(std::sync::Arc::new(Source {
+                    path: path.to_owned(),
+                    raw: kept,
+                }));
+                Ok(config)
+            }
             _ => Err(ConfigErrors::from_vec(problems)),
         }
     }
@@ -253,6 +271,7 @@ impl Config {
                 backend_silent: Duration::from_secs(raw.alerts.backend_silent_s),
             },
             admin: admin?,
+            source: None,
         })
     }
 }

@@ -25,6 +25,8 @@ pub(super) struct SideTasks {
     clock_keeper: JoinHandle<()>,
     pruner: JoinHandle<()>,
     trimmer: JoinHandle<()>,
+    /// `systemctl reload`: the config applied again (when read from a file).
+    reloader: Option<JoinHandle<()>>,
 }
 
 impl SideTasks {
@@ -39,6 +41,10 @@ impl SideTasks {
         backend_silence: watch::Receiver<Option<Instant>>,
         shutdown: Shutdown,
     ) -> SideTasks {
+        let live = crate::reload::Live {
+            alerts: watch::Sender::new(cfg.alerts),
+            retention: watch::Sender::new(crate::reload::Live::retention_of(cfg)),
+        };
         SideTasks {
             supervisor: tokio::spawn(systemd::supervise(
                 systemd::Notifier::from_env(),
@@ -49,7 +55,7 @@ impl SideTasks {
             )),
             admin,
             alerter: tokio::spawn(crate::alerts::run(
-                cfg.alerts,
+                live.alerts.subscribe(),
                 store.clone(),
                 outlets,
                 events,
@@ -60,13 +66,13 @@ impl SideTasks {
             clock_keeper: tokio::spawn(store.clone().keep_clock()),
             pruner: tokio::spawn(crate::retention::run(
                 store.clone(),
-                crate::retention::Retention {
-                    delivered: cfg.store.retention,
-                    dead: cfg.store.dead_letter_retention,
-                    min_dedup: cfg.store.min_dedup,
-                },
-                shutdown,
+                live.retention.subscribe(),
+                shutdown.clone(),
             )),
+            reloader: cfg
+                .source
+                .clone()
+                .map(|source| tokio::spawn(crate::reload::run(source, live, shutdown))),
             trimmer: tokio::spawn(crate::memory::trim_periodically()),
         }
     }
@@ -76,6 +82,9 @@ impl SideTasks {
         self.trimmer.abort();
         self.clock_keeper.abort();
         self.supervisor.abort();
+        if let Some(reloader) = &self.reloader {
+            reloader.abort();
+        }
         if let Some(admin) = &self.admin {
             admin.abort();
         }

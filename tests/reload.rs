@@ -1,0 +1,124 @@
+//! `systemctl reload` (SIGHUP) reads and checks the whole config again
+//! (issue 34): what can change live is applied at once (here `log.level`
+//! and an alert threshold, seen taking effect), what cannot is named in a
+//! WARN and left as it was, and a file with a problem is refused as a
+//! whole, one line per problem, the gateway running on.
+
+use std::time::Duration;
+
+use crate::support::{Backend, Device, Ferry, FerryOpts, Mosquitto};
+
+const SECS_20: Duration = Duration::from_secs(20);
+
+/// Waits until the log has `n` lines with `needle` (bounded).
+async fn logged(ferry: &Ferry, needle: &str, n: usize) -> String {
+    let deadline = std::time::Instant::now() + SECS_20;
+    loop {
+        let log = ferry.log();
+        if log.matches(needle).count() >= n {
+            return log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {n} × {needle:?} in the log:\n{}",
+            ferry.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn edit(ferry: &Ferry, from: &str, to: &str) {
+    let text = std::fs::read_to_string(&ferry.config_path).expect("read ferry.toml");
+    assert!(text.contains(from), "{from:?} in:\n{text}");
+    std::fs::write(&ferry.config_path, text.replacen(from, to, 1)).expect("write ferry.toml");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_what_can_change_live_names_the_rest_and_refuses_a_bad_file() {
+    let mq = Mosquitto::start();
+    let gw = "gw-reload";
+    let ferry = Ferry::start(FerryOpts::new(gw, mq.port));
+    // A backend that never acks: the uplink below waits, and ages.
+    let _backend = Backend::connect(mq.port, gw).await;
+    let mut device = Device::connect(ferry.south_port, "press-r").await;
+    device
+        .publish_envelope("t", "reload-1", serde_json::json!({"v": 1}))
+        .await;
+    assert_eq!(
+        device.next_receipt(SECS_20).await.expect("a receipt")["status"],
+        "stored"
+    );
+
+    // Live: the log level and the backlog-age threshold. Not live: the
+    // north port (the link would have to be dropped).
+    edit(&ferry, "level = \"info\"", "level = \"debug\"");
+    let port = format!("port = {}", mq.port);
+    edit(&ferry, &port, "port = 1");
+    edit(
+        &ferry,
+        "backlog_age_s = ",
+        "backlog_age_s = 1\n# was: backlog_age_s = ",
+    );
+    let before = ferry.log().len();
+    ferry.hangup();
+    let log = logged(&ferry, "config_reloaded", 1).await;
+    let after = &log[before..];
+    let line = |event: &str| {
+        after
+            .lines()
+            .find(|l| l.contains(event))
+            .unwrap_or_else(|| panic!("no {event}:\n{after}"))
+            .to_string()
+    };
+    let applied = line("event=\"config_reloaded\"");
+    assert!(
+        applied.contains("alerts.backlog_age_s") && applied.contains("log.level"),
+        "{applied}"
+    );
+    let restart = line("config_reload_needs_restart");
+    assert!(
+        restart.contains("WARN") && restart.contains("north.port"),
+        "{restart}"
+    );
+    assert!(!applied.contains("north.port"), "{applied}");
+    // The new level is in force: DEBUG lines follow.
+    let deadline = std::time::Instant::now() + SECS_20;
+    while !ferry.log()[before..].contains(" DEBUG ") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no DEBUG line after the reload"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The new threshold too: the waiting uplink raises backlog_age.
+    logged(&ferry, "kind=\"backlog_age\"", 1).await;
+    // The north port was not applied: north stays up on the old one.
+    assert_eq!(ferry.admin_json("/api/status")["north"]["up"], true);
+
+    // A file with problems is refused as a whole, one line each.
+    edit(&ferry, "format = \"text\"", "format = \"xml\"");
+    edit(
+        &ferry,
+        "batch_size = ",
+        "batch_size = 0\n# was: batch_size = ",
+    );
+    ferry.hangup();
+    let log = logged(&ferry, "config_reload_refused", 2).await;
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("config_reload_refused"))
+        .collect();
+    assert!(
+        refused.iter().any(|l| l.contains("key=log.format"))
+            && refused
+                .iter()
+                .any(|l| l.contains("key=downlink.batch_size")),
+        "{refused:#?}"
+    );
+    assert_eq!(
+        log.matches("event=\"config_reloaded\"").count(),
+        1,
+        "not applied"
+    );
+    assert!(ferry.pid().is_some(), "still running");
+}
