@@ -13,6 +13,11 @@
 //!   what was applied.
 //! - The password file is read again by the embedded broker's own SIGHUP
 //!   handler (`south::auth`), whatever the config says.
+//! - Every TLS device listener reads its certificate, key, client CA and
+//!   CRL files again (the paths it started with: a rotated certificate is
+//!   put in place of the old one): new handshakes use them, connected
+//!   devices stay. A listener whose files cannot be read keeps what it had
+//!   (WARN `tls_reload_failed`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -146,9 +151,10 @@ fn reload(source: &Source, applied: &mut RawConfig, live: &Live) {
             return;
         }
     };
+    let tls = reload_tls();
     let keys = changed(applied, &raw);
     if keys.is_empty() {
-        info!(event = "config_reloaded", path = %path, applied = "", "config reloaded: nothing changed");
+        info!(event = "config_reloaded", path = %path, applied = %tls, "config reloaded: nothing changed");
         return;
     }
     let (now, later): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| is_live(k));
@@ -178,7 +184,32 @@ fn reload(source: &Source, applied: &mut RawConfig, live: &Live) {
         let keys: Vec<&str> = later.iter().map(|k| k.as_str()).collect();
         warn!(event = "config_reload_needs_restart", path = %path, keys = %keys.join(", "), "changed in the config but not applied: these take a restart (systemctl restart ferry); until then the gateway runs on the old values");
     }
+    if !tls.is_empty() {
+        done.push(&tls);
+    }
     info!(event = "config_reloaded", path = %path, applied = %done.join(", "), "config reloaded");
+}
+
+/// The device listeners' TLS files read again; what to list as applied
+/// ("" when no listener serves TLS, or none could read its files).
+fn reload_tls() -> String {
+    let mut ok = 0;
+    for (cert, outcome) in rumqttd::reload_tls() {
+        match outcome {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                warn!(event = "tls_reload_failed", cert = %cert, error = %e, "a TLS listener could not read its certificate, key, CA or CRL again; it keeps the ones it had")
+            }
+        }
+    }
+    if ok > 0 {
+        format!(
+            "south TLS files ({ok} listener{})",
+            if ok == 1 { "" } else { "s" }
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// Applies one live key from the checked `cfg`.

@@ -122,3 +122,86 @@ async fn a_reload_applies_what_can_change_live_names_the_rest_and_refuses_a_bad_
     );
     assert!(ferry.pid().is_some(), "still running");
 }
+
+/// `mosquitto_pub` over TLS trusting `ca`: whether it got its PUBACK.
+fn publishes_trusting(port: u16, ca: &std::path::Path, id: &str) -> bool {
+    tokio::task::block_in_place(|| {
+        std::process::Command::new("/usr/bin/mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+            .arg("--cafile")
+            .arg(ca)
+            .args(["-i", id, "-t", &format!("devices/{id}/up/t")])
+            .args(["-m", r#"{"msg_id":"tls-r","payload":1}"#])
+            .output()
+            .expect("run mosquitto_pub")
+            .status
+            .success()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_puts_a_rotated_certificate_in_use_and_connected_devices_stay() {
+    use crate::support::Pki;
+    let (old_ca, new_ca) = (Pki::new("reload-old"), Pki::new("reload-new"));
+    let dir = tempfile::tempdir().expect("a dir for the certificate");
+    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
+    let put = |pki: &Pki| {
+        let issued = pki.server("ferry-south");
+        std::fs::copy(&issued.cert, &cert).expect("put the certificate");
+        std::fs::copy(&issued.key, &key).expect("put the key");
+    };
+    put(&old_ca);
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-reload-tls", mq.port).with(|c| {
+        c.south.tls.cert = cert.clone();
+        c.south.tls.key = key.clone();
+    }));
+    let port = ferry.south_port;
+    assert!(
+        publishes_trusting(port, &old_ca.ca, "tls-a"),
+        "the old certificate at start"
+    );
+    assert!(
+        !publishes_trusting(port, &new_ca.ca, "tls-b"),
+        "not yet the new one"
+    );
+    let mut connected = Device::connect_tls(port, "tls-stays", old_ca.client_config(None)).await;
+
+    // The rotation: new files in place, then `systemctl reload`.
+    put(&new_ca);
+    let before = ferry.log().matches("south TLS files (1 listener)").count();
+    ferry.hangup();
+    logged(&ferry, "south TLS files (1 listener)", before + 1).await;
+    assert!(
+        publishes_trusting(port, &new_ca.ca, "tls-c"),
+        "new handshakes: the new one"
+    );
+    assert!(
+        !publishes_trusting(port, &old_ca.ca, "tls-d"),
+        "and not the old one"
+    );
+    // The device connected before keeps its connection.
+    connected
+        .publish_envelope("t", "tls-stayed", serde_json::json!({"v": 1}))
+        .await;
+    let (r, _) = connected.next_receipt_for("tls-stayed", SECS_20).await;
+    assert_eq!(
+        r.expect("a receipt on the old connection")["status"],
+        "stored"
+    );
+
+    // A certificate that cannot be read: the reload is refused, naming
+    // it, and the listener keeps what it had.
+    std::fs::write(&cert, "not a certificate").expect("spoil the certificate");
+    ferry.hangup();
+    let log = logged(&ferry, "config_reload_refused", 1).await;
+    assert!(
+        log.lines()
+            .any(|l| l.contains("config_reload_refused") && l.contains("key=south.tls.cert")),
+        "{log}"
+    );
+    assert!(
+        publishes_trusting(port, &new_ca.ca, "tls-e"),
+        "still the good one"
+    );
+}

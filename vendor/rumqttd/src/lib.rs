@@ -32,6 +32,8 @@ pub use router::{
     Router,
 };
 use segments::Storage;
+#[cfg(feature = "use-rustls")]
+pub use server::reload_tls;
 pub use server::{Broker, LinkType, Server};
 
 pub use self::router::shared_subs::Strategy;

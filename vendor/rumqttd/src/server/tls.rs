@@ -138,11 +138,69 @@ fn cert_client_id(der: &[u8]) -> CertIdentity {
     }
 }
 
+/// ferry: the rustls acceptors of every TLS listener, so their
+/// certificate, key, client CA and CRL can be read again from their files
+/// while running ([`reload_tls`]): a handshake takes the acceptor current
+/// when it starts; established connections keep what they began with.
+#[cfg(feature = "use-rustls")]
+static LIVE: std::sync::Mutex<Vec<std::sync::Weak<Reloadable>>> = std::sync::Mutex::new(Vec::new());
+
+/// ferry: one listener's TLS, as its files said when last read.
+#[cfg(feature = "use-rustls")]
+pub struct Reloadable {
+    config: TlsConfig,
+    current: std::sync::RwLock<tokio_rustls::TlsAcceptor>,
+}
+
+/// ferry: reads every TLS listener's files again (the same paths as at
+/// start: a rotated certificate, key, CA or CRL put in place); each
+/// listener's outcome by its certificate's path. One whose files cannot be
+/// read keeps the acceptor it had.
+#[cfg(feature = "use-rustls")]
+pub fn reload_tls() -> Vec<(String, Result<(), String>)> {
+    let live: Vec<Arc<Reloadable>> = {
+        let mut all = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(|w| w.upgrade()).collect()
+    };
+    live.iter()
+        .filter_map(|r| {
+            let TlsConfig::Rustls {
+                capath,
+                certpath,
+                keypath,
+                crlpath,
+                cn_is_client_id,
+            } = &r.config
+            else {
+                return None;
+            };
+            let outcome =
+                match TLSAcceptor::rustls(capath, certpath, keypath, crlpath, *cn_is_client_id) {
+                    Ok(TLSAcceptor::Rustls { acceptor, .. }) => {
+                        let fresh = acceptor
+                            .current
+                            .read()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .clone();
+                        *r.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                        Ok(())
+                    }
+                    #[allow(unreachable_patterns)]
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                };
+            Some((certpath.clone(), outcome))
+        })
+        .collect()
+}
+
 #[allow(dead_code)]
 pub enum TLSAcceptor {
     #[cfg(feature = "use-rustls")]
     Rustls {
-        acceptor: tokio_rustls::TlsAcceptor,
+        /// ferry: read again by [`reload_tls`].
+        acceptor: Arc<Reloadable>,
         /// ferry: see [`crate::TlsConfig::Rustls`].
         cn_is_client_id: bool,
         /// ferry: whether client certificates are required.
@@ -164,7 +222,15 @@ impl TLSAcceptor {
                 keypath,
                 crlpath,
                 cn_is_client_id,
-            } => Self::rustls(capath, certpath, keypath, crlpath, *cn_is_client_id),
+            } => {
+                let made = Self::rustls(capath, certpath, keypath, crlpath, *cn_is_client_id)?;
+                if let TLSAcceptor::Rustls { acceptor, .. } = &made {
+                    LIVE.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Arc::downgrade(acceptor));
+                }
+                Ok(made)
+            }
             #[cfg(feature = "use-native-tls")]
             TlsConfig::NativeTls {
                 pkcs12path,
@@ -190,7 +256,12 @@ impl TLSAcceptor {
                 cn_is_client_id,
                 client_certs,
             } => {
-                let stream = acceptor.accept(stream).await?;
+                let current = acceptor
+                    .current
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let stream = current.accept(stream).await?;
 
                 #[cfg(feature = "verify-client-cert")]
                 let (tenant_id, identity) = {
@@ -341,7 +412,16 @@ impl TLSAcceptor {
 
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
         Ok(TLSAcceptor::Rustls {
-            acceptor,
+            acceptor: Arc::new(Reloadable {
+                config: TlsConfig::Rustls {
+                    capath: ca_path.clone(),
+                    certpath: cert_path.clone(),
+                    keypath: key_path.clone(),
+                    crlpath: crl_path.clone(),
+                    cn_is_client_id,
+                },
+                current: std::sync::RwLock::new(acceptor),
+            }),
             cn_is_client_id,
             client_certs,
         })
