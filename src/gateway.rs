@@ -251,6 +251,10 @@ impl Running {
             shutdown_rx.clone(),
             engine_probed,
         ));
+        // What `systemctl reload` may change while the parts run.
+        let live = crate::reload::Live::of(cfg);
+        let mut intake_cfg = IntakeConfig::of(cfg, controls_tx, status, north.sparkplug_live);
+        intake_cfg.limits_changed = Some(live.limits.subscribe());
         let sides = SideTasks::start(
             cfg,
             &store,
@@ -267,9 +271,10 @@ impl Running {
             ),
             backend_silence,
             shutdown_rx.clone(),
+            live,
         );
         let intake = tokio::spawn(intake::run(
-            IntakeConfig::of(cfg, controls_tx, status, north.sparkplug_live),
+            intake_cfg,
             topics,
             store,
             south.inbound,

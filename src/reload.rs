@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::{AlertsConfig, Config, RawConfig, Source};
+use crate::config::{AlertsConfig, Config, RateLimit, RawConfig, Source};
 use crate::retention::Retention;
 use crate::shutdown::Shutdown;
 
@@ -45,6 +45,9 @@ pub fn set_log_level_setter(setter: LevelSetter) {
 /// section name alone covers every key in it.
 const LIVE: &[&str] = &[
     "log.level",
+    "south.rate_per_s",
+    "south.burst",
+    "south.max_inflight_per_device",
     "alerts",
     "store.retention_days",
     "store.dead_letter_retention_days",
@@ -61,9 +64,20 @@ pub fn is_live(key: &str) -> bool {
 pub struct Live {
     pub alerts: watch::Sender<AlertsConfig>,
     pub retention: watch::Sender<Retention>,
+    /// `south.rate_per_s`/`burst` and `south.max_inflight_per_device`.
+    pub limits: watch::Sender<(RateLimit, usize)>,
 }
 
 impl Live {
+    /// Each part's settings as `cfg` has them.
+    pub fn of(cfg: &Config) -> Live {
+        Live {
+            alerts: watch::Sender::new(cfg.alerts),
+            retention: watch::Sender::new(Live::retention_of(cfg)),
+            limits: watch::Sender::new((cfg.south.rate, cfg.south.max_inflight_per_device)),
+        }
+    }
+
     pub fn retention_of(cfg: &Config) -> Retention {
         Retention {
             delivered: cfg.store.retention,
@@ -223,6 +237,11 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
             .ok_or("this process's log filter cannot be changed")?;
         return set(&cfg.log_level);
     }
+    if key.starts_with("south.") {
+        live.limits
+            .send_replace((cfg.south.rate, cfg.south.max_inflight_per_device));
+        return Ok(());
+    }
     if key.starts_with("alerts.") {
         live.alerts.send_replace(cfg.alerts);
         return Ok(());
@@ -269,7 +288,8 @@ mod tests {
             ["alerts.backlog_age_s", "log.level", "north.port"]
         );
         assert!(is_live("log.level") && is_live("alerts.backlog_age_s"));
-        assert!(is_live("store.retention_days"));
+        assert!(is_live("store.retention_days") && is_live("south.burst"));
+        assert!(!is_live("south.burst_x") && !is_live("south.listen"));
         assert!(!is_live("north.port") && !is_live("store.max_db_bytes") && !is_live("log.format"));
         assert!(changed(&old, &old.clone()).is_empty());
     }

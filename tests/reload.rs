@@ -205,3 +205,58 @@ async fn a_reload_puts_a_rotated_certificate_in_use_and_connected_devices_stay()
         "still the good one"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_puts_new_per_device_limits_in_force() {
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-reload-rate", mq.port));
+    let mut device = Device::connect(ferry.south_port, "press-rate").await;
+    let statuses = |receipts: &[serde_json::Value]| -> Vec<String> {
+        receipts
+            .iter()
+            .filter_map(|r| r["status"].as_str().map(str::to_string))
+            .collect()
+    };
+    let before = burst(&mut device, "before").await;
+    assert_eq!(
+        statuses(&before),
+        ["stored"; 5],
+        "within the start's limits"
+    );
+    let text = std::fs::read_to_string(&ferry.config_path).expect("read ferry.toml");
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("rate_per_s = ") {
+                "rate_per_s = 0.5".to_string()
+            } else if l.starts_with("burst = ") {
+                "burst = 1".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .map(|l| l + "\n")
+        .collect();
+    std::fs::write(&ferry.config_path, text).expect("write ferry.toml");
+    ferry.hangup();
+    let log = logged(&ferry, "event=\"config_reloaded\"", 1).await;
+    assert!(log.contains("south.rate_per_s"), "{}", ferry.log_tail());
+    // The door takes them as the reload hands them over; the burst's own
+    // tokens, refilled at the old rate, are spent by its first publish.
+    let after = burst(&mut device, "after").await;
+    let refused = statuses(&after).iter().filter(|s| *s == "rejected").count();
+    assert!(refused >= 3, "over the new rate: {after:?}");
+}
+
+/// Five envelopes at once from `device`, tagged `tag`: their receipts.
+async fn burst(device: &mut Device, tag: &str) -> Vec<serde_json::Value> {
+    let ids: Vec<String> = (0..5).map(|i| format!("{tag}-{i}")).collect();
+    for id in &ids {
+        device
+            .publish_envelope("t", id, serde_json::json!({"v": 1}))
+            .await;
+    }
+    device
+        .receipts_until(SECS_20, |r| r.len() >= ids.len())
+        .await
+}

@@ -40,11 +40,8 @@ impl SideTasks {
         (outlets, events): (crate::alerts::Outlets, mpsc::Receiver<AlertEvent>),
         backend_silence: watch::Receiver<Option<Instant>>,
         shutdown: Shutdown,
+        live: crate::reload::Live,
     ) -> SideTasks {
-        let live = crate::reload::Live {
-            alerts: watch::Sender::new(cfg.alerts),
-            retention: watch::Sender::new(crate::reload::Live::retention_of(cfg)),
-        };
         SideTasks {
             supervisor: tokio::spawn(systemd::supervise(
                 systemd::Notifier::from_env(),

@@ -31,6 +31,9 @@ pub struct IntakeConfig {
     pub rate: RateLimit,
     /// `south.max_inflight_per_device`.
     pub max_inflight_per_device: usize,
+    /// Both of these again when they change while running (`None`: they
+    /// do not).
+    pub limits_changed: Option<watch::Receiver<(RateLimit, usize)>>,
     /// External mode: devices' statuses also go to the status file (the
     /// only word of their presence there).
     pub presence: Option<LiveSender>,
@@ -76,6 +79,7 @@ impl IntakeConfig {
             controls,
             rate: cfg.south.rate,
             max_inflight_per_device: cfg.south.max_inflight_per_device,
+            limits_changed: None,
             presence: external.then(|| status_file.clone()),
             seen: status_file,
             external,

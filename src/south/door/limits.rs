@@ -273,6 +273,15 @@ fn name(sender: &Sender) -> &str {
 }
 
 impl Limits {
+    /// New bounds, from now on: buckets keep their tokens (held to the new
+    /// burst at their next refill), counts in flight stay.
+    pub fn set(&mut self, limit: RateLimit, max_in_flight: usize) {
+        self.limit = limit;
+        self.rate.limit = limit;
+        self.max_in_flight = max_in_flight;
+        self.in_flight.max = max_in_flight;
+    }
+
     pub fn new(limit: RateLimit, max_in_flight: usize) -> Limits {
         Limits {
             rate: RateLimiter::new(limit),
