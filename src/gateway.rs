@@ -235,7 +235,9 @@ impl Running {
             shutdown: shutdown_rx.clone(),
             probed: downlink_probed,
         }));
-        let (engine, backend_silence) = Engine::new(
+        // What `systemctl reload` may change while the parts run.
+        let live = crate::reload::Live::of(cfg);
+        let (mut engine, backend_silence) = Engine::new(
             SchedulerConfig::of(&cfg.north, cfg.retry),
             BatchConfig::of(&cfg.north),
             store.clone(),
@@ -244,6 +246,7 @@ impl Running {
             topics.clone(),
             status.clone(),
         );
+        engine.settings = Some(live.uplink.subscribe());
         let engine = tokio::spawn(run_engine(
             engine,
             stored_rx,
@@ -251,8 +254,6 @@ impl Running {
             shutdown_rx.clone(),
             engine_probed,
         ));
-        // What `systemctl reload` may change while the parts run.
-        let live = crate::reload::Live::of(cfg);
         let mut intake_cfg = IntakeConfig::of(cfg, controls_tx, status, north.sparkplug_live);
         intake_cfg.limits_changed = Some(live.limits.subscribe());
         let sides = SideTasks::start(

@@ -18,7 +18,7 @@
 //!    the grace spent in pipeline order), [`health`] (pings answered
 //!    through each part's own loop), [`memory`] (memory handed back after
 //!    a burst), [`signals`] (SIGHUP, SIGTERM and SIGINT counted from the
-//!    first instruction). `log_events` (tests only) checks every log
+//!    first instruction), [`live`] (settings handed to a running part). `log_events` (tests only) checks every log
 //!    line's `event` against docs/OPERATIONS.md's catalogue.
 //! 2. The wire: [`protocol`], every type of docs/PROTOCOL.md (both
 //!    directions) with its topic builders, and its own row types.
@@ -84,6 +84,7 @@ pub mod downlink;
 pub mod gateway;
 pub mod health;
 pub mod ids;
+pub mod live;
 #[cfg(test)]
 mod log_events;
 pub mod memory;

@@ -29,6 +29,7 @@ use tracing::{info, warn};
 use crate::config::{AlertsConfig, Config, RateLimit, RawConfig, Source};
 use crate::retention::Retention;
 use crate::shutdown::Shutdown;
+use crate::uplink::scheduler::SchedulerConfig;
 
 /// Sets the log filter (`log.level`) while running; given by the binary,
 /// which owns the subscriber.
@@ -48,6 +49,11 @@ const LIVE: &[&str] = &[
     "south.rate_per_s",
     "south.burst",
     "south.max_inflight_per_device",
+    "north.ack_timeout_ms",
+    "north.max_inflight",
+    "retry.base_ms",
+    "retry.max_ms",
+    "retry.jitter",
     "alerts",
     "store.retention_days",
     "store.dead_letter_retention_days",
@@ -66,6 +72,8 @@ pub struct Live {
     pub retention: watch::Sender<Retention>,
     /// `south.rate_per_s`/`burst` and `south.max_inflight_per_device`.
     pub limits: watch::Sender<(RateLimit, usize)>,
+    /// The uplink scheduler's: ack timeout, messages in flight, backoff.
+    pub uplink: watch::Sender<SchedulerConfig>,
 }
 
 impl Live {
@@ -75,6 +83,7 @@ impl Live {
             alerts: watch::Sender::new(cfg.alerts),
             retention: watch::Sender::new(Live::retention_of(cfg)),
             limits: watch::Sender::new((cfg.south.rate, cfg.south.max_inflight_per_device)),
+            uplink: watch::Sender::new(SchedulerConfig::of(&cfg.north, cfg.retry)),
         }
     }
 
@@ -237,6 +246,11 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
             .ok_or("this process's log filter cannot be changed")?;
         return set(&cfg.log_level);
     }
+    if key.starts_with("north.") || key.starts_with("retry.") {
+        live.uplink
+            .send_replace(SchedulerConfig::of(&cfg.north, cfg.retry));
+        return Ok(());
+    }
     if key.starts_with("south.") {
         live.limits
             .send_replace((cfg.south.rate, cfg.south.max_inflight_per_device));
@@ -290,6 +304,7 @@ mod tests {
         assert!(is_live("log.level") && is_live("alerts.backlog_age_s"));
         assert!(is_live("store.retention_days") && is_live("south.burst"));
         assert!(!is_live("south.burst_x") && !is_live("south.listen"));
+        assert!(is_live("retry.base_ms") && !is_live("retry.max_attempts"));
         assert!(!is_live("north.port") && !is_live("store.max_db_bytes") && !is_live("log.format"));
         assert!(changed(&old, &old.clone()).is_empty());
     }

@@ -115,6 +115,9 @@ pub struct Engine {
     pub backend: backend::BackendReport,
     /// The north batch being gathered (`north.batch_max` > 1).
     pub batcher: batch::Batcher,
+    /// `north.ack_timeout_ms`, `north.max_inflight` and the retry backoff
+    /// again when they change while running (`None`: they do not).
+    pub settings: Option<tokio::sync::watch::Receiver<SchedulerConfig>>,
 }
 
 impl Engine {
@@ -140,6 +143,7 @@ impl Engine {
             acks: Default::default(),
             backend,
             batcher: batch::Batcher::new(batch),
+            settings: None,
         };
         (engine, silence)
     }
@@ -188,6 +192,10 @@ pub async fn run_engine(
                     None => return Ok(()),
                 },
             },
+            cfg = crate::live::next(&mut engine.settings) => {
+                engine.scheduler.set_config(cfg);
+                Vec::new()
+            }
             ev = north_events.recv() => match ev {
                 Some(UplinkEvent::Link(Link::Up(epoch))) => {
                     info!(event = "north_link_up", epoch, in_memory = engine.scheduler.in_memory(), "north link up: sending");

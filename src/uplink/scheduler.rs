@@ -138,6 +138,13 @@ pub struct Scheduler {
 const FORGOTTEN_MAX: usize = 16_384;
 
 impl Scheduler {
+    /// New settings from now on: timers already set keep their deadline;
+    /// every device is looked at again (more may fit in flight).
+    pub fn set_config(&mut self, cfg: SchedulerConfig) {
+        self.cfg = cfg;
+        self.dirty.extend(self.devices.keys().cloned());
+    }
+
     pub fn new(cfg: SchedulerConfig) -> Scheduler {
         Scheduler {
             cfg,

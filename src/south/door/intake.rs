@@ -37,7 +37,7 @@ use super::judged::{too_large_north, Verdict};
 use super::limits::{Limits, Lines, Rate, Sender};
 use super::route::Route;
 use crate::clip::{self, Clip};
-use crate::config::{RateLimit, MAX_UNANSWERED};
+use crate::config::MAX_UNANSWERED;
 use crate::dead_letter::Direction;
 use crate::ids::DeviceId;
 use crate::metrics::{self, Count};
@@ -101,7 +101,7 @@ pub async fn run(
                 info!(event = "device_intake_stopped", unanswered = unanswered.len(), "device intake stopped; answering what was taken");
                 break;
             }
-            Some((rate, max)) = changed(&mut limits_changed) => limits.set(rate, max),
+            (rate, max) = crate::live::next(&mut limits_changed) => limits.set(rate, max),
             _ = sweep.tick() => {
                 for (device, online) in limits.sweep(Instant::now()) {
                     forward(&cfg, device, ControlKind::Status, status_body(online)).await;
@@ -442,16 +442,4 @@ fn judge(
             reject(store, Some(device), rejection, msg)
         }
     }
-}
-
-/// The per-device limits when they change (never, without a receiver).
-async fn changed(
-    rx: &mut Option<tokio::sync::watch::Receiver<(RateLimit, usize)>>,
-) -> Option<(RateLimit, usize)> {
-    if let Some(rx) = rx {
-        if rx.changed().await.is_ok() {
-            return Some(*rx.borrow_and_update());
-        }
-    }
-    std::future::pending().await
 }

@@ -482,5 +482,6 @@ fn a_replayed_message_past_a_backlog_in_the_store_is_left_to_the_refill() {
 
 mod backend;
 mod forgotten;
+mod settings;
 mod sparkplug;
 mod stages;
