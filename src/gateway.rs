@@ -228,15 +228,16 @@ impl Running {
             south.outbound.clone(),
             topics.clone(),
         );
+        // What `systemctl reload` may change while the parts run.
+        let live = crate::reload::Live::of(cfg);
         let downlink = tokio::spawn(downlink.run(DownlinkInputs {
             north: north.downlink,
             controls: controls_rx,
             presence: south.presence,
             shutdown: shutdown_rx.clone(),
             probed: downlink_probed,
+            settings: Some(live.downlink.subscribe()),
         }));
-        // What `systemctl reload` may change while the parts run.
-        let live = crate::reload::Live::of(cfg);
         let (mut engine, backend_silence) = Engine::new(
             SchedulerConfig::of(&cfg.north, cfg.retry),
             BatchConfig::of(&cfg.north),

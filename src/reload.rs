@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::{AlertsConfig, Config, RateLimit, RawConfig, Source};
+use crate::config::{AlertsConfig, Config, DownlinkConfig, RateLimit, RawConfig, Source};
 use crate::retention::Retention;
 use crate::shutdown::Shutdown;
 use crate::uplink::scheduler::SchedulerConfig;
@@ -49,6 +49,7 @@ const LIVE: &[&str] = &[
     "south.rate_per_s",
     "south.burst",
     "south.max_inflight_per_device",
+    "downlink",
     "north.ack_timeout_ms",
     "north.max_inflight",
     "retry.base_ms",
@@ -74,6 +75,8 @@ pub struct Live {
     pub limits: watch::Sender<(RateLimit, usize)>,
     /// The uplink scheduler's: ack timeout, messages in flight, backoff.
     pub uplink: watch::Sender<SchedulerConfig>,
+    /// `[downlink]`: batch size, confirm timeout, queue cap.
+    pub downlink: watch::Sender<DownlinkConfig>,
 }
 
 impl Live {
@@ -84,6 +87,7 @@ impl Live {
             retention: watch::Sender::new(Live::retention_of(cfg)),
             limits: watch::Sender::new((cfg.south.rate, cfg.south.max_inflight_per_device)),
             uplink: watch::Sender::new(SchedulerConfig::of(&cfg.north, cfg.retry)),
+            downlink: watch::Sender::new(cfg.downlink.clone()),
         }
     }
 
@@ -245,6 +249,10 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
             .get()
             .ok_or("this process's log filter cannot be changed")?;
         return set(&cfg.log_level);
+    }
+    if key.starts_with("downlink.") {
+        live.downlink.send_replace(cfg.downlink.clone());
+        return Ok(());
     }
     if key.starts_with("north.") || key.starts_with("retry.") {
         live.uplink

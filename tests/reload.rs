@@ -260,3 +260,71 @@ async fn burst(device: &mut Device, tag: &str) -> Vec<serde_json::Value> {
         .receipts_until(SECS_20, |r| r.len() >= ids.len())
         .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_puts_a_new_downlink_batch_size_in_force() {
+    let mq = Mosquitto::start();
+    let gw = "gw-reload-down";
+    let ferry = Ferry::start(FerryOpts::new(gw, mq.port));
+    let backend = Backend::connect(mq.port, gw).await;
+    let device = ferry::ids::DeviceId::new("panel-r").expect("a device id");
+    for i in 0..3 {
+        backend
+            .publish_raw(
+                &crate::support::north_topics(gw).down_to(&device),
+                serde_json::json!({"msg_id": format!("r-{i}"), "payload": i})
+                    .to_string()
+                    .into_bytes(),
+            )
+            .await;
+    }
+    crate::support::receipts::eventually(SECS_20, "3 downlinks queued", || {
+        ferry.query_i64(
+            "SELECT count(*) FROM down_delivery WHERE device = 'panel-r'",
+            [],
+        ) == 3
+    })
+    .await;
+    let text = std::fs::read_to_string(&ferry.config_path).expect("read ferry.toml");
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("batch_size = ") {
+                "batch_size = 1"
+            } else {
+                l
+            }
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&ferry.config_path, text).expect("write ferry.toml");
+    ferry.hangup();
+    let log = logged(&ferry, "event=\"config_reloaded\"", 1).await;
+    assert!(log.contains("downlink.batch_size"), "{}", ferry.log_tail());
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new("/usr/bin/mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &ferry.south_port.to_string()])
+            .args([
+                "-i",
+                "panel-r",
+                "-q",
+                "1",
+                "-t",
+                "devices/panel-r/inbox",
+                "-C",
+                "1",
+                "-W",
+                "10",
+            ])
+            .output()
+            .expect("run mosquitto_sub")
+    });
+    let batch: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(
+        batch["messages"].as_array().map(Vec::len),
+        Some(1),
+        "{batch}"
+    );
+    assert_eq!(batch["more"], true, "{batch}");
+}

@@ -168,6 +168,9 @@ pub struct DownlinkInputs {
     pub shutdown: Shutdown,
     /// The watchdog's pings ([`crate::health`]).
     pub probed: crate::health::Probed,
+    /// `[downlink]` again when it changes while running (`None`: it does
+    /// not).
+    pub settings: Option<tokio::sync::watch::Receiver<DownlinkConfig>>,
 }
 
 impl Downlink {
@@ -261,6 +264,13 @@ impl Downlink {
                     Phase::Flushing { .. } => self.flush_receipts(),
                     Phase::Running => self.on_timer().await?,
                 },
+                cfg = crate::live::next(&mut inputs.settings) => {
+                    self.scheduler.set_config(DownConfig {
+                        batch_size: cfg.batch_size,
+                        confirm_timeout: cfg.confirm_timeout,
+                    });
+                    self.settings.cfg = cfg;
+                }
                 // The watchdog's ping, answered from the loop.
                 ack = inputs.probed.recv() => {
                     let _ = ack.send(());

@@ -144,6 +144,11 @@ pub enum Verdict {
 }
 
 impl DownScheduler {
+    /// New batch size and confirm timeout, for the next batches.
+    pub fn set_config(&mut self, cfg: DownConfig) {
+        self.cfg = cfg;
+    }
+
     pub fn new(cfg: DownConfig) -> DownScheduler {
         DownScheduler {
             cfg,

@@ -421,3 +421,21 @@ fn a_plain_device_is_sent_one_at_a_time_and_never_resent_on_an_open_connection()
     s.on_subscribed(&dev(), t0);
     assert!(!s.is_plain(&dev()));
 }
+
+#[test]
+fn a_new_batch_size_holds_for_the_next_batch() {
+    let mut s = DownScheduler::new(cfg());
+    let acts = online(&mut s, 5, 0);
+    assert_eq!(
+        read_of(&acts).map(|r| r.1),
+        Some(3),
+        "the start's batch size"
+    );
+    s.set_config(DownConfig {
+        batch_size: 1,
+        confirm_timeout: Duration::from_millis(1000),
+    });
+    s.on_offline(&dev());
+    let acts = online(&mut s, 5, 0);
+    assert_eq!(read_of(&acts).map(|r| r.1), Some(1), "the new one");
+}
