@@ -48,6 +48,9 @@ fi
 [ -f /usr/include/cjson/cJSON.h ] || install libcjson-dev "the C example's JSON parser"
 # systemd-analyze checks the shipped unit (below, and in tests/package.rs).
 command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analyze verify"
+# The unit is run under a real systemd, booted in a container on this
+# machine's own /usr (tests/systemd_real.rs): systemd-nspawn.
+[ -x /usr/bin/systemd-nspawn ] || install systemd-container "the real-systemd test's container"
 # The package test builds the .deb with scripts/deb.sh: dpkg-shlibdeps
 # (its Depends) and strip.
 command -v dpkg-shlibdeps >/dev/null 2>&1 || install dpkg-dev "the package test's dpkg-shlibdeps"

@@ -71,6 +71,7 @@ mod soak;
 mod source_install;
 mod sparkplug;
 mod status_page;
+mod systemd_real;
 mod tls;
 mod tls_recipe;
 mod uplink;
