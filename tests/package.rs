@@ -397,7 +397,10 @@ fn on_a_live_root(etc: &Path, var_lib: &Path, script: &str, args: &[&str]) -> Ou
                 "PATH",
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             )
-            .env_remove("DPKG_ROOT"),
+            .env_remove("DPKG_ROOT")
+            // As dpkg runs them (deb-systemd-helper insists).
+            .env("DPKG_MAINTSCRIPT_PACKAGE", "ferry")
+            .env("DPKG_MAINTSCRIPT_NAME", script),
         "unshare (util-linux) makes a mount namespace; it needs root",
     )
 }
@@ -447,15 +450,77 @@ fn on_a_live_root_postinst_makes_the_user_the_store_and_the_configs_group_and_pu
         1,
         "one user ferry (it existed before the test: {had_user})"
     );
+    // Without systemd, a gateway running on the store: remove stops it
+    // (SIGTERM: it exits cleanly), purge never deletes the store under one.
+    let mut gateway = gateway_on(work.path(), &store);
     on_a_live_root(&etc, &var_lib, "prerm", &["remove"]);
-    on_a_live_root(&etc, &var_lib, "postrm", &["remove"]);
+    let stopped = gateway.try_wait().expect("wait");
+    assert!(
+        stopped.is_some_and(|s| s.success()),
+        "prerm remove stopped the running gateway: {stopped:?}"
+    );
+    let removed = on_a_live_root(&etc, &var_lib, "postrm", &["remove"]);
     assert!(store.exists(), "remove keeps the store");
+    if Path::new("/usr/bin/deb-systemd-helper").exists() {
+        assert_eq!(
+            std::fs::read_link(etc.join("systemd/system/ferry.service")).ok(),
+            Some(PathBuf::from("/dev/null")),
+            "remove masks the unit: {removed:?}"
+        );
+    }
+    let mut again = gateway_on(work.path(), &store);
+    let kept = on_a_live_root(&etc, &var_lib, "postrm", &["purge"]);
+    assert!(store.exists(), "not deleted under a running gateway");
+    assert!(
+        String::from_utf8_lossy(&kept.stderr).contains("a gateway still runs"),
+        "{kept:?}"
+    );
+    let _ = again.kill();
+    let _ = again.wait();
     on_a_live_root(&etc, &var_lib, "postrm", &["purge"]);
     assert!(!store.exists(), "purge deletes the store");
+    assert!(
+        std::fs::symlink_metadata(etc.join("systemd/system/ferry.service")).is_err(),
+        "purge unmasks"
+    );
 
     assert_eq!(
         host_state(),
         before,
         "the live-root scripts changed the host"
     );
+}
+
+/// `ferry run` on `store` (a test config beside it, ports free, no admin,
+/// no upstream): running once its pid file is there.
+fn gateway_on(dir: &Path, store: &Path) -> std::process::Child {
+    let port = crate::support::free_port();
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nid = \"edge-pkg\"\ndata_dir = \"{}\"\n[south]\nlisten = \"127.0.0.1:{port}\"\n\
+             [north]\nport = {}\n[admin]\nlisten = \"\"\n",
+            store.display(),
+            crate::support::free_port()
+        ),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(store.join("ferry.pid"));
+    let child = Command::new(ferry_binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start ferry");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !store.join("ferry.pid").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ferry wrote no pid file"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child
 }
