@@ -80,8 +80,12 @@ struct Numbers {
     /// The clients in `unwritten` (read without the lock: most publishes
     /// find nobody there).
     clients: AtomicUsize,
-    unwritten: Mutex<HashMap<Arc<str>, (Instant, Vec<(u16, u64)>)>>,
+    unwritten: Mutex<HashMap<Arc<str>, Unwritten>>,
 }
+
+/// When a client's connection ended, and the packet ids it left
+/// unacknowledged with their publish numbers.
+type Unwritten = (Instant, Vec<(u16, u64)>);
 
 impl Numbers {
     fn fresh(&self) -> u64 {

@@ -316,7 +316,7 @@ impl LinkTx {
         self.behind.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    pub fn buffer(&self) -> MutexGuard<RawMutex, VecDeque<Packet>> {
+    pub fn buffer(&self) -> MutexGuard<'_, RawMutex, VecDeque<Packet>> {
         self.recv_buffer.lock()
     }
 

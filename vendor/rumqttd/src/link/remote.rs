@@ -321,7 +321,7 @@ impl<P: Protocol> RemoteLink<P> {
                 if crate::refusals::admit_client(&self.client) {
                     warn!(
                         event = "client_stalled_disconnected",
-                        client_id = %crate::refusals::Clip(&*self.client),
+                        client_id = %crate::refusals::Clip(&self.client),
                         held = self.direct.len(),
                         bytes,
                         "client neither reads its messages nor waits for acknowledgements; disconnected"

@@ -461,8 +461,6 @@ where
 pub struct AckLog {
     // Committed acks per connection. First pkid, last pkid, data
     committed: VecDeque<Ack>,
-    // Recorded qos 2 publishes
-    recorded: VecDeque<(Publish, Option<PublishProperties>)>,
 }
 
 impl AckLog {
@@ -471,7 +469,6 @@ impl AckLog {
         AckLog {
             // ferry: allocated when used, not up front per connection.
             committed: VecDeque::new(),
-            recorded: VecDeque::new(),
         }
     }
 
@@ -490,12 +487,6 @@ impl AckLog {
         self.committed.push_back(ack);
     }
 
-    pub fn pubrec(&mut self, publish: Publish, props: Option<PublishProperties>, ack: PubRec) {
-        let ack = Ack::PubRec(ack);
-        self.recorded.push_back((publish, props));
-        self.committed.push_back(ack);
-    }
-
     /// ferry: a PUBREC for a publish already taken (nothing recorded).
     pub fn pubrec_taken(&mut self, ack: PubRec) {
         self.committed.push_back(Ack::PubRec(ack));
@@ -509,12 +500,6 @@ impl AckLog {
     pub fn pubrel(&mut self, ack: PubRel) {
         let ack = Ack::PubRel(ack);
         self.committed.push_back(ack);
-    }
-
-    pub fn pubcomp(&mut self, ack: PubComp) -> Option<(Publish, Option<PublishProperties>)> {
-        let ack = Ack::PubComp(ack);
-        self.committed.push_back(ack);
-        self.recorded.pop_front()
     }
 
     pub fn pingresp(&mut self, ack: PingResp) {

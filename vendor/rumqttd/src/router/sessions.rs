@@ -104,10 +104,12 @@ fn grown(cap: usize, needed: usize, elem: usize, room: usize) -> usize {
 }
 
 impl Kept {
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -306,11 +308,13 @@ impl Sessions {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.saved.len()
     }
 
     /// What all kept messages cost now ([`cost`]).
+    #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }

@@ -13,10 +13,9 @@ use crate::refusals::{self, Clip};
 use crate::server::tls::{self, TLSAcceptor};
 use crate::{meters, ConnectionSettings, Meter};
 use flume::{RecvError, SendError, Sender};
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tracing::{debug, error, field, info, warn, Instrument};
 use uuid::Uuid;
 
@@ -751,10 +750,8 @@ async fn remote<P: Protocol>(
         }
     }
 
-    let (mut client_id, clean_session) = match &connect_packet {
-        Packet::Connect(ref connect, _, _, _, _) => {
-            (connect.client_id.clone(), connect.clean_session)
-        }
+    let mut client_id = match &connect_packet {
+        Packet::Connect(ref connect, _, _, _, _) => connect.client_id.clone(),
         _ => unreachable!(),
     };
 

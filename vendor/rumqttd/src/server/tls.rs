@@ -224,6 +224,7 @@ impl TLSAcceptor {
                 cn_is_client_id,
             } => {
                 let made = Self::rustls(capath, certpath, keypath, crlpath, *cn_is_client_id)?;
+                #[allow(irrefutable_let_patterns)]
                 if let TLSAcceptor::Rustls { acceptor, .. } = &made {
                     LIVE.lock()
                         .unwrap_or_else(|e| e.into_inner())
