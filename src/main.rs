@@ -146,17 +146,36 @@ fn init_logging(level: &str, format: LogFormat) {
     let no_broker_spans =
         FilterFn::new(|meta| !(meta.is_span() && meta.target().starts_with("rumqttd")));
     let filter = filter.and(no_broker_spans);
+    // And another `log.format`.
+    let (fmt, fmt_handle) = tracing_subscriber::reload::Layer::new(fmt_layer(format));
+    ferry::reload::set_log_format_setter(Box::new(move |format: &str| {
+        let format = match format {
+            "json" => LogFormat::Json,
+            _ => LogFormat::Text,
+        };
+        fmt_handle
+            .reload(fmt_layer(format))
+            .map_err(|e| format!("the log format cannot be changed: {e}"))
+    }));
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .try_init();
+}
+
+/// The layer writing events to stderr in `format`.
+fn fmt_layer(
+    format: LogFormat,
+) -> Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync> {
+    use tracing_subscriber::Layer;
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let layer = match format {
+    match format {
+        // Colour only on a terminal, not in the journal or a log file.
         LogFormat::Text => fmt
-            // Colour only on a terminal, not in the journal or a log file.
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_filter(filter)
             .boxed(),
         // Fields at the top level, next to `message`, for log shippers.
-        LogFormat::Json => fmt.json().flatten_event(true).with_filter(filter).boxed(),
-    };
-    let _ = tracing_subscriber::registry().with(layer).try_init();
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT, also one that came before it was first

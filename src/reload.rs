@@ -36,16 +36,23 @@ use crate::uplink::scheduler::SchedulerConfig;
 pub type LevelSetter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
 static LOG_LEVEL: OnceLock<LevelSetter> = OnceLock::new();
+static LOG_FORMAT: OnceLock<LevelSetter> = OnceLock::new();
 
 /// The binary hands over how to change the log level live (once).
 pub fn set_log_level_setter(setter: LevelSetter) {
     let _ = LOG_LEVEL.set(setter);
 }
 
+/// ... and the log format (`"text"` or `"json"`).
+pub fn set_log_format_setter(setter: LevelSetter) {
+    let _ = LOG_FORMAT.set(setter);
+}
+
 /// The keys applied live, as written in the file (`section.key`); a
 /// section name alone covers every key in it.
 const LIVE: &[&str] = &[
     "log.level",
+    "log.format",
     "south.rate_per_s",
     "south.burst",
     "south.max_inflight_per_device",
@@ -264,6 +271,15 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
             .send_replace((cfg.south.rate, cfg.south.max_inflight_per_device));
         return Ok(());
     }
+    if key == "log.format" {
+        let set = LOG_FORMAT
+            .get()
+            .ok_or("this process's log format cannot be changed")?;
+        return set(match cfg.log_format {
+            crate::config::LogFormat::Json => "json",
+            crate::config::LogFormat::Text => "text",
+        });
+    }
     if key.starts_with("alerts.") {
         live.alerts.send_replace(cfg.alerts);
         return Ok(());
@@ -313,7 +329,8 @@ mod tests {
         assert!(is_live("store.retention_days") && is_live("south.burst"));
         assert!(!is_live("south.burst_x") && !is_live("south.listen"));
         assert!(is_live("retry.base_ms") && !is_live("retry.max_attempts"));
-        assert!(!is_live("north.port") && !is_live("store.max_db_bytes") && !is_live("log.format"));
+        assert!(!is_live("north.port") && !is_live("store.max_db_bytes"));
+        assert!(is_live("log.format"));
         assert!(changed(&old, &old.clone()).is_empty());
     }
 }

@@ -328,3 +328,26 @@ async fn a_reload_puts_a_new_downlink_batch_size_in_force() {
     );
     assert_eq!(batch["more"], true, "{batch}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_switches_the_log_to_json() {
+    let mq = Mosquitto::start();
+    let ferry = Ferry::start(FerryOpts::new("gw-reload-json", mq.port));
+    edit(&ferry, "format = \"text\"", "format = \"json\"");
+    ferry.hangup();
+    let log = logged(&ferry, "config_reloaded", 1).await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("config_reloaded"))
+        .expect("the line");
+    let json: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    assert_eq!(json["event"], "config_reloaded", "{json}");
+    assert!(
+        json["applied"]
+            .as_str()
+            .unwrap_or("")
+            .contains("log.format"),
+        "{json}"
+    );
+}
