@@ -39,17 +39,22 @@ pub(crate) struct Script {
     stderr: Option<std::thread::JoinHandle<String>>,
 }
 
+/// Debian's python3 with paho-mqtt, or a failure saying how to get it.
+pub(crate) fn require_python() {
+    assert!(
+        Path::new(PYTHON).is_file() && Path::new(PAHO).is_file(),
+        "the Python examples need Debian's python3 with paho-mqtt ({PAHO} is missing): \
+         install it with `apt-get install -y python3-paho-mqtt` (or run ./scripts/test.sh, \
+         which does)"
+    );
+}
+
 impl Script {
     /// Starts `examples/python/{script}.py` with `args`, on Debian's paho
     /// or on the one `paho` (a directory or a wheel) holds. A deprecation
     /// warning is an error.
     pub(crate) fn start(script: &str, args: &[&str], paho: Option<&Path>) -> Script {
-        assert!(
-            Path::new(PYTHON).is_file() && Path::new(PAHO).is_file(),
-            "the Python examples need Debian's python3 with paho-mqtt ({PAHO} is missing): \
-             install it with `apt-get install -y python3-paho-mqtt` (or run ./scripts/test.sh, \
-             which does)"
-        );
+        require_python();
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("examples/python")
             .join(format!("{script}.py"));

@@ -38,7 +38,7 @@ fn readme() -> String {
 }
 
 /// The commands of the ```` ```sh {name} ```` block.
-fn block(doc: &str, name: &str) -> String {
+pub(crate) fn block(doc: &str, name: &str) -> String {
     let marker = format!("```sh {name}\n");
     let start = doc
         .find(&marker)
@@ -49,14 +49,14 @@ fn block(doc: &str, name: &str) -> String {
 }
 
 /// The ports the Quick start uses, and the free ones put in their place.
-struct Ports {
-    south: u16,
-    north: u16,
+pub(crate) struct Ports {
+    pub(crate) south: u16,
+    pub(crate) north: u16,
     admin: u16,
 }
 
 impl Ports {
-    fn free() -> Ports {
+    pub(crate) fn free() -> Ports {
         let mut picked = Vec::new();
         while picked.len() < 3 {
             let p = free_port();
@@ -71,7 +71,7 @@ impl Ports {
         }
     }
 
-    fn swap(&self, text: &str) -> String {
+    pub(crate) fn swap(&self, text: &str) -> String {
         text.replace("1883", &self.south.to_string())
             .replace("1884", &self.north.to_string())
             .replace("9183", &self.admin.to_string())
@@ -79,7 +79,7 @@ impl Ports {
 }
 
 /// A terminal's shell; it and everything it started end on drop.
-struct Terminal(Child);
+pub(crate) struct Terminal(pub(crate) Child);
 
 impl Drop for Terminal {
     fn drop(&mut self) {
@@ -89,7 +89,7 @@ impl Drop for Terminal {
 
 /// `sh -e -c script` in `dir`, in a process group of its own (so what it
 /// starts in the background ends with it), output to `dir/{name}.out`.
-fn terminal(dir: &Path, name: &str, script: &str, path: &str) -> Terminal {
+pub(crate) fn terminal(dir: &Path, name: &str, script: &str, path: &str) -> Terminal {
     let out = std::fs::File::create(dir.join(format!("{name}.out"))).expect("create output");
     Command::new("sh")
         .args(["-e", "-c", script])
@@ -135,7 +135,7 @@ fn close(child: &mut Child) {
 
 /// Runs a terminal's block to its end (at most 20 s), which must succeed:
 /// what it printed.
-async fn to_the_end(dir: &Path, name: &str, script: &str, path: &str) -> String {
+pub(crate) async fn to_the_end(dir: &Path, name: &str, script: &str, path: &str) -> String {
     let mut shell = terminal(dir, name, script, path);
     let started = Instant::now();
     let status = loop {
@@ -157,11 +157,11 @@ async fn to_the_end(dir: &Path, name: &str, script: &str, path: &str) -> String 
     said
 }
 
-fn output(dir: &Path, name: &str) -> String {
+pub(crate) fn output(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap_or_default()
 }
 
-fn accepts(port: u16) -> bool {
+pub(crate) fn accepts(port: u16) -> bool {
     std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 

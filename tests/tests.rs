@@ -41,6 +41,7 @@ mod downlink;
 mod edges;
 mod examples_c;
 mod examples_python;
+mod examples_python_readme;
 mod external;
 mod external_doc;
 mod external_v5;
