@@ -40,6 +40,7 @@ mod device_cli;
 mod downlink;
 mod edges;
 mod examples_c;
+mod examples_c_readme;
 mod examples_python;
 mod examples_python_readme;
 mod external;
