@@ -71,6 +71,9 @@ command -v npm >/dev/null 2>&1 || install npm "to install MQTT.js for the WebSoc
 # fork has unit tests only (and its standalone binary, built as a check).
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# The examples as programs (cargo test builds them as test harnesses only):
+# the README's Sparkplug node is run by tests/readme_devices.rs.
+cargo build --locked --examples
 set +e
 cargo test --locked --workspace --no-fail-fast --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}

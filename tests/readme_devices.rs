@@ -303,10 +303,10 @@ fn hold(db: &Path) {
     std::thread::sleep(Duration::from_millis(500));
 }
 
-/// The build of example `name` that `cargo test --examples` (or `cargo
-/// build --example`) made: the newest executable under target/debug/examples
-/// named `name` or `name-HASH` whose `--help` starts with its own usage (a
-/// test harness build of it would not).
+/// The build of example `name` that `cargo build --examples` made: the
+/// newest executable under target/debug/examples named `name` or
+/// `name-HASH` whose `--help` starts with its own usage (the test harness
+/// build `cargo test --examples` makes of it would not).
 fn example(name: &str) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let dir = crate::support::ferry_binary()
@@ -343,8 +343,8 @@ fn example(name: &str) -> std::path::PathBuf {
         })
         .unwrap_or_else(|| {
             panic!(
-                "no build of examples/{name}.rs in {}: run `cargo test --examples` \
-                 (./scripts/test.sh does)",
+                "no build of examples/{name}.rs in {}: run `cargo build --examples` \
+                 (./scripts/test.sh does; cargo test builds examples as test harnesses only)",
                 dir.display()
             )
         })
