@@ -39,10 +39,15 @@ fn readme() -> String {
 
 /// The commands of the ```` ```sh {name} ```` block.
 pub(crate) fn block(doc: &str, name: &str) -> String {
-    let marker = format!("```sh {name}\n");
+    fenced(doc, "sh", name)
+}
+
+/// The text of the ```` ```{lang} {name} ```` block.
+pub(crate) fn fenced(doc: &str, lang: &str, name: &str) -> String {
+    let marker = format!("```{lang} {name}\n");
     let start = doc
         .find(&marker)
-        .unwrap_or_else(|| panic!("README.md has no {marker:?} block"))
+        .unwrap_or_else(|| panic!("no {marker:?} block"))
         + marker.len();
     let len = doc[start..].find("\n```\n").expect("the block's end");
     doc[start..start + len].to_owned()

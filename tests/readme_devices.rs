@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::quickstart::fenced;
 use crate::support::admin::render_loaded;
 use crate::support::receipts::eventually;
 use crate::support::{listener, Backend, Ferry, FerryOpts, Mosquitto};
@@ -25,17 +26,6 @@ const CDN: &str = "https://unpkg.com/mqtt@5.16.0/dist/mqtt.min.js";
 fn readme() -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("read README.md")
-}
-
-/// The text of the ```` ```{lang} {name} ```` block.
-fn block(doc: &str, lang: &str, name: &str) -> String {
-    let marker = format!("```{lang} {name}\n");
-    let start = doc
-        .find(&marker)
-        .unwrap_or_else(|| panic!("README.md has no {marker:?} block"))
-        + marker.len();
-    let len = doc[start..].find("\n```\n").expect("the block's end");
-    doc[start..start + len].to_owned()
 }
 
 /// Runs `script` with `sh -e` to its end, within 20 s: its output, after
@@ -83,10 +73,10 @@ async fn the_readme_devices_as_they_are_run_as_written() {
         );
     }
     let doc = readme();
-    let south: toml::Table = toml::from_str(&block(&doc, "toml", "devices-config"))
+    let south: toml::Table = toml::from_str(&fenced(&doc, "toml", "devices-config"))
         .expect("the devices-config block is TOML");
     let str_of = |v: &toml::Value| v.as_str().expect("a string").to_string();
-    let spb: toml::Table = toml::from_str(&block(&doc, "toml", "devices-sparkplug-config"))
+    let spb: toml::Table = toml::from_str(&fenced(&doc, "toml", "devices-sparkplug-config"))
         .expect("the devices-sparkplug-config block is TOML");
     let spb_enabled = spb["south"]["sparkplug"]["enabled"]
         .as_bool()
@@ -123,7 +113,7 @@ async fn the_readme_devices_as_they_are_run_as_written() {
     };
     let mut backend = Backend::connect_auto_ack(mq.port, GATEWAY).await;
 
-    sh(&swap(block(&doc, "sh", "devices-plain-pub"))).await;
+    sh(&swap(fenced(&doc, "sh", "devices-plain-pub"))).await;
     let got = backend
         .messages_until(SECS_20, |all| {
             all.iter().any(|m| m.topic.ends_with("/up/press-7/plain"))
@@ -136,7 +126,7 @@ async fn the_readme_devices_as_they_are_run_as_written() {
     assert_eq!(m.body["topic"], "plant/line3/press-7/temp", "{}", m.body);
     assert_eq!(m.body["payload"], 81.5, "{}", m.body);
 
-    let out = sh(&swap(block(&doc, "sh", "devices-plain-down"))).await;
+    let out = sh(&swap(fenced(&doc, "sh", "devices-plain-down"))).await;
     assert!(out.contains("plant/cmd/valve-3 OPEN"), "{out}");
     eventually(SECS_20, "the command is delivered", || {
         ferry.query_i64(
@@ -148,7 +138,7 @@ async fn the_readme_devices_as_they_are_run_as_written() {
 
     // The Sparkplug node, the test's build of the example for `cargo run`.
     let node = example("sparkplug_node");
-    let script = block(&doc, "sh", "devices-sparkplug");
+    let script = fenced(&doc, "sh", "devices-sparkplug");
     let cargo_run = "cargo run --release --example sparkplug_node --";
     assert!(script.contains(cargo_run), "{script}");
     let out = sh(&swap(
@@ -193,7 +183,7 @@ async fn the_readme_devices_as_they_are_run_as_written() {
         "the page needs MQTT.js in tests/js/node_modules: run `npm ci` in tests/js \
          (or ./scripts/test.sh, which does)"
     );
-    let page = swap(block(&doc, "html", "devices-mqttjs"));
+    let page = swap(fenced(&doc, "html", "devices-mqttjs"));
     assert!(page.contains(CDN), "the page loads MQTT.js from {CDN}");
     // Served by the test over HTTP, MQTT.js from tests/js in place of the
     // CDN's. Headless Chromium dumps the page once it has loaded, which a

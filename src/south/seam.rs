@@ -180,15 +180,7 @@ impl SouthSender {
     /// once the south side is gone.
     pub async fn publish(&self, device: &DeviceId, topic: String, payload: Bytes) -> bool {
         match &self.0 {
-            Outbound::Embedded(tx) => {
-                let publish = DirectPublish {
-                    client_id: device.to_string(),
-                    topic: Bytes::from(topic),
-                    payload,
-                    tag: None,
-                };
-                deliver(tx, vec![publish]).await
-            }
+            Outbound::Embedded(tx) => deliver(tx, direct(device, topic, payload, None)).await,
             Outbound::External(session) => {
                 // Never waits. rumqttc takes requests only while its window
                 // has room, the window frees only as the session hands on
@@ -220,13 +212,7 @@ impl SouthSender {
     ) -> bool {
         match &self.0 {
             Outbound::Embedded(tx) => {
-                let publish = DirectPublish {
-                    client_id: device.to_string(),
-                    topic: Bytes::from(topic),
-                    payload,
-                    tag: Some(seq.0),
-                };
-                deliver(tx, vec![publish]).await
+                deliver(tx, direct(device, topic, payload, Some(seq.0))).await
             }
             Outbound::External(_) => true,
         }
@@ -250,6 +236,21 @@ impl SouthSender {
             _ => {}
         }
     }
+}
+
+/// One direct publish for `device`, tagged or not (see `DirectPublish`).
+fn direct(
+    device: &DeviceId,
+    topic: String,
+    payload: Bytes,
+    tag: Option<u64>,
+) -> Vec<DirectPublish> {
+    vec![DirectPublish {
+        client_id: device.to_string(),
+        topic: Bytes::from(topic),
+        payload,
+        tag,
+    }]
 }
 
 /// Hands `publishes` to the embedded broker; false once it is gone.
