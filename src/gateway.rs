@@ -207,8 +207,14 @@ impl Running {
             views.online,
         );
         let south = south::start(&cfg.south, &topics, status.clone())?;
-        let (north_tx, north) =
-            north::start(&cfg.north, cfg.gateway.as_str(), &topics, status.clone());
+        let live = crate::reload::Live::of(cfg);
+        let (north_tx, north) = north::start(
+            &cfg.north,
+            cfg.gateway.as_str(),
+            &topics,
+            status.clone(),
+            Some(live.north.subscribe()),
+        );
         let (stored_tx, stored_rx) = mpsc::channel(PIPELINE_QUEUE);
         let (controls_tx, controls_rx) = mpsc::channel(PIPELINE_QUEUE);
         let (engine_probe, engine_probed) = health::probe("uplink engine");
@@ -229,7 +235,6 @@ impl Running {
             topics.clone(),
         );
         // What `systemctl reload` may change while the parts run.
-        let live = crate::reload::Live::of(cfg);
         let downlink = tokio::spawn(downlink.run(DownlinkInputs {
             north: north.downlink,
             controls: controls_rx,

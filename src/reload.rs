@@ -26,7 +26,9 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::{AlertsConfig, Config, DownlinkConfig, RateLimit, RawConfig, Source};
+use crate::config::{
+    AlertsConfig, Config, DownlinkConfig, NorthConfig, RateLimit, RawConfig, Source,
+};
 use crate::retention::Retention;
 use crate::shutdown::Shutdown;
 use crate::uplink::scheduler::SchedulerConfig;
@@ -59,6 +61,16 @@ const LIVE: &[&str] = &[
     "downlink",
     "north.ack_timeout_ms",
     "north.max_inflight",
+    "north.host",
+    "north.port",
+    "north.endpoints",
+    "north.prefer_first",
+    "north.prefer_first_check_s",
+    "north.username",
+    "north.password",
+    "north.keep_alive_s",
+    "north.puback_timeout_ms",
+    "north.tls",
     "retry.base_ms",
     "retry.max_ms",
     "retry.jitter",
@@ -84,6 +96,10 @@ pub struct Live {
     pub uplink: watch::Sender<SchedulerConfig>,
     /// `[downlink]`: batch size, confirm timeout, queue cap.
     pub downlink: watch::Sender<DownlinkConfig>,
+    /// How north reaches the upstream ([`crate::north::reach`]): handed
+    /// over on every reload, so certificate files rotated in place are
+    /// read again.
+    pub north: watch::Sender<NorthConfig>,
 }
 
 impl Live {
@@ -95,6 +111,7 @@ impl Live {
             limits: watch::Sender::new((cfg.south.rate, cfg.south.max_inflight_per_device)),
             uplink: watch::Sender::new(SchedulerConfig::of(&cfg.north, cfg.retry)),
             downlink: watch::Sender::new(cfg.downlink.clone()),
+            north: watch::Sender::new(cfg.north.clone()),
         }
     }
 
@@ -185,8 +202,15 @@ fn reload(source: &Source, applied: &mut RawConfig, live: &Live) {
             return;
         }
     };
-    let tls = reload_tls();
+    let mut tls = reload_tls();
+    if cfg.north.tls.is_some() {
+        let sep = if tls.is_empty() { "" } else { ", " };
+        tls = format!("{tls}{sep}north TLS files (from the next connection)");
+    }
     let keys = changed(applied, &raw);
+    // The north session takes its settings on every reload: a certificate
+    // rotated in place is read again, and nothing else moves it.
+    live.north.send_replace(cfg.north.clone());
     if keys.is_empty() {
         info!(event = "config_reloaded", path = %path, applied = %tls, "config reloaded: nothing changed");
         return;
@@ -261,6 +285,10 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
         live.downlink.send_replace(cfg.downlink.clone());
         return Ok(());
     }
+    if key.starts_with("north.") && !matches!(key, "north.ack_timeout_ms" | "north.max_inflight") {
+        // Sent above, with every reload.
+        return Ok(());
+    }
     if key.starts_with("north.") || key.starts_with("retry.") {
         live.uplink
             .send_replace(SchedulerConfig::of(&cfg.north, cfg.retry));
@@ -319,17 +347,18 @@ mod tests {
         let old = RawConfig::default();
         let mut new = old.clone();
         new.log.level = "debug".into();
-        new.north.port = 1999;
+        new.north.client_id = "x".into();
         new.alerts.backlog_age_s += 1;
         assert_eq!(
             changed(&old, &new),
-            ["alerts.backlog_age_s", "log.level", "north.port"]
+            ["alerts.backlog_age_s", "log.level", "north.client_id"]
         );
         assert!(is_live("log.level") && is_live("alerts.backlog_age_s"));
         assert!(is_live("store.retention_days") && is_live("south.burst"));
         assert!(!is_live("south.burst_x") && !is_live("south.listen"));
         assert!(is_live("retry.base_ms") && !is_live("retry.max_attempts"));
-        assert!(!is_live("north.port") && !is_live("store.max_db_bytes"));
+        assert!(is_live("north.port") && is_live("north.tls.ca_file"));
+        assert!(!is_live("north.client_id") && !is_live("store.max_db_bytes"));
         assert!(is_live("log.format"));
         assert!(changed(&old, &old.clone()).is_empty());
     }

@@ -50,10 +50,9 @@ async fn a_reload_applies_what_can_change_live_names_the_rest_and_refuses_a_bad_
     );
 
     // Live: the log level and the backlog-age threshold. Not live: the
-    // north port (the link would have to be dropped).
+    // gateway's id (its store, its topics and its sessions are named so).
     edit(&ferry, "level = \"info\"", "level = \"debug\"");
-    let port = format!("port = {}", mq.port);
-    edit(&ferry, &port, "port = 1");
+    edit(&ferry, "id = \"gw-reload\"", "id = \"gw-reload-2\"");
     edit(
         &ferry,
         "backlog_age_s = ",
@@ -77,10 +76,10 @@ async fn a_reload_applies_what_can_change_live_names_the_rest_and_refuses_a_bad_
     );
     let restart = line("config_reload_needs_restart");
     assert!(
-        restart.contains("WARN") && restart.contains("north.port"),
+        restart.contains("WARN") && restart.contains("gateway.id"),
         "{restart}"
     );
-    assert!(!applied.contains("north.port"), "{applied}");
+    assert!(!applied.contains("gateway.id"), "{applied}");
     // The new level is in force: DEBUG lines follow.
     let deadline = std::time::Instant::now() + SECS_20;
     while !ferry.log()[before..].contains(" DEBUG ") {
@@ -92,8 +91,9 @@ async fn a_reload_applies_what_can_change_live_names_the_rest_and_refuses_a_bad_
     }
     // The new threshold too: the waiting uplink raises backlog_age.
     logged(&ferry, "kind=\"backlog_age\"", 1).await;
-    // The north port was not applied: north stays up on the old one.
+    // The id was not applied: north stays up, as the gateway it was.
     assert_eq!(ferry.admin_json("/api/status")["north"]["up"], true);
+    assert_eq!(ferry.admin_json("/api/status")["gateway"], gw);
 
     // A file with problems is refused as a whole, one line each.
     edit(&ferry, "format = \"text\"", "format = \"xml\"");

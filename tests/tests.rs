@@ -65,6 +65,7 @@ mod power_loss;
 mod quickstart;
 mod readme_devices;
 mod reload;
+mod reload_load;
 mod robust;
 mod sandbox;
 mod session_memory;

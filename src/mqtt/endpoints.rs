@@ -32,6 +32,8 @@ pub enum Reason {
     Failover,
     /// The first node is back (`prefer_first`).
     FirstBack,
+    /// The list changed (`systemctl reload`) without the node it was on.
+    Config,
 }
 
 impl Reason {
@@ -39,6 +41,7 @@ impl Reason {
         match self {
             Reason::Failover => "failover",
             Reason::FirstBack => "first_back",
+            Reason::Config => "config",
         }
     }
 }
@@ -91,6 +94,33 @@ impl Endpoints {
             returning: None,
             next_check: None,
         }
+    }
+
+    /// A new list (and check interval): the current node keeps its place
+    /// in it, if it is there (true); otherwise the first of the new list is
+    /// next. Either way what was known of returns to the first is dropped;
+    /// up (at `now`) on a later node kept, the first is checked again from
+    /// now.
+    pub fn replace(
+        &mut self,
+        list: Vec<Endpoint>,
+        prefer_first: Option<Duration>,
+        up: Option<Instant>,
+    ) -> bool {
+        assert!(!list.is_empty(), "a session needs at least one endpoint");
+        let at = |node: usize| list.iter().position(|e| *e == self.list[node]);
+        let kept = at(self.current);
+        let last_connected = self.last_connected.and_then(at);
+        *self = Endpoints {
+            current: kept.unwrap_or(0),
+            last_connected,
+            reason: kept.is_none().then_some(Reason::Config),
+            ..Endpoints::new(list, prefer_first)
+        };
+        if let (Some(1..), Some(now)) = (kept, up) {
+            self.up(now);
+        }
+        kept.is_some()
     }
 
     /// The node connected to, or the next one to try, and its place.
@@ -223,6 +253,25 @@ mod tests {
             ],
             prefer_first,
         )
+    }
+
+    #[test]
+    fn a_new_list_keeps_the_node_it_names_and_starts_at_its_first_otherwise() {
+        let now = Instant::now();
+        let mut e = three(Some(CHECK));
+        up_on_second(&mut e, now);
+        let b_first = vec![Endpoint::new("x", 1883), Endpoint::new("b", 1883)];
+        assert!(e.replace(b_first, Some(CHECK), Some(now)));
+        assert_eq!(e.current(), (1, &Endpoint::new("b", 1883)));
+        assert_eq!(e.check_at(), Some(now + CHECK), "x is checked from now");
+        assert!(!e.replace(vec![Endpoint::new("y", 1)], None, Some(now)));
+        assert_eq!(e.current(), (0, &Endpoint::new("y", 1)));
+        assert_eq!(e.check_at(), None);
+        assert_eq!(
+            e.connected(now),
+            None,
+            "the node it was on is not in the list: no switch within it to report"
+        );
     }
 
     /// Fails over from the first to the second and comes up there.

@@ -234,6 +234,15 @@ pub(super) fn stalled(s: Stalled) -> LinkError {
     }
 }
 
+/// A connection made on settings since replaced, to a node they no
+/// longer list: left at once (`session/reach.rs`).
+pub(super) fn unlisted(node: &crate::config::Endpoint) -> LinkError {
+    LinkError {
+        text: format!("{node} is no longer among the endpoints (systemctl reload): leaving it"),
+        cause: Cause::Other,
+    }
+}
+
 /// `PubAck(PubAck { pkid: 21536 })` → `a PubAck packet`.
 pub(super) fn packet_name(debug: &str) -> String {
     let name: String = debug

@@ -33,3 +33,16 @@ pub(super) enum Stage {
     /// `Up` was told: the owner publishes.
     Up,
 }
+
+/// Whether `endpoint` accepts a TCP connection within `within` (closed at
+/// once: a check, not a session).
+pub(super) async fn accepts(
+    endpoint: crate::config::Endpoint,
+    within: std::time::Duration,
+) -> bool {
+    let address = (endpoint.host.as_str(), endpoint.port);
+    matches!(
+        tokio::time::timeout(within, tokio::net::TcpStream::connect(address)).await,
+        Ok(Ok(_))
+    )
+}

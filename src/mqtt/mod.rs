@@ -59,6 +59,7 @@ pub mod flow;
 mod link;
 pub mod options;
 mod poll;
+mod reached;
 mod session;
 mod stall;
 mod v5;
@@ -75,7 +76,8 @@ pub use acks::AckToken;
 pub use failure::{Failure, Problem};
 pub use flow::{Outgoing, Tag};
 pub use options::{
-    Announce, Event, Message, Options, Reconnect, Transport, Will, OVERSIZE_HEAD, PUBLISH_QUEUE,
+    Announce, Event, Message, Options, Reach, Reconnect, Transport, Will, OVERSIZE_HEAD,
+    PUBLISH_QUEUE,
 };
 
 pub use crate::config::{Endpoint, MqttVersion};
@@ -176,6 +178,13 @@ impl<T: Tag> Session<T> {
     /// on its own connection only.
     pub fn ack(&self, token: AckToken) {
         let _ = self.commands.send(session::Command::Ack(token));
+    }
+
+    /// Reach the broker as `reach` says from the next connection on; the
+    /// connection up now stays unless its node is no longer listed, and a
+    /// wait between attempts ends at once (see `session/reach.rs`).
+    pub fn reach(&self, reach: Reach) {
+        let _ = self.commands.send(session::Command::Reach(Box::new(reach)));
     }
 
     /// The session's task answers the pings of `probed` from its loop (see

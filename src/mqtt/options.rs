@@ -67,6 +67,32 @@ pub struct Options {
     pub transport: Transport,
 }
 
+/// How to reach the broker, changed while the session runs
+/// ([`crate::mqtt::Session::reach`]): its nodes, login, keep-alive, stall
+/// bound and transport. The next connection is made with them; the one
+/// up now stays, unless its node is no longer among `endpoints`.
+#[derive(Clone)]
+pub struct Reach {
+    pub endpoints: Vec<Endpoint>,
+    pub prefer_first: Option<Duration>,
+    pub credentials: Option<(String, String)>,
+    pub keep_alive: Duration,
+    pub puback_timeout: Option<Duration>,
+    pub transport: Transport,
+}
+
+impl Reach {
+    /// Puts these into `opts`.
+    pub fn apply(self, opts: &mut Options) {
+        opts.endpoints = self.endpoints;
+        opts.prefer_first = self.prefer_first;
+        opts.credentials = self.credentials;
+        opts.keep_alive = self.keep_alive;
+        opts.puback_timeout = self.puback_timeout;
+        opts.transport = self.transport;
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub enum Transport {
     #[default]
@@ -176,6 +202,8 @@ pub enum Event<T> {
     Up {
         epoch: u64,
         endpoint: usize,
+        /// That node.
+        node: Endpoint,
         session_present: bool,
         refused: Vec<String>,
     },

@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use super::failure::LinkError;
 use super::options::{Options, Transport};
+use super::reached::PollerReach;
 use super::stall::{Progress, Stall};
 use super::wire::{self, Client, Wire};
 use crate::config::{Endpoint, MqttVersion};
@@ -255,14 +256,14 @@ impl Loop {
         }
     }
 
-    /// Points the next connect at `to`.
-    fn retarget(&mut self, opts: &Options, to: &Endpoint) {
+    /// Points the next connect at `to` (with `opts` afresh, if `new`).
+    fn retarget(&mut self, opts: &Options, to: &Endpoint, new: bool) {
         let at = (to.host.clone(), to.port);
         match self {
-            Loop::V4(l) if l.mqtt_options.broker_address() != at => {
+            Loop::V4(l) if new || l.mqtt_options.broker_address() != at => {
                 l.mqtt_options = mqtt_options(opts, to);
             }
-            Loop::V5(l) if l.options.broker_address() != at => {
+            Loop::V5(l) if new || l.options.broker_address() != at => {
                 l.options = super::v5::options(opts, to, REQUEST_CAPACITY);
             }
             _ => {}
@@ -304,16 +305,6 @@ fn mqtt_options(opts: &Options, endpoint: &Endpoint) -> MqttOptions {
     mqtt
 }
 
-/// Whether `endpoint` accepts a TCP connection within `within` (closed at
-/// once: a check, not a session).
-pub(super) async fn accepts(endpoint: Endpoint, within: Duration) -> bool {
-    let address = (endpoint.host.as_str(), endpoint.port);
-    matches!(
-        tokio::time::timeout(within, tokio::net::TcpStream::connect(address)).await,
-        Ok(Ok(_))
-    )
-}
-
 /// Where requests never written begin in rumqttc's `pending`: after the
 /// unacknowledged ones it moved there (`was_written`), which lead.
 fn first_unsent<R>(
@@ -348,8 +339,9 @@ pub(super) enum Polled {
 pub(super) async fn run(
     mut eventloop: Loop,
     session: mpsc::UnboundedSender<Polled>,
-    opts: Options,
+    mut reach: PollerReach,
 ) {
+    let mut opts = reach.latest.borrow_and_update().opts.clone();
     let replay = opts.replay;
     let room = std::sync::Arc::new(Semaphore::new(QUEUED_PUBLISHES));
     // The broker was heard since rumqttc's last PINGREQ.
@@ -386,6 +378,15 @@ pub(super) async fn run(
                 }
             }
             (None, None) => continue,
+        };
+        // Reached a node no longer listed (`session/reach.rs`): leave it
+        // before the session hears of it.
+        let polled = match polled {
+            Ok((Wire::ConnAck { .. }, _)) if !reach.lists(&eventloop.endpoint()) => {
+                eventloop.cut();
+                Err(super::failure::unlisted(&eventloop.endpoint()))
+            }
+            polled => polled,
         };
         match polled {
             Ok((event, sign)) => {
@@ -439,8 +440,17 @@ pub(super) async fn run(
                 let Ok(Resume { delay, to }) = after.await else {
                     return;
                 };
-                tokio::time::sleep(delay).await;
-                eventloop.retarget(&opts, &to);
+                // New settings end the wait; they are taken either way.
+                reach.latest.borrow_and_update();
+                let to = tokio::select! {
+                    _ = tokio::time::sleep(delay) => to,
+                    Ok(()) = reach.latest.changed() => reach.latest.borrow_and_update().to.clone(),
+                };
+                let new = reach.take(&mut opts);
+                if new {
+                    stall = opts.puback_timeout.map(Stall::new);
+                }
+                eventloop.retarget(&opts, &to, new);
                 if !replay {
                     // Anything queued for the dead connection (publishes
                     // made before the session heard of the drop, acks of

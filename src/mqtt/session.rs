@@ -22,6 +22,7 @@ mod failed;
 mod failover;
 mod incoming;
 mod outgoing;
+mod reach;
 #[cfg(test)]
 mod tests;
 mod wedge;
@@ -36,6 +37,8 @@ pub(super) enum Command {
     Close(Option<Will>),
     /// Answer these pings (the watchdog's and `/healthz`'s).
     Probed(crate::health::Probed),
+    /// Reach the broker so from now on (`reach.rs`).
+    Reach(Box<super::options::Reach>),
 }
 
 /// What a tracked publish is: the owner's, or the session's own.
@@ -59,11 +62,17 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Parts<T>, mpsc::Receiver<Event<T>
     let (client, eventloop) = poll::client(&opts);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let (polled_tx, polled_rx) = mpsc::unbounded_channel();
-    let poller = PollerGuard(tokio::spawn(poll::run(eventloop, polled_tx, opts.clone())));
+    let reaches = super::reached::Reaches::new(&opts);
+    let poller = PollerGuard(tokio::spawn(poll::run(
+        eventloop,
+        polled_tx,
+        reaches.poller(),
+    )));
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (publishes_tx, publishes_rx) = mpsc::channel(PUBLISH_QUEUE);
     let closed = Arc::new(Notify::new());
     let max_packet = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let opts_keep_alive = opts.keep_alive;
     let task = Task {
         flow: Flow::new(opts.inflight.max(1) as usize),
         endpoints: Endpoints::new(opts.endpoints.clone(), opts.prefer_first),
@@ -82,6 +91,8 @@ pub(super) fn start<T: Tag>(opts: Options) -> (Parts<T>, mpsc::Receiver<Event<T>
         max_packet: max_packet.clone(),
         refusals: 0,
         closes: 0,
+        link_keep_alive: opts_keep_alive,
+        reaches,
     };
     tokio::spawn(task.run(polled_rx, commands_rx, publishes_rx, poller));
     (
@@ -136,6 +147,11 @@ struct Task<T> {
     /// Connections the broker closed soon after accepting them, in a row
     /// (see `failure.rs`).
     closes: u32,
+    /// The keep-alive of the connection up (a new one applies from the
+    /// next connection; until then the longer of the two).
+    link_keep_alive: std::time::Duration,
+    /// New ways to reach the broker, handed to the poller (`reach.rs`).
+    reaches: super::reached::Reaches,
 }
 
 /// The next ping of `probed`; pending while there is none to answer.
@@ -152,7 +168,7 @@ impl<T: Tag> Task<T> {
     /// off, which takes no events.
     fn poller_alive(&self, link: &Link) -> bool {
         !matches!(link, Link::Connected { .. })
-            || self.last_polled.elapsed() < self.opts.keep_alive * 3
+            || self.last_polled.elapsed() < self.link_keep_alive * 3
     }
 
     async fn run(
@@ -208,6 +224,7 @@ impl<T: Tag> Task<T> {
                     match command {
                         Some(Command::Ack(token)) => self.ready(token),
                         Some(Command::Probed(probed)) => self.probed = Some(probed),
+                        Some(Command::Reach(reach)) => link = self.reach(*reach, link),
                         Some(Command::Close(farewell)) => match link {
                             Link::Connected { .. } => {
                                 self.leave(farewell);
@@ -280,6 +297,9 @@ impl<T: Tag> Task<T> {
                 self.flow.connected(self.epoch);
                 self.acks.connected(self.epoch);
                 self.set_max_packet(max_packet);
+                if self.reaches.connected() {
+                    self.link_keep_alive = self.opts.keep_alive;
+                }
                 self.connected_to_endpoint(session_present);
                 if self.opts.subscriptions.is_empty() {
                     // No SubAck will come.
@@ -375,9 +395,12 @@ impl<T: Tag> Task<T> {
     /// endpoint, if it is on a later one).
     async fn up(&mut self, session_present: bool, refused: Vec<String>) -> Option<()> {
         self.endpoints.up(Instant::now());
+        let (endpoint, node) = self.endpoints.current();
+        let node = node.clone();
         self.emit(Event::Up {
             epoch: self.epoch,
-            endpoint: self.endpoints.current().0,
+            endpoint,
+            node,
             session_present,
             refused,
         })

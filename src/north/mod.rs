@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::clip::Clip;
@@ -197,17 +197,26 @@ pub fn start(
     gateway: &str,
     topics: &Topics,
     status_file: LiveSender,
+    reload: Option<watch::Receiver<NorthConfig>>,
 ) -> (NorthSender, NorthEvents) {
     let status = topics.north_status();
     let (host, sparkplug_live) = host::Host::new(topics.sparkplug());
+    let mqtt::Reach {
+        endpoints,
+        prefer_first,
+        credentials,
+        keep_alive,
+        puback_timeout,
+        transport,
+    } = reach(cfg);
     let opts = mqtt::Options {
         name: "north".into(),
-        endpoints: cfg.endpoints.clone(),
-        prefer_first: cfg.prefer_first,
+        endpoints,
+        prefer_first,
         client_id: cfg.client_id.clone(),
         version: cfg.mqtt_version,
-        credentials: cfg.credentials.clone(),
-        keep_alive: cfg.keep_alive,
+        credentials,
+        keep_alive,
         clean_session: false,
         last_will: Some(Will {
             topic: status.clone(),
@@ -220,7 +229,7 @@ pub fn start(
         max_outgoing_packet: cfg.max_packet_bytes,
         max_message_bytes: cfg.max_packet_bytes,
         inflight: SESSION_INFLIGHT,
-        puback_timeout: Some(cfg.puback_timeout),
+        puback_timeout,
         subscriptions: [
             topics.north_ack(),
             topics.north_down_filter(),
@@ -236,7 +245,7 @@ pub fn start(
         auto_ack: false,
         replay: false,
         reconnect: Reconnect::GATEWAY,
-        transport: mqtt::Transport::from_config(cfg.tls.as_ref()),
+        transport,
     };
     let (session, events) = Session::start(opts);
     let (uplink_tx, uplink) = mpsc::channel(EVENTS_QUEUED);
@@ -250,7 +259,7 @@ pub fn start(
         downlink: downlink_tx,
         alerts: alerts_tx,
         status_file,
-        endpoints: cfg.endpoints.clone(),
+        reload,
         client_id: cfg.client_id.clone(),
         gateway: gateway.to_string(),
         logged: None,
@@ -264,6 +273,20 @@ pub fn start(
         sparkplug_live,
     };
     (NorthSender { session, status }, events)
+}
+
+/// How `cfg` says to reach the upstream: what `systemctl reload` may
+/// change on the running session (the client id, protocol version and
+/// packet sizes take a restart).
+pub fn reach(cfg: &NorthConfig) -> mqtt::Reach {
+    mqtt::Reach {
+        endpoints: cfg.endpoints.clone(),
+        prefer_first: cfg.prefer_first,
+        credentials: cfg.credentials.clone(),
+        keep_alive: cfg.keep_alive,
+        puback_timeout: Some(cfg.puback_timeout),
+        transport: mqtt::Transport::from_config(cfg.tls.as_ref()),
+    }
 }
 
 fn status_body(online: bool) -> Bytes {
@@ -282,7 +305,8 @@ struct Router {
     downlink: mpsc::Sender<DownlinkEvent>,
     alerts: mpsc::Sender<AlertEvent>,
     status_file: LiveSender,
-    endpoints: Vec<mqtt::Endpoint>,
+    /// `systemctl reload`: how to reach the upstream now.
+    reload: Option<watch::Receiver<NorthConfig>>,
     client_id: String,
     gateway: String,
     /// The last failure's event logged (another is logged at once, a
@@ -295,15 +319,26 @@ struct Router {
 
 impl Router {
     async fn run(mut self, mut events: mpsc::Receiver<Event<Tag>>) {
-        while let Some(event) = events.recv().await {
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+                cfg = crate::live::next(&mut self.reload) => {
+                    self.session.reach(reach(&cfg));
+                    continue;
+                }
+            };
             match event {
                 Event::Up {
-                    epoch, endpoint, ..
+                    epoch,
+                    endpoint,
+                    node,
+                    ..
                 } => {
                     crate::metrics::set_north_endpoint(Some(endpoint));
-                    if let Some(node) = self.endpoints.get(endpoint) {
-                        let _ = self.status_file.send(LiveEvent::NorthUp(node.to_string()));
-                    }
+                    let _ = self.status_file.send(LiveEvent::NorthUp(node.to_string()));
                     self.link(Link::Up(epoch)).await;
                 }
                 Event::Down => {

@@ -1,6 +1,7 @@
 //! The poller against broker ends written by hand.
 
 use super::super::by_hand::ByHand;
+use super::super::link::accepts;
 use super::*;
 
 /// rumqttc connects to `format!("{host}:{port}")` and names the TLS
@@ -63,7 +64,7 @@ async fn after_a_collision(replay: bool) -> Vec<String> {
     opts.replay = replay;
     let (client, eventloop) = client(&opts);
     let (tx, mut polled) = mpsc::unbounded_channel();
-    let _poller = PollerGuard(tokio::spawn(run(eventloop, tx, opts)));
+    let _poller = PollerGuard(tokio::spawn(run(eventloop, tx, PollerReach::fixed(&opts))));
 
     let mut first = ByHand::accept(&listener, false).await;
     for topic in ["t/1", "t/2"] {
@@ -114,7 +115,7 @@ async fn fails_within(talking: bool, within: Duration) -> bool {
     opts.keep_alive = Duration::from_secs(1);
     let (_client, eventloop) = client(&opts);
     let (tx, mut polled) = mpsc::unbounded_channel();
-    let _poller = PollerGuard(tokio::spawn(run(eventloop, tx, opts)));
+    let _poller = PollerGuard(tokio::spawn(run(eventloop, tx, PollerReach::fixed(&opts))));
     let mut broker = ByHand::accept(&listener, false).await;
     let deadline = tokio::time::Instant::now() + within;
     let mut every = tokio::time::interval(Duration::from_millis(200));

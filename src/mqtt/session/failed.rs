@@ -63,6 +63,13 @@ impl<T: Tag> Task<T> {
                 });
                 return Some(Link::Down { failures: 0 });
             }
+            // An attempt on settings since replaced: the new ones, at once.
+            Link::Down { failures } if self.reaches.stale_attempt() => {
+                let to = self.endpoints.current().1.clone();
+                let delay = std::time::Duration::ZERO;
+                let _ = resume.send(Resume { delay, to });
+                return Some(Link::Down { failures });
+            }
             Link::Down { failures } => failures,
             Link::Connected {
                 at,

@@ -7,7 +7,6 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::super::link::{Link, Stage};
-use super::super::poll;
 use super::{Tag, Task};
 
 /// A check of the first endpoint gives up after this long.
@@ -30,7 +29,7 @@ impl<T: Tag> Task<T> {
         let (answer, check) = oneshot::channel();
         let first = self.endpoints.get(0).clone();
         tokio::spawn(async move {
-            let _ = answer.send(poll::accepts(first, FIRST_CHECK_TIMEOUT).await);
+            let _ = answer.send(super::super::link::accepts(first, FIRST_CHECK_TIMEOUT).await);
         });
         self.first_check = Some(check);
     }

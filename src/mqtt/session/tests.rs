@@ -165,4 +165,5 @@ async fn a_session_whose_owner_is_behind_keeps_its_link_alive() {
     assert_eq!(published, (0..PUBLISHES).collect::<Vec<_>>());
 }
 
+mod reach;
 mod stall;
