@@ -152,6 +152,27 @@ impl fmt::Display for Refusal {
 
 type Digest = [u8; 64];
 
+/// What an unknown device's password is checked against, so that a
+/// refusal takes as long as a known device's check: a line of the kind
+/// most lines in `table` are (argon2id with the same parameters, `$6$`,
+/// `$7$` with the same rounds: a hash less its salt and digest), or
+/// `argon2` when the table is empty. Checking a real line is harmless:
+/// an unknown device is refused whatever the check says.
+fn decoy_of(table: &passwords::Table, argon2: &str) -> String {
+    let kind = |hash: &str| -> String {
+        let parts: Vec<&str> = hash.split('$').collect();
+        parts[..parts.len().saturating_sub(2)].join("$")
+    };
+    let mut counts: HashMap<String, (usize, &String)> = HashMap::new();
+    for hash in table.values() {
+        counts.entry(kind(hash)).or_insert((0, hash)).0 += 1;
+    }
+    counts
+        .into_values()
+        .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
+        .map_or_else(|| argon2.to_string(), |(_, hash)| hash.clone())
+}
+
 /// Checks CONNECTs against a password file; shared by every connection.
 pub struct Authenticator {
     path: PathBuf,
@@ -162,8 +183,12 @@ pub struct Authenticator {
     /// Key of those digests, random per process.
     key: [u8; 32],
     verifier: Verifier,
-    /// Verified instead of an unknown device, so both take as long.
-    decoy: String,
+    /// Verified instead of an unknown device, so both take as long: a
+    /// line of the file's most common kind ([`decoy_of`]), or a random
+    /// argon2id hash for an empty file.
+    decoy: RwLock<String>,
+    /// That random argon2id hash.
+    argon2_decoy: String,
     wait: Duration,
 }
 
@@ -193,11 +218,12 @@ impl Authenticator {
         })?;
         Ok(Arc::new(Authenticator {
             path: path.to_owned(),
+            decoy: RwLock::new(decoy_of(&table, &decoy)),
+            argon2_decoy: decoy,
             table: RwLock::new(Arc::new(table)),
             verified: Mutex::new(HashMap::new()),
             key,
             verifier: Verifier::start(threads),
-            decoy,
             wait,
         }))
     }
@@ -213,6 +239,8 @@ impl Authenticator {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|device, (hash, _)| table.get(device) == Some(hash));
+        *self.decoy.write().unwrap_or_else(|e| e.into_inner()) =
+            decoy_of(&table, &self.argon2_decoy);
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
         Ok(devices)
     }
@@ -247,7 +275,12 @@ impl Authenticator {
             }
         }
         let known = hash.is_some();
-        let hash = hash.unwrap_or_else(|| self.decoy.clone());
+        let hash = hash.unwrap_or_else(|| {
+            self.decoy
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        });
         let ok = self.verify(hash.clone(), password.to_owned()).await?;
         match (known, ok) {
             (true, true) => {

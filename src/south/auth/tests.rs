@@ -103,7 +103,7 @@ async fn a_connect_that_finds_the_verifier_full_or_too_slow_is_refused_busy() {
         let (answer, answered) = oneshot::channel();
         waiting.push(answered);
         Check {
-            hash: auth.decoy.clone(),
+            hash: auth.argon2_decoy.clone(),
             password: "x".into(),
             answer,
         }
@@ -118,4 +118,33 @@ async fn a_connect_that_finds_the_verifier_full_or_too_slow_is_refused_busy() {
         Refusal::WrongPassword.code(),
         ConnectReturnCode::BadUserNamePassword
     );
+}
+
+#[test]
+fn the_decoy_is_a_line_of_the_files_most_common_kind() {
+    let table = |lines: &[(&str, &str)]| -> passwords::Table {
+        lines
+            .iter()
+            .map(|(d, h)| (DeviceId::new(*d).unwrap(), h.to_string()))
+            .collect()
+    };
+    let argon = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA";
+    let seven = |s: &str| format!("$7$101${s}$ZGlnZXN0");
+    let t = table(&[
+        ("a", &seven("c2FsdDE")),
+        ("b", &seven("c2FsdDI")),
+        ("c", argon),
+    ]);
+    let decoy = decoy_of(&t, "ARGON2-DECOY");
+    assert!(decoy.starts_with("$7$101$"), "{decoy}");
+    // Same rounds: the same kind; other rounds: another kind.
+    let argon2 = "$argon2id$v=19$m=19456,t=2,p=1$b3RoZXI$aGFzaA";
+    let t = table(&[
+        ("a", argon),
+        ("b", argon2),
+        ("c", "$7$1000$c2FsdA$ZA"),
+        ("d", "$7$9$c2FsdA$ZA"),
+    ]);
+    assert!(decoy_of(&t, "ARGON2-DECOY").starts_with("$argon2id$"));
+    assert_eq!(decoy_of(&table(&[]), "ARGON2-DECOY"), "ARGON2-DECOY");
 }
