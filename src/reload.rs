@@ -31,6 +31,7 @@ use crate::config::{
 };
 use crate::retention::Retention;
 use crate::shutdown::Shutdown;
+use crate::store::Store;
 use crate::uplink::scheduler::SchedulerConfig;
 
 /// Sets the log filter (`log.level`) while running; given by the binary,
@@ -74,10 +75,15 @@ const LIVE: &[&str] = &[
     "retry.base_ms",
     "retry.max_ms",
     "retry.jitter",
+    "retry.max_attempts",
     "alerts",
     "store.retention_days",
     "store.dead_letter_retention_days",
     "store.min_dedup_s",
+    "store.max_db_bytes",
+    "store.dead_letter_share_rows",
+    "store.dead_letter_share_bytes",
+    "store.dead_letter_total_bytes",
 ];
 
 /// Whether a changed key is applied without a restart.
@@ -94,24 +100,28 @@ pub struct Live {
     pub limits: watch::Sender<(RateLimit, usize)>,
     /// The uplink scheduler's: ack timeout, messages in flight, backoff.
     pub uplink: watch::Sender<SchedulerConfig>,
-    /// `[downlink]`: batch size, confirm timeout, queue cap.
-    pub downlink: watch::Sender<DownlinkConfig>,
+    /// `[downlink]` (batch size, confirm timeout, queue cap) and
+    /// `retry.max_attempts` (for receipts north).
+    pub downlink: watch::Sender<(DownlinkConfig, u32)>,
     /// How north reaches the upstream ([`crate::north::reach`]): handed
     /// over on every reload, so certificate files rotated in place are
     /// read again.
     pub north: watch::Sender<NorthConfig>,
+    /// The store, for `store.max_db_bytes` and the dead-letter shares.
+    pub store: Store,
 }
 
 impl Live {
     /// Each part's settings as `cfg` has them.
-    pub fn of(cfg: &Config) -> Live {
+    pub fn of(cfg: &Config, store: Store) -> Live {
         Live {
             alerts: watch::Sender::new(cfg.alerts),
             retention: watch::Sender::new(Live::retention_of(cfg)),
             limits: watch::Sender::new((cfg.south.rate, cfg.south.max_inflight_per_device)),
             uplink: watch::Sender::new(SchedulerConfig::of(&cfg.north, cfg.retry)),
-            downlink: watch::Sender::new(cfg.downlink.clone()),
+            downlink: watch::Sender::new((cfg.downlink.clone(), cfg.retry.max_attempts)),
             north: watch::Sender::new(cfg.north.clone()),
+            store,
         }
     }
 
@@ -281,9 +291,12 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
             .ok_or("this process's log filter cannot be changed")?;
         return set(&cfg.log_level);
     }
-    if key.starts_with("downlink.") {
-        live.downlink.send_replace(cfg.downlink.clone());
-        return Ok(());
+    if key.starts_with("downlink.") || key == "retry.max_attempts" {
+        live.downlink
+            .send_replace((cfg.downlink.clone(), cfg.retry.max_attempts));
+        if key.starts_with("downlink.") {
+            return Ok(());
+        }
     }
     if key.starts_with("north.") && !matches!(key, "north.ack_timeout_ms" | "north.max_inflight") {
         // Sent above, with every reload.
@@ -311,6 +324,13 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
     if key.starts_with("alerts.") {
         live.alerts.send_replace(cfg.alerts);
         return Ok(());
+    }
+    if key == "store.max_db_bytes" || key.starts_with("store.dead_letter_") {
+        live.store
+            .set_budget(cfg.store.max_db_bytes, cfg.store.refusals);
+        if key != "store.dead_letter_retention_days" {
+            return Ok(());
+        }
     }
     if key.starts_with("store.") {
         live.retention.send_replace(Live::retention_of(cfg));
@@ -356,9 +376,10 @@ mod tests {
         assert!(is_live("log.level") && is_live("alerts.backlog_age_s"));
         assert!(is_live("store.retention_days") && is_live("south.burst"));
         assert!(!is_live("south.burst_x") && !is_live("south.listen"));
-        assert!(is_live("retry.base_ms") && !is_live("retry.max_attempts"));
+        assert!(is_live("retry.base_ms") && is_live("retry.max_attempts"));
         assert!(is_live("north.port") && is_live("north.tls.ca_file"));
-        assert!(!is_live("north.client_id") && !is_live("store.max_db_bytes"));
+        assert!(!is_live("north.client_id") && is_live("store.max_db_bytes"));
+        assert!(is_live("store.dead_letter_share_rows") && !is_live("store.sync"));
         assert!(is_live("log.format"));
         assert!(changed(&old, &old.clone()).is_empty());
     }

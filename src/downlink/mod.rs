@@ -170,7 +170,9 @@ pub struct DownlinkInputs {
     pub probed: crate::health::Probed,
     /// `[downlink]` again when it changes while running (`None`: it does
     /// not).
-    pub settings: Option<tokio::sync::watch::Receiver<DownlinkConfig>>,
+    /// `[downlink]` and `retry.max_attempts`, as `systemctl reload` hands
+    /// them over.
+    pub settings: Option<tokio::sync::watch::Receiver<(DownlinkConfig, u32)>>,
 }
 
 impl Downlink {
@@ -264,12 +266,13 @@ impl Downlink {
                     Phase::Flushing { .. } => self.flush_receipts(),
                     Phase::Running => self.on_timer().await?,
                 },
-                cfg = crate::live::next(&mut inputs.settings) => {
+                (cfg, max_attempts) = crate::live::next(&mut inputs.settings) => {
                     self.scheduler.set_config(DownConfig {
                         batch_size: cfg.batch_size,
                         confirm_timeout: cfg.confirm_timeout,
                     });
                     self.settings.cfg = cfg;
+                    self.settings.max_attempts = max_attempts;
                 }
                 // The watchdog's ping, answered from the loop.
                 ack = inputs.probed.recv() => {

@@ -35,7 +35,8 @@ pub const RESUME_AT: u64 = 95;
 /// anyone.
 #[derive(Clone, Debug)]
 pub struct Budget {
-    limit: u64,
+    /// `store.max_db_bytes`, which `systemctl reload` may change.
+    limit: Arc<AtomicU64>,
     used: Arc<AtomicU64>,
     /// Estimated bytes admitted since the latest measure.
     added: Arc<AtomicU64>,
@@ -52,7 +53,7 @@ pub enum Change {
 impl Budget {
     pub fn new(limit: u64) -> Budget {
         Budget {
-            limit,
+            limit: Arc::new(AtomicU64::new(limit)),
             used: Arc::default(),
             added: Arc::default(),
             over: Arc::default(),
@@ -88,7 +89,7 @@ impl Budget {
         } else {
             cost
         };
-        if self.used().saturating_add(cost) >= self.limit {
+        if self.used().saturating_add(cost) >= self.limit() {
             self.over.store(true, Ordering::Relaxed);
             return false;
         }
@@ -99,11 +100,19 @@ impl Budget {
     /// Whether the writer should measure after every commit: within
     /// [`NEAR_PERCENT`] of the budget, or over it.
     pub(super) fn near(&self) -> bool {
-        u128::from(self.used()) * 100 >= u128::from(self.limit) * u128::from(NEAR_PERCENT)
+        u128::from(self.used()) * 100 >= u128::from(self.limit()) * u128::from(NEAR_PERCENT)
     }
 
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// A new budget (`systemctl reload`): admits judge by it at once; the
+    /// writer's next measure says whether the store is over it (a lower
+    /// budget than the use refuses new messages from then on, a higher one
+    /// takes them again below [`RESUME_AT`] of it).
+    pub(super) fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     /// Why something is refused at the budget, for a `disk_budget` reason
@@ -112,7 +121,7 @@ impl Budget {
         format!(
             "the store is at store.max_db_bytes ({} of {} bytes); resend later",
             self.used(),
-            self.limit
+            self.limit()
         )
     }
 
@@ -126,9 +135,9 @@ impl Budget {
         self.added.store(0, Ordering::Relaxed);
         let now = if self.over() {
             // Compared as used / limit >= 95 / 100, without overflow.
-            u128::from(used) * 100 >= u128::from(self.limit) * u128::from(RESUME_AT)
+            u128::from(used) * 100 >= u128::from(self.limit()) * u128::from(RESUME_AT)
         } else {
-            used >= self.limit
+            used >= self.limit()
         };
         self.over.store(now, Ordering::Relaxed);
         match (announced, now) {
@@ -169,6 +178,18 @@ mod tests {
         assert!(!b.over());
         assert_eq!(b.used(), 949);
         assert_eq!(b.record(999, false), None);
+    }
+
+    #[test]
+    fn a_new_budget_judges_admits_at_once_and_measures_after() {
+        let b = Budget::new(1000);
+        assert_eq!(b.record(600, false), None);
+        b.clone().set_limit(500);
+        assert!(!b.admit(1), "over the lower budget: refused");
+        assert_eq!(b.record(600, true), None, "still over");
+        b.set_limit(2000);
+        assert_eq!(b.record(600, true), Some(Change::Freed));
+        assert!(b.admit(100));
     }
 
     #[test]

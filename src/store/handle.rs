@@ -29,8 +29,9 @@ pub struct Store {
     pub(super) beat: Heartbeat,
     pub(super) budget: Budget,
     pub(super) clock: StoreClock,
-    /// What refusals at the door may fill (`store::refusal`).
-    pub(super) refusals: RefusalShares,
+    /// What refusals at the door may fill (`store::refusal`); `systemctl
+    /// reload` may change it ([`Store::set_budget`]).
+    pub(super) refusals: Arc<watch::Sender<RefusalShares>>,
     /// The highest uplink row whose `stored` receipt intake has handed on
     /// (or that was stored before this run): a refill reads no newer one
     /// ([`Store::refill`]), so the engine never sends a message north,
@@ -40,6 +41,14 @@ pub struct Store {
 }
 
 impl Store {
+    /// A new disk budget and refusal shares (`systemctl reload`), in force
+    /// for what is admitted next (see [`Budget::set_limit`]). The WAL's
+    /// checkpoint bounds stay those of the budget at open.
+    pub fn set_budget(&self, max_db_bytes: u64, refusals: RefusalShares) {
+        self.budget.set_limit(max_db_bytes);
+        self.refusals.send_replace(refusals);
+    }
+
     /// Intake handed on the `stored` receipt of uplink row `id` (and of
     /// every earlier one: it answers in commit order).
     pub fn receipted(&self, id: i64) {

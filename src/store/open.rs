@@ -132,7 +132,7 @@ impl Store {
             beat,
             budget,
             clock,
-            refusals: cfg.refusals,
+            refusals: Arc::new(watch::Sender::new(cfg.refusals)),
             receipted: Arc::new(std::sync::atomic::AtomicI64::new(receipted)),
         })
     }

@@ -64,7 +64,7 @@ impl Store {
         dl: DeadLetter,
     ) -> impl Future<Output = Result<Refusal, StoreError>> + Send + 'static {
         let kept = Kept::of(dl);
-        let (shares, budget) = (self.refusals, self.budget.clone());
+        let (shares, budget) = (*self.refusals.borrow(), self.budget.clone());
         self.call(move |cx| Ok(refusal::file(cx.tx, &kept, &shares, &budget, cx.store_ms)?))
     }
 
@@ -249,7 +249,7 @@ impl Store {
         receipt: NorthReceipt,
     ) -> impl Future<Output = Result<Rejected, StoreError>> + Send + 'static {
         let kept = Kept::of(dl);
-        let (shares, budget) = (self.refusals, self.budget.clone());
+        let (shares, budget) = (*self.refusals.borrow(), self.budget.clone());
         self.call(move |cx| outbox::reject(cx.tx, &kept, &receipt, &shares, &budget, cx.store_ms))
     }
 
