@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::admin::{render_dom, text_of, try_get, Metrics};
+use crate::support::admin::{try_get, Metrics};
+#[cfg(feature = "system-tests")]
+use crate::support::chromium::{render_dom, text_of};
 use crate::support::receipts::{eventually, ids_with};
 use crate::support::{
     boot_id, check_config, device_topics, ferry_command, north_topics, write_file, Backend,
@@ -254,6 +256,7 @@ async fn the_json_api_serves_the_cli_views_and_answers_bad_requests_with_a_statu
     );
 }
 
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_the_gateways_figures_in_headless_chromium() {
     let mq = Mosquitto::start();
@@ -538,6 +541,7 @@ async fn healthz_in_external_mode_asks_the_site_session_and_a_site_outage_is_not
 /// (dead-lettered), and a
 /// downlink waiting for an absent device past `alerts.backlog_age_s` (1 s),
 /// so a `backlog_age` alert is open. Returns what must stay alive.
+#[cfg(feature = "system-tests")]
 async fn page_with_traffic(gw: &str) -> (Mosquitto, Ferry, Backend, Vec<Device>) {
     let mq = Mosquitto::start();
     let mut opts = FerryOpts::new(gw, mq.port);
@@ -603,6 +607,7 @@ async fn page_with_traffic(gw: &str) -> (Mosquitto, Ferry, Backend, Vec<Device>)
     (mq, ferry, backend, devices)
 }
 
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_the_north_endpoint_devices_throughput_alerts_and_version() {
     let (mq, ferry, _backend, _devices) = page_with_traffic("gw-page-more").await;
@@ -653,6 +658,7 @@ async fn the_status_page_shows_the_north_endpoint_devices_throughput_alerts_and_
 }
 
 /// The `d` of the SVG path with `id` in rendered `html`.
+#[cfg(feature = "system-tests")]
 fn svg_path(html: &str, id: &str) -> String {
     let at = html
         .find(&format!("id=\"{id}\""))
@@ -735,7 +741,9 @@ async fn the_devices_api_pages_the_devices_online_and_refuses_bad_paging_with_a_
 
 /// Regenerates docs/status-page.png: the status page of a gateway with
 /// traffic, in headless Chromium at 1280x1000.
-/// `cargo test --test tests admin::status_page_screenshot -- --ignored`
+/// `cargo test --features system-tests --test tests
+/// admin::status_page_screenshot -- --ignored`
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "regenerates docs/status-page.png"]
 async fn status_page_screenshot() {
@@ -762,7 +770,7 @@ async fn status_page_screenshot() {
         let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/status-page.png");
         let url = ferry.admin_url("/");
         tokio::task::spawn_blocking(move || {
-            crate::support::admin::screenshot(&url, &out, (1280, 1000))
+            crate::support::chromium::screenshot(&url, &out, (1280, 1000))
         })
         .await
         .expect("the screenshot");

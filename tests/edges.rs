@@ -12,8 +12,10 @@ use rumqttc::{ConnectReturnCode, Packet, SubscribeReasonCode};
 use serde_json::{json, Value};
 
 use crate::support::receipts::status;
+#[cfg(feature = "system-tests")]
+use crate::support::Tmpfs;
 use crate::support::{
-    self, boot_id, ferry_command, north_topics, Device, Ferry, FerryOpts, Mosquitto, RawMqtt, Tmpfs,
+    self, boot_id, ferry_command, north_topics, Device, Ferry, FerryOpts, Mosquitto, RawMqtt,
 };
 
 const SECS_10: Duration = Duration::from_secs(10);
@@ -25,6 +27,9 @@ fn lone_ferry(gateway: &str) -> Ferry {
 }
 
 /// A gateway whose store lives on `disk` and whose north link stays down.
+/// A disk that fills is a tmpfs mounted as root: its tests are the
+/// `system-tests` feature's.
+#[cfg(feature = "system-tests")]
 fn ferry_on(disk: &Tmpfs, gateway: &str) -> Ferry {
     Ferry::start(
         FerryOpts::new(gateway, support::free_port())
@@ -47,6 +52,7 @@ async fn raw_receipts(
     all
 }
 
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_accepted_while_the_disk_is_full_are_stored_once_it_frees_without_a_reconnect() {
     let disk = Tmpfs::mount(8);
@@ -384,6 +390,7 @@ async fn devices_leaving_in_every_ordinary_way_log_no_error() {
     assert!(errors.is_empty(), "{errors:#?}");
 }
 
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_stall_holds_devices_back_and_loses_none_of_thirty_thousand_messages() {
     // The store stalls (disk full) while a device keeps sending: the

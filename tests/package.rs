@@ -48,7 +48,7 @@ fn must_be_root() {
         unsafe { libc::geteuid() },
         0,
         "the package test installs with dpkg --root, whose postinst chowns as on a real \
-         install: run it as root (sudo -E cargo test --test tests package)"
+         install: run it as root (sudo -E cargo test --features system-tests --test tests package)"
     );
 }
 

@@ -6,7 +6,7 @@
 //! tests runs the real binary in a mount namespace of its own (`unshare
 //! -m`) where /etc/group is a file the test wrote, so the host's is never
 //! changed. They need root (a mount namespace, chown to another user), as
-//! on CI.
+//! on CI: they are the `system-tests` feature's.
 //!
 //! Then concurrent runs on one file (a provisioning script's `xargs -P`):
 //! every run that says "set" really set it, and a run that cannot get the
@@ -16,28 +16,35 @@
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
+#[cfg(feature = "system-tests")]
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+#[cfg(feature = "system-tests")]
+use std::process::Command;
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry::config::passwords;
 use ferry::ids::DeviceId;
 
-use crate::support::{ferry_binary, ferry_command};
+#[cfg(feature = "system-tests")]
+use crate::support::ferry_binary;
+use crate::support::ferry_command;
 
 /// A gid no host is likely to use for anything else.
+#[cfg(feature = "system-tests")]
 const FERRY_GID: u32 = 46_251;
 
 /// Runs `ferry passwd FILE press-7` with the password on stdin, seeing
 /// `group_file` as /etc/group; as the user and group `as_user` when given.
+#[cfg(feature = "system-tests")]
 fn passwd_with_groups(group_file: &Path, file: &Path, as_user: Option<u32>) -> Output {
     // SAFETY: geteuid has no preconditions and cannot fail.
     assert_eq!(
         unsafe { libc::geteuid() },
         0,
         "the password file tests mount a private /etc/group (unshare -m): run them as root \
-         (sudo -E cargo test --test tests passwd_file)"
+         (sudo -E cargo test --features system-tests --test tests passwd_file)"
     );
     let mut cmd = Command::new("unshare");
     cmd.args([
@@ -75,6 +82,7 @@ fn passwd_with_groups(group_file: &Path, file: &Path, as_user: Option<u32>) -> O
 }
 
 /// An /etc/group with root, and `ferry` at [`FERRY_GID`] when `with_ferry`.
+#[cfg(feature = "system-tests")]
 fn groups(dir: &Path, with_ferry: bool) -> std::path::PathBuf {
     let path = dir.join("group");
     let mut text = String::from("root:x:0:\nnogroup:x:65534:\n");
@@ -85,11 +93,13 @@ fn groups(dir: &Path, with_ferry: bool) -> std::path::PathBuf {
     path
 }
 
+#[cfg(feature = "system-tests")]
 fn owner_group_mode(path: &Path) -> (u32, u32, u32) {
     let meta = std::fs::metadata(path).unwrap();
     (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777)
 }
 
+#[cfg(feature = "system-tests")]
 #[test]
 fn a_new_password_file_is_0640_with_group_ferry_when_that_group_exists() {
     let dir = tempfile::tempdir().unwrap();
@@ -102,6 +112,7 @@ fn a_new_password_file_is_0640_with_group_ferry_when_that_group_exists() {
     assert!(text.starts_with("press-7:"), "{text}");
 }
 
+#[cfg(feature = "system-tests")]
 #[test]
 fn without_a_ferry_group_a_new_password_file_is_0640_with_the_callers_group() {
     let dir = tempfile::tempdir().unwrap();
@@ -111,6 +122,7 @@ fn without_a_ferry_group_a_new_password_file_is_0640_with_the_callers_group() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
 }
 
+#[cfg(feature = "system-tests")]
 #[test]
 fn a_user_outside_group_ferry_gets_the_file_and_one_line_saying_the_service_cannot_read_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -131,6 +143,7 @@ fn a_user_outside_group_ferry_gets_the_file_and_one_line_saying_the_service_cann
     );
 }
 
+#[cfg(feature = "system-tests")]
 #[test]
 fn an_existing_password_file_keeps_its_owner_group_and_mode() {
     let dir = tempfile::tempdir().unwrap();

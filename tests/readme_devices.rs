@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::quickstart::fenced;
-use crate::support::admin::render_loaded;
+use crate::support::chromium::render_loaded;
 use crate::support::receipts::eventually;
 use crate::support::{listener, Backend, Ferry, FerryOpts, Mosquitto};
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::admin::{render_dom, render_dom_in_zone, text_of};
+use crate::support::chromium::{render_dom, render_dom_in_zone, text_of};
 use crate::support::receipts::eventually;
 use crate::support::{boot_id, Device, Ferry, FerryOpts, Mosquitto};
 

@@ -3,10 +3,15 @@
 //! refused on every route, in a browser too, while the listen address,
 //! localhost and `admin.allowed_hosts` are served.
 
+#[cfg(feature = "system-tests")]
 use std::time::Duration;
 
-use crate::support::admin::{get_as, render_dom_with};
-use crate::support::{check_config, logged, Device};
+use crate::support::admin::get_as;
+#[cfg(feature = "system-tests")]
+use crate::support::chromium::render_dom_with;
+#[cfg(feature = "system-tests")]
+use crate::support::Device;
+use crate::support::{check_config, logged};
 
 use super::{lone_ferry, ROUTES};
 
@@ -100,6 +105,7 @@ async fn a_foreign_host_is_refused_on_every_route_and_the_servers_own_names_are_
 /// the admin API as a page of that site would: it gets the 421, not the
 /// dead letter's payload, which the same browser reads by the server's own
 /// address.
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_sent_to_the_admin_port_by_a_rebound_name_gets_no_dead_letter() {
     let ferry = lone_ferry(|opts| opts, "gw-admin-rebind");

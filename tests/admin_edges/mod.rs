@@ -4,6 +4,8 @@
 //! box), and bytes that are not HTTP. Every one is answered, errors as
 //! JSON, and nothing panics.
 
+// Under libfaketime: the `system-tests` feature's.
+#[cfg(feature = "system-tests")]
 mod clock;
 mod host;
 mod raw;

@@ -79,6 +79,7 @@
 //! like any oversized uplink (the spec would have DISCONNECT 0x95).
 
 use ferry::client::backend::{BackendClient, BackendOptions};
+#[cfg(feature = "system-tests")]
 use serde_json::Value;
 
 use crate::support::{boot_id, Backend, Ferry, FerryOpts, Mosquitto};
@@ -98,15 +99,21 @@ macro_rules! at_levels {
     };
 }
 
+// The Paho cases, in Python: the `system-tests` feature's. The stock
+// clients' and the bare sockets' run in every `cargo test`.
+#[cfg(feature = "system-tests")]
 mod connect;
 mod plain;
 mod plain_down;
 mod plain_edges;
 mod plain_sessions;
+#[cfg(feature = "system-tests")]
 mod publish;
 mod runner;
+#[cfg(feature = "system-tests")]
 mod sessions;
 mod stock;
+#[cfg(feature = "system-tests")]
 mod v5;
 
 /// The `-V` value for a level.
@@ -189,6 +196,7 @@ impl Gw {
 }
 
 /// The CONNACK's code (v5 reason code, or 3.1.x return code).
+#[cfg(feature = "system-tests")]
 pub fn code(connack: &Value) -> i64 {
     connack["code"]
         .as_i64()
@@ -196,12 +204,14 @@ pub fn code(connack: &Value) -> i64 {
 }
 
 /// A v5 CONNACK's property, as paho names it (`MaximumPacketSize`).
+#[cfg(feature = "system-tests")]
 pub fn prop<'a>(connack: &'a Value, name: &str) -> &'a Value {
     &connack["props"][name]
 }
 
 /// The acknowledgement packets of `kind` (`PUBACK`, `PUBREC`, `PUBCOMP`,
 /// `DISCONNECT`) a case saw, in order.
+#[cfg(feature = "system-tests")]
 pub fn packets<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
     report["packets"]
         .as_array()
@@ -210,6 +220,7 @@ pub fn packets<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
 }
 
 /// The receipts (bodies on the device's own `ack`) among a case's messages.
+#[cfg(feature = "system-tests")]
 pub fn receipts(messages: &Value) -> Vec<&Value> {
     messages
         .as_array()

@@ -10,22 +10,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
+#[cfg(feature = "system-tests")]
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 /// The interpreter: Debian's, whose dist-packages hold python3-paho-mqtt
 /// (a pyenv or venv `python3` on PATH would not see it).
+#[cfg(feature = "system-tests")]
 const PYTHON: &str = "/usr/bin/python3";
+#[cfg(feature = "system-tests")]
 const PAHO: &str = "/usr/lib/python3/dist-packages/paho/mqtt/client.py";
 /// Longest any one case runs; each is a few seconds at most.
+#[cfg(feature = "system-tests")]
 const CASE_TIMEOUT: Duration = Duration::from_secs(40);
 
+#[cfg(feature = "system-tests")]
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/paho_cases.py")
 }
 
 /// Panics, saying how to get it, if paho-mqtt for `/usr/bin/python3` is
 /// not installed.
+#[cfg(feature = "system-tests")]
 pub fn require_paho() {
     assert!(
         Path::new(PYTHON).is_file() && Path::new(PAHO).is_file(),
@@ -54,18 +60,22 @@ pub fn mosquitto_tool(name: &str) -> PathBuf {
         })
 }
 
-/// One running case.
+/// One running case: a Paho case, or a stock client ([`Running`]).
 pub struct Case {
+    // Read by the Paho cases' own methods (the `system-tests` feature's).
+    #[cfg_attr(not(feature = "system-tests"), allow(dead_code))]
     name: String,
     child: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
+    #[cfg_attr(not(feature = "system-tests"), allow(dead_code))]
     stderr: std::thread::JoinHandle<String>,
 }
 
 impl Case {
     /// Starts `paho_cases.py CASE --port PORT --device DEVICE --version V`
     /// with `--param K=V` for each of `params`.
+    #[cfg(feature = "system-tests")]
     pub fn start(
         case: &str,
         port: u16,
@@ -111,6 +121,7 @@ impl Case {
         }
     }
 
+    #[cfg(feature = "system-tests")]
     async fn next_line(&mut self) -> Option<String> {
         tokio::time::timeout(CASE_TIMEOUT, self.lines.recv())
             .await
@@ -118,6 +129,7 @@ impl Case {
     }
 
     /// Waits for the case to reach `{"sync": label}`.
+    #[cfg(feature = "system-tests")]
     pub async fn wait_sync(&mut self, label: &str) {
         let line = self.next_line().await;
         let got: Value = line
@@ -134,6 +146,7 @@ impl Case {
     }
 
     /// Lets a case stopped at a sync go on.
+    #[cfg(feature = "system-tests")]
     pub fn resume(&mut self) {
         let stdin = self.stdin.as_mut().expect("stdin");
         stdin.write_all(b"go\n").expect("write to the case");
@@ -141,6 +154,7 @@ impl Case {
     }
 
     /// The case's last line, parsed; panics with its stderr if it failed.
+    #[cfg(feature = "system-tests")]
     pub async fn finish(mut self) -> Value {
         self.stdin = None;
         let mut last = None;
@@ -159,6 +173,7 @@ impl Case {
             .unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}\n{err}", self.name))
     }
 
+    #[cfg(feature = "system-tests")]
     fn stderr_text(&mut self) -> String {
         let handle = std::mem::replace(&mut self.stderr, std::thread::spawn(String::new));
         let _ = self.child.kill();
@@ -174,6 +189,7 @@ impl Drop for Case {
 }
 
 /// Runs a whole case (no syncs) and returns its observations.
+#[cfg(feature = "system-tests")]
 pub async fn run(
     case: &str,
     port: u16,

@@ -388,6 +388,7 @@ async fn receipts_pending_north_survive_a_sigkill_and_all_reach_the_backend_afte
 
 /// Publishes each line of stdin on argv[2] (QoS 1) to the broker on
 /// 127.0.0.1:argv[1]; exits 0 once all are acknowledged.
+#[cfg(feature = "system-tests")]
 const PUBLISH_LINES: &str = r#"
 import sys, time, paho.mqtt.client as mqtt
 kw = {"client_id": "burst-publisher"}
@@ -420,7 +421,9 @@ sys.exit(0 if all(m.is_published() for m in sent) else 1)
 /// PINGRESP is behind them in the stream: ferry must take them all and
 /// keep its link, not drop it on an unanswered ping and start over (it
 /// did, after 16 s; in a fault run with a 5-minute cut-off, again and
-/// again, while the backend sent its unanswered downlinks again).
+/// again, while the backend sent its unanswered downlinks again). Its
+/// publisher is paho in Python: the `system-tests` feature's.
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_downlinks_the_broker_held_is_taken_on_one_connection() {
     const N: usize = 100_000;

@@ -4,6 +4,8 @@
 //! running gateway, and an fsync that fails. Each time nothing answered
 //! `stored` is missing after a restart.
 
+// The power-loss shim's (built with gcc): the `system-tests` feature's.
+#[cfg(feature = "system-tests")]
 mod fsync;
 mod one_gateway;
 mod vanished;

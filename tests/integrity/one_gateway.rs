@@ -9,6 +9,7 @@ use std::process::Stdio;
 use super::{distinct, stored, SECS_10};
 use crate::ops::cli_json;
 use crate::support::config::to_toml;
+#[cfg(feature = "system-tests")]
 use crate::support::powercut::PowerLoss;
 use crate::support::proc::{kill_and_reap, wait_exit};
 use crate::support::receipts::eventually;
@@ -130,6 +131,9 @@ async fn a_second_gateway_is_refused_naming_the_first_when_its_pid_file_cannot_b
     .await
 }
 
+/// The file system without locks is the power-loss shim's (built with
+/// gcc): the `system-tests` feature's.
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_on_a_file_system_without_locks_is_refused_as_a_config_error() {
     let power = PowerLoss::new();

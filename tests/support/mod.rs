@@ -10,7 +10,12 @@
 //!   and the clients built straight on them.
 //! - [`clients`]: a field device and the backend, on [`session`].
 //! - [`raw_mqtt`]: one TCP socket, MQTT packets written and read by hand.
-//! - [`proc`]: child processes, memory, file limits and a disk that fills.
+//! - [`proc`]: child processes, memory and file limits.
+//!
+//! With the `system-tests` feature (tests/tests.rs), what needs more of
+//! the machine than Mosquitto: `chromium` (the status page in headless
+//! Chromium), `faketime` (ferry under libfaketime), `powercut` (a shim
+//! built with gcc) and `tmpfs` (a disk that fills, mounted as root).
 //!
 //! Shared by the integration tests (`tests/tests.rs`) and the benchmarks
 //! (which include this file with `#[path]`), so it holds no test-only
@@ -23,16 +28,22 @@ pub mod admin;
 pub mod any_version;
 pub mod backlog;
 pub mod certs;
+#[cfg(feature = "system-tests")]
+pub mod chromium;
 pub mod clients;
 pub mod config;
+#[cfg(feature = "system-tests")]
 pub mod faketime;
 pub mod ferry;
 pub mod mosquitto;
+#[cfg(feature = "system-tests")]
 pub mod powercut;
 pub mod proc;
 pub mod raw_mqtt;
 pub mod raw_v5;
 pub mod session;
+#[cfg(feature = "system-tests")]
+pub mod tmpfs;
 pub mod traffic;
 
 use std::fs::{self, File};
@@ -46,9 +57,11 @@ pub use clients::{device_topics, forgeries, north_topics, Backend, Device, North
 pub use config::{listener, FerryOpts};
 pub use ferry::{check_config, ferry_binary, ferry_command, run_on_config, Ferry};
 pub use mosquitto::{Mosquitto, TlsListener};
-pub use proc::{raise_fd_limit, rss_kib, Tmpfs};
+pub use proc::{raise_fd_limit, rss_kib};
 pub use raw_mqtt::RawMqtt;
 pub use session::{cut_off, BareClient};
+#[cfg(feature = "system-tests")]
+pub use tmpfs::Tmpfs;
 
 /// Where devices connect: ferry's embedded broker, or a site Mosquitto
 /// ferry is a client of (external mode).

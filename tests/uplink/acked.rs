@@ -8,7 +8,9 @@
 use rumqttc::{Packet, PubRel, QoS};
 
 use super::*;
-use crate::support::{RawMqtt, Tmpfs};
+use crate::support::RawMqtt;
+#[cfg(feature = "system-tests")]
+use crate::support::Tmpfs;
 
 fn envelope(msg_id: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"msg_id": msg_id, "payload": {"t": 1}})).unwrap()
@@ -51,7 +53,9 @@ async fn gather(raw: &mut RawMqtt, timeout: Duration) -> (Vec<String>, Vec<(Stri
 /// The must-show of issue 32: the data directory's disk is full, so
 /// nothing can be committed. A QoS 1 publish gets no PUBACK and no
 /// `stored` while it is full; once space returns, both come, and the
-/// message is in the store once.
+/// message is in the store once. The disk is a tmpfs mounted as root:
+/// the `system-tests` feature's.
+#[cfg(feature = "system-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_puback_waits_for_the_commit_while_the_disk_is_full() {
     let disk = Tmpfs::mount(16);
