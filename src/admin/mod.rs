@@ -26,7 +26,7 @@
 //!
 //! Reads go through one read-only WAL connection, one at a time, on the
 //! blocking pool: they never block the store's writer, and a burst of
-//! requests queues here (each waits at most [`READ_WAIT`], then gets 503)
+//! requests queues here (each waits at most `state::READ_WAIT`, then gets 503)
 //! instead of piling up connections.
 
 mod api;

@@ -83,7 +83,7 @@ pub struct InboxMessage {
     pub msg_id: String,
     /// The entry as received (`seq`, `msg_id`, `ts`, the payload and any
     /// other field of the envelope); `None` for a tombstone. Its typed form:
-    /// [`crate::protocol::inbox::InboxEnvelope::deserialize`].
+    /// [`crate::protocol::inbox::InboxEnvelope`], deserialized.
     pub body: Option<Value>,
     /// A tombstone's `expired` or `failed`.
     pub status: Option<String>,

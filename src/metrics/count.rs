@@ -1,6 +1,6 @@
 //! The counts without labels: one [`Count`] variant per condition, each one
 //! `ferry_<name>_total` counter made at start. Where the condition happens,
-//! [`super::count`] bumps it and returns the running total for the log line
+//! [`super::count()`] bumps it and returns the running total for the log line
 //! beside it.
 
 use prometheus_client::collector::Collector;

@@ -21,7 +21,7 @@ pub struct Options {
     /// Used in log lines: "north", "south", a client's id.
     pub name: String,
     /// The broker's nodes, in order of preference; never empty. One is
-    /// connected at a time ([`endpoints::Endpoints`]).
+    /// connected at a time ([`super::endpoints::Endpoints`]).
     pub endpoints: Vec<Endpoint>,
     /// While on a later endpoint, check this often whether the first
     /// accepts again, and go back to it when it does (`None`: stay).
@@ -56,10 +56,11 @@ pub struct Options {
     /// Published retained (QoS 1) once subscribed; `Up` follows its PUBACK.
     pub announce: Option<Announce>,
     /// Acknowledge every incoming publish as it arrives (clients), instead
-    /// of when its owner passes the token to [`Session::ack`]. Manual acks
-    /// go out behind the [`Session::send`]s queued before them.
+    /// of when its owner passes the token to [`super::Session::ack`].
+    /// Manual acks go out behind the [`super::Session::send`]s queued
+    /// before them.
     pub auto_ack: bool,
-    /// Let rumqttc replay unacknowledged [`Session::send`]s after a
+    /// Let rumqttc replay unacknowledged [`super::Session::send`]s after a
     /// reconnect. Off for tracked sessions: their owners resend.
     pub replay: bool,
     pub reconnect: Reconnect,
@@ -228,7 +229,7 @@ pub struct Message {
     pub topic: String,
     pub payload: Bytes,
     pub retain: bool,
-    /// Pass to [`Session::ack`] once done (ignored with `auto_ack`).
+    /// Pass to [`super::Session::ack`] once done (ignored with `auto_ack`).
     pub token: AckToken,
     /// Its real size, when only its head is in `payload`.
     pub oversize: Option<usize>,

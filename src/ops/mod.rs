@@ -8,7 +8,7 @@
 //! holds nothing of in memory (dead letters, dead messages); a replay
 //! reaches the running gateway through `replay_request` (see
 //! [`crate::uplink::REPLAY_POLL`]). The views are `Serialize`, for `--json`
-//! and for a later HTTP API. [`live`] is the gateway's side: the status
+//! and for a later HTTP API. [`crate::live`] is the gateway's side: the status
 //! file it keeps for [`status`].
 
 pub mod dlq;

@@ -103,7 +103,7 @@ impl<T: Tag> Task<T> {
 
     /// One line for a refused publish (the first three, then at every
     /// power of two: a broker refusing a whole stream writes a few lines).
-    /// `tracked` is `None` for an untracked [`super::Session::send`].
+    /// `tracked` is `None` for an untracked [`crate::mqtt::Session::send`].
     fn refused(&mut self, tracked: Option<&Tracked<T>>, reason: &'static str, size: Option<usize>) {
         self.refusals += 1;
         let n = self.refusals;
