@@ -8,6 +8,17 @@
 # from the npm registry, the WebSocket test's), then `cargo test`
 # over the workspace: ferry and its fork of rumqttd
 # (vendor/rumqttd). Extra arguments go to cargo test.
+#
+# Plain `cargo test` runs only the fast integration tests, which need no
+# more than Mosquitto and its clients and no root; this script turns on
+# the rest with ferry's `system-tests` feature (root, the browser,
+# libfaketime, the compilers and interpreters, the package; see
+# tests/tests.rs), and runs it as root or with sudo for apt-get (the
+# package, sandbox, source-install, real-systemd, password-file and
+# full-disk tests need root themselves). Beside the tests it runs the
+# checks CI holds every change to: `cargo fmt --check`, `cargo clippy`
+# and `cargo doc`, warnings denied. A failing check or test makes the
+# script fail once everything has run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,10 +71,18 @@ command -v strace >/dev/null 2>&1 || install strace "the sandbox test's system c
 # The WebSocket test's client is MQTT.js (tests/js, pinned in its
 # package-lock.json), run by Node.js, as browser panels and Node
 # dashboards connect.
+# The power-cut shim (tests/support/powercut.c) and the C example are
+# compiled with the system's gcc.
+command -v gcc >/dev/null 2>&1 || install gcc "the power-cut shim's and the C example's compiler"
+# The certificate recipe in docs/SECURITY.md is run as written: openssl.
+command -v openssl >/dev/null 2>&1 || install openssl "the certificate recipe test's openssl"
 command -v node >/dev/null 2>&1 || install nodejs "the WebSocket test's MQTT.js runtime"
 command -v npm >/dev/null 2>&1 || install npm "to install MQTT.js for the WebSocket test"
 [ -f tests/js/node_modules/mqtt/package.json ] ||
     (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
+# rustfmt and clippy are rustup components a minimal toolchain lacks.
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 # The tests start their own Mosquitto on free ports; the packaged service
 # is not needed. Benches are not run here (they are long; see
 # docs/BENCHMARKS.md), and there are no doc tests. One cargo invocation
@@ -75,7 +94,8 @@ trap 'rm -f "$log"' EXIT
 # the README's Sparkplug node is run by tests/readme_devices.rs.
 cargo build --locked --examples
 set +e
-cargo test --locked --workspace --no-fail-fast --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
+cargo test --locked --workspace --features ferry/system-tests --no-fail-fast \
+    --lib --bins --tests --examples "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # Where cargo put the binary (CARGO_TARGET_DIR or a config may move it).
@@ -100,6 +120,30 @@ if [ "$status" -eq 0 ]; then
         echo "systemd-analyze verify systemd/ferry.service: ok"
     fi
 fi
+# The checks beside the tests, each run whatever the others gave:
+# formatting; clippy on every target of the workspace, the system tests
+# compiled in so that their code is linted too; and the public docs of
+# the workspace (ferry's own and the vendored crates': a ferry module's
+# docs may name private items, left unlinked there, see Cargo.toml's
+# [lints.rustdoc]). Warnings are errors in clippy and the docs.
+checks=""
+# check NAME COMMAND...: runs COMMAND; its failure fails the script.
+check() {
+    local name=$1
+    shift
+    echo "test.sh: $name" >&2
+    if "$@"; then
+        checks="$checks $name ok;"
+    else
+        echo "test.sh: $name failed" >&2
+        checks="$checks $name FAILED;"
+        status=1
+    fi
+}
+check "cargo fmt" cargo fmt --all --check
+check "cargo clippy" cargo clippy --locked --workspace --all-targets --features ferry/system-tests \
+    -- -D warnings
+check "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps
 # sum WORD [PACKAGE]: the test binaries' "N WORD" counts, all of them or
 # those of PACKAGE's binaries (named by cargo's "Running ... (.../NAME-hash)"
 # lines; ferry's are ferry-*, tests-*, and its examples; the vendored
@@ -117,4 +161,5 @@ sum() {
 echo "tests: $(sum passed) passed, $(sum failed) failed" \
     "(ferry $(sum passed ferry) passed, $(sum failed ferry) failed;" \
     "vendored rumqttd $(sum passed rumqttd) passed, $(sum failed rumqttd) failed)"
+echo "checks:${checks%;}"
 exit "$status"
