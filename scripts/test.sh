@@ -62,6 +62,14 @@ command -v systemd-analyze >/dev/null 2>&1 || install systemd "for systemd-analy
 # The unit is run under a real systemd, booted in a container on this
 # machine's own /usr (tests/systemd_real.rs): systemd-nspawn.
 [ -x /usr/bin/systemd-nspawn ] || install systemd-container "the real-systemd test's container"
+# The container test (tests/container.rs) builds packaging/Containerfile
+# with podman from the .deb and runs it: podman, runc (crun, podman's
+# default runtime, refuses a host with cgroup v1 controllers beside a v2
+# mount, as this one's) and mmdebstrap (the base image is made from
+# Debian's mirror: no container registry is reached).
+command -v podman >/dev/null 2>&1 || install podman "the container test's container engine"
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || install runc "the container test's OCI runtime"
+command -v mmdebstrap >/dev/null 2>&1 || install mmdebstrap "the container test's base image, from Debian's mirror"
 # The package test builds the .deb with scripts/deb.sh: dpkg-shlibdeps
 # (its Depends) and strip.
 command -v dpkg-shlibdeps >/dev/null 2>&1 || install dpkg-dev "the package test's dpkg-shlibdeps"

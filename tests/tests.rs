@@ -12,7 +12,7 @@
 //! `mosquitto_passwd`: Debian's mosquitto and mosquitto-clients). The
 //! `system-tests` feature turns on the rest, each needing something more
 //! of the machine: root (a tmpfs that fills, a mount namespace, useradd,
-//! dpkg, systemd-nspawn), headless Chromium, libfaketime, gcc and C
+//! dpkg, systemd-nspawn, podman), headless Chromium, libfaketime, gcc and C
 //! libraries, Python with paho-mqtt, Node.js with MQTT.js, the openssl
 //! command or Debian's stock Mosquitto config. `./scripts/test.sh`
 //! installs all of it and runs both. A module that is system as a whole
@@ -50,6 +50,8 @@ mod budget;
 mod clock;
 mod config;
 mod conformance;
+#[cfg(feature = "system-tests")]
+mod container;
 mod device_cli;
 mod downlink;
 mod edges;
