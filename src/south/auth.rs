@@ -275,12 +275,8 @@ impl Authenticator {
             }
         }
         let known = hash.is_some();
-        let hash = hash.unwrap_or_else(|| {
-            self.decoy
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-        });
+        let hash =
+            hash.unwrap_or_else(|| self.decoy.read().unwrap_or_else(|e| e.into_inner()).clone());
         let ok = self.verify(hash.clone(), password.to_owned()).await?;
         match (known, ok) {
             (true, true) => {
