@@ -351,3 +351,65 @@ async fn a_reload_switches_the_log_to_json() {
         "{json}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_puts_a_new_disk_budget_in_force_both_ways() {
+    let mq = Mosquitto::start();
+    // No backend: what is stored stays undelivered, so it takes room.
+    let ferry = Ferry::start(FerryOpts::new("gw-reload-budget", mq.port).with(|c| {
+        c.retry.max_attempts = 100_000;
+    }));
+    let mut device = Device::connect(ferry.south_port, "press-b").await;
+    for i in 0..30 {
+        assert_eq!(
+            send(&mut device, &format!("big-{i}")).await["status"],
+            "stored"
+        );
+    }
+    // Down to the smallest budget: the 1.5 MB of uplinks are over it.
+    let text = std::fs::read_to_string(&ferry.config_path).expect("read ferry.toml");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("max_db_bytes = "))
+        .expect("the key")
+        .to_string();
+    edit(&ferry, &line, "max_db_bytes = 1048576");
+    ferry.hangup();
+    let log = logged(&ferry, "event=\"config_reloaded\"", 1).await;
+    assert!(log.contains("store.max_db_bytes"), "{}", ferry.log_tail());
+    let r = send(&mut device, "after-lower").await;
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert!(
+        r["reason"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("disk_budget"),
+        "{r}"
+    );
+    // Back up: taken again once the writer measures (within its clock's
+    // 10 s commit).
+    edit(&ferry, "max_db_bytes = 1048576", &line);
+    ferry.hangup();
+    logged(&ferry, "event=\"config_reloaded\"", 2).await;
+    let deadline = std::time::Instant::now() + SECS_20;
+    let mut n = 0;
+    loop {
+        n += 1;
+        let r = send(&mut device, &format!("after-raise-{n}")).await;
+        if r["status"] == "stored" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still refused: {r}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A 50 kB envelope `id` from `device`: its receipt.
+async fn send(device: &mut Device, id: &str) -> serde_json::Value {
+    let blob = "x".repeat(50_000);
+    device
+        .publish_envelope("blob", id, serde_json::json!({ "blob": blob }))
+        .await;
+    let (r, _) = device.next_receipt_for(id, SECS_20).await;
+    r.unwrap_or_else(|| panic!("no receipt for {id}"))
+}
