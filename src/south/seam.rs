@@ -82,7 +82,7 @@ pub struct SouthMessage {
     /// message's `received` time in `ferry trace`.
     pub received_ms: i64,
     /// The site broker kept it for ferry's session while ferry was away,
-    /// and replays it in the burst after a reconnect ([`backlog`]): not a
+    /// and replays it in the burst after a reconnect ([`super::backlog`]): not a
     /// device sending fast, so not held to the per-device limits. Always
     /// false in embedded mode.
     pub replayed: bool,

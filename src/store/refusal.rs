@@ -17,7 +17,7 @@
 //! every delete — the retention, `ferry dlq purge`, a replay, from the
 //! gateway or the CLI — gives its room back.
 //!
-//! What must hold ([`file`]):
+//! What must hold ([`file()`]):
 //! - a share holds at most `store.dead_letter_share_rows` rows and
 //!   `store.dead_letter_share_bytes` bytes, all shares together at most
 //!   `store.dead_letter_total_bytes`;

@@ -126,7 +126,7 @@ pub struct Scheduler {
     /// [`Scheduler::take_behind`] last read them.
     behind: u64,
     /// The `loaded_upto` of devices forgotten with nothing left (see
-    /// [`queue`]), at most [`FORGOTTEN_MAX`].
+    /// [`queue()`]), at most [`FORGOTTEN_MAX`].
     forgotten: HashMap<DeviceId, Seq>,
     /// Sparkplug uplinks wait ([`link`]).
     held: bool,
