@@ -207,7 +207,7 @@ impl Running {
             views.online,
         );
         let south = south::start(&cfg.south, &topics, status.clone())?;
-        let live = crate::reload::Live::of(cfg, store.clone());
+        let live = crate::reload::Live::of(cfg, store.clone(), topics.clone());
         let (north_tx, north) = north::start(
             &cfg.north,
             cfg.gateway.as_str(),

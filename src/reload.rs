@@ -27,8 +27,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::{
-    AlertsConfig, Config, DownlinkConfig, NorthConfig, RateLimit, RawConfig, Source,
+    AlertsConfig, Config, DownlinkConfig, NorthConfig, RateLimit, RawConfig, Source, SouthMode,
 };
+use crate::protocol::topics::Topics;
 use crate::retention::Retention;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
@@ -59,6 +60,7 @@ const LIVE: &[&str] = &[
     "south.rate_per_s",
     "south.burst",
     "south.max_inflight_per_device",
+    "south.plain_topics",
     "downlink",
     "north.ack_timeout_ms",
     "north.max_inflight",
@@ -109,11 +111,13 @@ pub struct Live {
     pub north: watch::Sender<NorthConfig>,
     /// The store, for `store.max_db_bytes` and the dead-letter shares.
     pub store: Store,
+    /// The gateway's topics, for `south.plain_topics`.
+    pub topics: Topics,
 }
 
 impl Live {
     /// Each part's settings as `cfg` has them.
-    pub fn of(cfg: &Config, store: Store) -> Live {
+    pub fn of(cfg: &Config, store: Store, topics: Topics) -> Live {
         Live {
             alerts: watch::Sender::new(cfg.alerts),
             retention: watch::Sender::new(Live::retention_of(cfg)),
@@ -122,6 +126,7 @@ impl Live {
             downlink: watch::Sender::new((cfg.downlink.clone(), cfg.retry.max_attempts)),
             north: watch::Sender::new(cfg.north.clone()),
             store,
+            topics,
         }
     }
 
@@ -307,6 +312,13 @@ fn apply(key: &str, cfg: &Config, live: &Live) -> Result<(), String> {
             .send_replace(SchedulerConfig::of(&cfg.north, cfg.retry));
         return Ok(());
     }
+    if key == "south.plain_topics" {
+        if !matches!(cfg.south.mode, SouthMode::Embedded) {
+            return Err("in external mode the site broker's subscriptions and ACL are set at start: restart to change them".into());
+        }
+        live.topics.set_plain(cfg.south.plain_topics.clone());
+        return Ok(());
+    }
     if key.starts_with("south.") {
         live.limits
             .send_replace((cfg.south.rate, cfg.south.max_inflight_per_device));
@@ -376,6 +388,7 @@ mod tests {
         assert!(is_live("log.level") && is_live("alerts.backlog_age_s"));
         assert!(is_live("store.retention_days") && is_live("south.burst"));
         assert!(!is_live("south.burst_x") && !is_live("south.listen"));
+        assert!(is_live("south.plain_topics") && !is_live("south.plain_down"));
         assert!(is_live("retry.base_ms") && is_live("retry.max_attempts"));
         assert!(is_live("north.port") && is_live("north.tls.ca_file"));
         assert!(!is_live("north.client_id") && is_live("store.max_db_bytes"));

@@ -413,3 +413,55 @@ async fn send(device: &mut Device, id: &str) -> serde_json::Value {
     let (r, _) = device.next_receipt_for(id, SECS_20).await;
     r.unwrap_or_else(|| panic!("no receipt for {id}"))
 }
+
+/// `mosquitto_pub -q 1` of `body` on `topic` as client `id`.
+fn plain_publish(port: u16, id: &str, topic: &str, body: &str) {
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new("/usr/bin/mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+            .args(["-i", id, "-t", topic, "-m", body])
+            .output()
+            .expect("run mosquitto_pub (Debian's mosquitto-clients)")
+    });
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_a_plain_topic_and_the_gateway_reads_it() {
+    let mq = Mosquitto::start();
+    let gw = "gw-reload-plain";
+    let ferry = Ferry::start(FerryOpts::new(gw, mq.port).with(|c| {
+        c.south.plain_topics = vec!["plant/{device}/pressure".into()];
+    }));
+    let mut backend = Backend::connect_auto_ack(mq.port, gw).await;
+    let port = ferry.south_port;
+    // Not a plain topic yet: refused, nothing north.
+    plain_publish(port, "press-p", "plant/press-p/temp", "20.5");
+    let early = backend.drain_for(Duration::from_secs(1)).await;
+    assert!(early.is_empty(), "{early:?}");
+
+    edit(
+        &ferry,
+        "plain_topics = [\"plant/{device}/pressure\"]",
+        "plain_topics = [\"plant/{device}/pressure\", \"plant/{device}/temp\"]",
+    );
+    ferry.hangup();
+    let log = logged(&ferry, "event=\"config_reloaded\"", 1).await;
+    assert!(log.contains("south.plain_topics"), "{}", ferry.log_tail());
+    assert!(!log.contains("config_reload_needs_restart"), "{log}");
+    logged(&ferry, "event=\"plain_topic_added\"", 1).await;
+    plain_publish(port, "press-p", "plant/press-p/temp", "21.5");
+    plain_publish(port, "press-p", "plant/press-p/pressure", "3.2");
+    let got = backend.messages_until(SECS_20, |all| all.len() >= 2).await;
+    let topics: Vec<&str> = got
+        .iter()
+        .filter_map(|m| m.body["topic"].as_str())
+        .collect();
+    assert_eq!(
+        topics,
+        ["plant/press-p/temp", "plant/press-p/pressure"],
+        "{got:?}"
+    );
+    assert_eq!(got[0].body["payload"], 21.5, "the new topic's publish");
+    assert_eq!(got[0].device(), "press-p");
+}

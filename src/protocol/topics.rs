@@ -283,7 +283,9 @@ pub fn check_stream(stream: &str) -> Result<(), String> {
 pub struct Topics {
     south: String,
     north: NorthTopics,
-    plain: PlainTopics,
+    /// Shared by every clone: `systemctl reload` may change them
+    /// ([`Topics::set_plain`]).
+    plain: std::sync::Arc<tokio::sync::watch::Sender<std::sync::Arc<PlainTopics>>>,
     sparkplug: Option<SparkplugTopics>,
 }
 
@@ -294,20 +296,31 @@ impl Topics {
         Topics {
             south: south.to_string(),
             north: NorthTopics::from_base(north),
-            plain: PlainTopics::default(),
+            plain: std::sync::Arc::new(tokio::sync::watch::Sender::new(Default::default())),
             sparkplug: None,
         }
     }
 
     /// With plain devices' topics (`south.plain_topics`).
-    pub fn with_plain(mut self, plain: PlainTopics) -> Topics {
-        self.plain = plain;
+    pub fn with_plain(self, plain: PlainTopics) -> Topics {
+        self.set_plain(plain);
         self
     }
 
-    /// Plain devices' topics.
-    pub fn plain(&self) -> &PlainTopics {
-        &self.plain
+    /// Plain devices' topics, as they are now.
+    pub fn plain(&self) -> std::sync::Arc<PlainTopics> {
+        self.plain.borrow().clone()
+    }
+
+    /// New plain devices' topics, for this handle and every clone of it
+    /// (`systemctl reload`); [`Topics::plain_changes`] tells of them.
+    pub fn set_plain(&self, plain: PlainTopics) {
+        self.plain.send_replace(std::sync::Arc::new(plain));
+    }
+
+    /// Hears of every [`Topics::set_plain`] from now on.
+    pub fn plain_changes(&self) -> tokio::sync::watch::Receiver<std::sync::Arc<PlainTopics>> {
+        self.plain.subscribe()
     }
 
     /// With Sparkplug B edge nodes (`[south.sparkplug]`; None: off).

@@ -155,13 +155,7 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
     let connect_hook = Some(admission::hook(authenticator));
 
     let filters: HashMap<String, rumqttd::SegmentConfig> = link_filters(topics)
-        .map(|filter| {
-            let seg = rumqttd::SegmentConfig {
-                max_segment_size: LINK_FILTER_SEGMENT,
-                max_segment_count: LINK_FILTER_SEGMENTS,
-            };
-            (filter, seg)
-        })
+        .map(|filter| (filter, link_segment()))
         .collect();
     let mut router = Router::new(
         0,
@@ -223,6 +217,7 @@ pub(crate) fn start(cfg: &SouthConfig, topics: &Topics) -> Result<Started, South
     // Receipts and batches for devices go from the pipeline's tasks to
     // the router themselves (`SouthSender::publish`).
     let deliverer = link_tx.deliverer(directory);
+    tokio::spawn(follow_plain_topics(link_tx, topics.clone()));
 
     let connections = ConnectionSettings {
         // A client that opens TCP and never completes its TLS handshake
@@ -416,14 +411,45 @@ fn link_filters(topics: &Topics) -> impl Iterator<Item = String> + '_ {
         .chain(beside_filters(topics))
 }
 
+/// The commit log of a filter the link reads (see [`LINK_FILTER_SEGMENT`]).
+fn link_segment() -> rumqttd::SegmentConfig {
+    rumqttd::SegmentConfig {
+        max_segment_size: LINK_FILTER_SEGMENT,
+        max_segment_count: LINK_FILTER_SEGMENTS,
+    }
+}
+
+/// Plain topics added by `systemctl reload` ([`Topics::set_plain`]): the
+/// link subscribes to each new one, its log sized as the link's filters
+/// made at start are (told to the router before the subscribe, so no
+/// message lands in a device-sized log). A topic taken out stays
+/// subscribed, and carries nothing: the publish hook no longer lets a
+/// device publish there.
+async fn follow_plain_topics(mut link_tx: rumqttd::local::LinkTx, topics: Topics) {
+    let mut changes = topics.plain_changes();
+    let mut subscribed: std::collections::HashSet<String> = link_filters(&topics).collect();
+    while changes.changed().await.is_ok() {
+        let plain = changes.borrow_and_update().clone();
+        for filter in plain.filters().iter().map(|f| f.subscription()) {
+            if !subscribed.insert(filter.clone()) {
+                continue;
+            }
+            if let Err(e) = link_tx.subscribe_sized(filter.as_str(), link_segment()) {
+                error!(event = "embedded_broker_lost", error = %e, filter = %filter, "embedded broker link lost while subscribing to a new plain topic");
+                return;
+            }
+            info!(event = "plain_topic_added", filter = %filter, "the gateway now reads devices' plain publishes on this topic");
+        }
+    }
+}
+
 /// Where else than its device topics a client may publish: on plain
 /// devices' and Sparkplug edge nodes' topics, as itself when its id is
 /// proven (passwords, client certificates), as anyone with
 /// `south.auth = "none"` (the topic names the device).
+/// Installed whether or not there are plain topics now: `systemctl
+/// reload` may add some.
 fn plain_hook(cfg: &SouthConfig, topics: &Topics) -> Option<rumqttd::PublishHook> {
-    if topics.plain().is_empty() && topics.sparkplug().is_none() {
-        return None;
-    }
     let topics = topics.clone();
     let certificates = cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     let bound = certificates || matches!(cfg.auth, SouthAuth::Password { .. });

@@ -52,8 +52,15 @@ pub(super) fn device_filters(topics: &Topics) -> impl Iterator<Item = String> {
 /// The filters of what devices publish beside their device topics: plain
 /// devices' topics, each `{device}` as `+`, and Sparkplug B edge nodes'.
 pub(super) fn beside_filters(topics: &Topics) -> impl Iterator<Item = String> + '_ {
-    let plain = topics.plain().filters().iter().map(|f| f.subscription());
-    plain.chain(topics.sparkplug().map(|s| s.filters()).unwrap_or_default())
+    let plain: Vec<String> = topics
+        .plain()
+        .filters()
+        .iter()
+        .map(|f| f.subscription())
+        .collect();
+    plain
+        .into_iter()
+        .chain(topics.sparkplug().map(|s| s.filters()).unwrap_or_default())
 }
 
 /// Whether client `client` may publish on `topic` beside its device

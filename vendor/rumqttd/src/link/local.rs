@@ -407,6 +407,22 @@ impl LinkTx {
         Ok(len)
     }
 
+    /// ferry: subscribes to `filter` with its commit log sized by
+    /// `segment` rather than the router's default, as a filter named in
+    /// `RouterConfig::custom_segment` at start is: for a filter the link
+    /// takes on while running. The size is told first, on the same
+    /// channel, so the router has it when the subscribe makes the log.
+    pub fn subscribe_sized<S: Into<String>>(
+        &mut self,
+        filter: S,
+        segment: crate::SegmentConfig,
+    ) -> Result<usize, LinkError> {
+        let filter = filter.into();
+        self.router_tx
+            .send((self.connection_id, Event::Segment(filter.clone(), segment)))?;
+        self.subscribe(filter)
+    }
+
     /// Sends a MQTT Subscribe to the eventloop
     pub fn subscribe<S: Into<String>>(&mut self, filter: S) -> Result<usize, LinkError> {
         let filters = vec![Filter {

@@ -157,6 +157,16 @@ impl DataLog {
         Some(v)
     }
 
+    /// ferry: the commit log of `filter`, when it is made, takes `segment`
+    /// (as `RouterConfig::custom_segment` says for those named at start).
+    /// A log made already keeps its size.
+    pub fn set_segment(&mut self, filter: String, segment: crate::SegmentConfig) {
+        self.config
+            .custom_segment
+            .get_or_insert_with(HashMap::new)
+            .insert(filter, segment);
+    }
+
     pub fn next_native_offset(&mut self, filter: &str) -> (FilterIdx, Offset) {
         let filter_indexes = &mut self.filter_indexes;
 
@@ -542,6 +552,29 @@ mod test {
         data.next_native_offset("topic/+");
 
         assert_eq!(data.matches("topic/a").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_segment_set_while_running_sizes_the_log_made_after_and_no_other() {
+        let config = RouterConfig {
+            max_segment_size: 1024,
+            max_segment_count: 1,
+            ..Default::default()
+        };
+        let mut data = DataLog::new(config).unwrap();
+        let (made, _) = data.next_native_offset("plant/+/made-before");
+        let big = crate::SegmentConfig {
+            max_segment_size: 256 << 10,
+            max_segment_count: 256,
+        };
+        data.set_segment("plant/+/made-before".into(), big.clone());
+        data.set_segment("plant/+/temp".into(), big);
+        let (temp, _) = data.next_native_offset("plant/+/temp");
+        let (other, _) = data.next_native_offset("devices/x/ack");
+        let limits = |idx| data.native.get(idx).unwrap().log.limits();
+        assert_eq!(limits(temp), (256 << 10, 256));
+        assert_eq!(limits(other), (1024, 1), "other filters keep the default");
+        assert_eq!(limits(made), (1024, 1), "a log made already keeps its size");
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub enum Event {
     /// ferry: hold (true) or release (false) every remote client's
     /// publishes (see `LinkTx::hold_remote`).
     HoldRemote(bool),
+    /// ferry: the commit log of this filter, when it is made, takes this
+    /// segment config (see `LinkTx::subscribe_sized`).
+    Segment(String, crate::SegmentConfig),
 }
 
 /// ferry: what happened to a client, for presence ([`Router::client_events`]).

@@ -318,6 +318,7 @@ impl Router {
             } => self.handle_last_will(client_id, incarnation),
             Event::Direct(publishes, counted) => self.handle_direct(publishes, counted),
             Event::HoldRemote(hold) => self.hold_all(hold),
+            Event::Segment(filter, segment) => self.datalog.set_segment(filter, segment),
         }
     }
 

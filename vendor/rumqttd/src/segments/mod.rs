@@ -60,6 +60,12 @@ impl<T> CommitLog<T>
 where
     T: Storage + Clone,
 {
+    /// ferry: the constraints it was made with (segment size, segments).
+    #[cfg(test)]
+    pub fn limits(&self) -> (usize, usize) {
+        (self.max_segment_size, self.max_mem_segments)
+    }
+
     /// Create a new `CommitLog` with the given contraints. If `max_mem_segments` is 0, then only
     /// the active segment is maintained.
     pub fn new(max_segment_size: usize, max_mem_segments: usize) -> io::Result<Self> {
