@@ -35,6 +35,9 @@ impl<T: Tag> Task<T> {
             }
         )
         .then(Instant::now);
+        // A check of the old list's first answers for a node that may not
+        // lead the new one: dropped (the new list's first is checked anew).
+        self.first_check = None;
         let from = self.endpoints.current().1.clone();
         let kept = self
             .endpoints
