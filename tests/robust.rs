@@ -399,7 +399,15 @@ async fn memory_returns_to_its_first_round_after_twenty_thousand_devices_come_an
         for mut d in devices {
             d.send(rumqttc::Packet::Disconnect).await;
         }
-        // Let the broker and the pipeline see every device leave.
+        // Let the broker and the pipeline see every device leave: all of
+        // them gone (on a loaded machine that takes longer than the 2 s
+        // that follow), then 2 s more.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while ferry.metrics().get("ferry_devices_online") != Some(0.0)
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         tokio::time::sleep(Duration::from_secs(2)).await;
         let left = support::rss_kib(pid).unwrap();
         eprintln!(
