@@ -104,6 +104,7 @@ pub struct Metrics {
     north_connected: Gauge,
     north_endpoint_index: Gauge,
     south_connected: Gauge,
+    sparkplug_host_online: Gauge,
     backend_present: Gauge,
     backend_ack_age: Gauge<f64, AtomicU64>,
     /// When the backend last sent an ack message (monotonic).
@@ -140,6 +141,7 @@ impl Metrics {
             north_connected: Gauge::default(),
             north_endpoint_index: Gauge::default(),
             south_connected: Gauge::default(),
+            sparkplug_host_online: Gauge::default(),
             backend_present: Gauge::default(),
             backend_ack_age: Gauge::default(),
             backend_heard: Mutex::new(None),
@@ -234,6 +236,12 @@ impl Metrics {
             "south_connected",
             "1 while the embedded listener runs, or the session to the site broker is up",
             m.south_connected.clone(),
+        );
+        m.sparkplug_host_online.set(-1);
+        r.register(
+            "sparkplug_host_online",
+            "The Sparkplug B primary host followed (south.sparkplug.host_id): 1 while its STATE says online, 0 while not (Sparkplug uplinks are held, stored), -1 when none is followed",
+            m.sparkplug_host_online.clone(),
         );
         r.register(
             "backend_present",
@@ -393,6 +401,14 @@ pub fn set_north_endpoint(index: Option<usize>) {
     get()
         .north_endpoint_index
         .set(index.map_or(-1, |i| i as i64));
+}
+
+/// The Sparkplug primary host followed is online (`Some(true)`), not
+/// (`Some(false)`), or none is followed (`None`).
+pub fn set_sparkplug_host_online(online: Option<bool>) {
+    get()
+        .sparkplug_host_online
+        .set(online.map_or(-1, i64::from));
 }
 
 pub fn set_south_connected(up: bool) {

@@ -204,6 +204,8 @@ async fn an_edge_node_through_an_outage_and_its_hosts_state(mode: Mode) {
     // The host is online: births and data go north live.
     host_state(mq.port, true).await;
     until_logged(&ferry, "sparkplug_host_online", 0).await;
+    let gauge = |f: &Ferry| f.metrics().get("ferry_sparkplug_host_online");
+    assert_eq!(gauge(&ferry), Some(1.0), "the host online, on the gauge");
     let mut node = EdgeNode::connect(ferry.south_port, 0).await;
     let birth = encode_example(0, Some(0), &[("temp", 20.0)]);
     node.publish("NBIRTH", None, birth).await;
@@ -237,6 +239,7 @@ async fn an_edge_node_through_an_outage_and_its_hosts_state(mode: Mode) {
     let offline = logged(&ferry, "sparkplug_host_offline");
     host_state(mq.port, false).await;
     until_logged(&ferry, "sparkplug_host_offline", offline).await;
+    assert_eq!(gauge(&ferry), Some(0.0), "and offline");
     node.data(8).await;
     node.data(10).await;
     nothing_for(&mut backend, "host offline: held").await;

@@ -11,6 +11,8 @@
 //! - A STATE older (by its `timestamp`) than the last one taken is
 //!   ignored, as Sparkplug 3.0 has edge nodes do; a malformed one too,
 //!   with a WARN.
+//! - The gauge `ferry_sparkplug_host_online` says it: 1 online, 0 not,
+//!   -1 when no host is followed.
 //! - [`Host::live`] is what intake reads: a Sparkplug uplink stored while
 //!   it is false (the link down, or the host held) is stored historical.
 
@@ -106,6 +108,9 @@ impl Host {
 
     fn update(&mut self) -> Option<bool> {
         let held = self.topic.is_some() && self.online != Some(true);
+        if self.topic.is_some() {
+            crate::metrics::set_sparkplug_host_online(Some(!held));
+        }
         self.live.send_replace(self.link_up && !held);
         (held != self.held).then(|| {
             self.held = held;
