@@ -35,23 +35,11 @@ pub use count::Count;
 use labels::{dir, Dir, DirReason, Kind, REJECT_REASONS};
 pub use stages::Stage;
 
+use buckets::{fast_buckets, slow_buckets};
+
 use crate::dead_letter::Direction;
 use crate::protocol::alert::AlertKind;
 use crate::protocol::envelope::RejectCode;
-
-/// Seconds, from 0.5 ms to ~16 s: commits and receipts.
-fn fast_buckets() -> Histogram {
-    Histogram::new([
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0,
-    ])
-}
-
-/// Seconds, from 5 ms to a day: deliveries wait for links and devices.
-fn slow_buckets() -> Histogram {
-    Histogram::new([
-        0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 86_400.0,
-    ])
-}
 
 /// A family labelled by direction whose two series are made at start (a
 /// rate over a series that appears with its first event misses that
@@ -498,6 +486,7 @@ pub fn render() -> String {
 }
 
 mod broker;
+mod buckets;
 mod budget;
 mod count;
 mod labels;

@@ -291,7 +291,7 @@ fn move_aside(path: &Path) {
 fn backup(conn: &Connection, to: &Path, beat: &Heartbeat) -> Result<(), String> {
     use rusqlite::backup::{Backup, StepResult};
     if let Some(dir) = to.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        make_dir(dir)?;
     }
     if to.exists() {
         return Err(format!("{} exists", to.display()));
@@ -313,6 +313,26 @@ fn backup(conn: &Connection, to: &Path, beat: &Heartbeat) -> Result<(), String> 
     copy.close().map_err(|(_, e)| failed(e))?;
     sync_dir(to);
     Ok(())
+}
+
+/// Makes `dir` (and its parents) again. While an `rm -rf` of it is still
+/// under way, `mkdir` can find it there and `is_dir` find it gone a moment
+/// later ("File exists"): tried again, a few times, until it stands.
+fn make_dir(dir: &Path) -> Result<(), String> {
+    let mut tries = 0;
+    loop {
+        match std::fs::create_dir_all(dir) {
+            Ok(()) if dir.is_dir() => return Ok(()),
+            Ok(()) => {}
+            Err(e) if tries >= 20 => return Err(format!("{}: {e}", dir.display())),
+            Err(_) => {}
+        }
+        if tries >= 20 {
+            return Err(format!("{}: not a directory", dir.display()));
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// fsync of the directory holding `path`, so its new name lasts.
