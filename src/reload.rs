@@ -18,6 +18,10 @@
 //!   put in place of the old one): new handshakes use them, connected
 //!   devices stay. A listener whose files cannot be read keeps what it had
 //!   (WARN `tls_reload_failed`).
+//! - North is handed how to reach the upstream on every reload
+//!   ([`crate::north::reach`]: nodes, login, keep-alive, stall bound, TLS
+//!   files read again): the session stays on a node still listed and
+//!   leaves one that is not (`mqtt::session`'s `reach.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
