@@ -11,7 +11,7 @@ use crate::support::{Backend, Device, Ferry, FerryOpts, Mosquitto};
 const SECS_20: Duration = Duration::from_secs(20);
 
 /// Waits until the log has `n` lines with `needle` (bounded).
-async fn logged(ferry: &Ferry, needle: &str, n: usize) -> String {
+pub(crate) async fn logged(ferry: &Ferry, needle: &str, n: usize) -> String {
     let deadline = std::time::Instant::now() + SECS_20;
     loop {
         let log = ferry.log();
@@ -24,6 +24,35 @@ async fn logged(ferry: &Ferry, needle: &str, n: usize) -> String {
             ferry.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The south listener's certificate and key, at fixed paths; [`put`]
+/// replaces them in place, as a rotation does.
+///
+/// [`put`]: ServerFiles::put
+pub(crate) struct ServerFiles {
+    _dir: tempfile::TempDir,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl ServerFiles {
+    pub(crate) fn new() -> ServerFiles {
+        let dir = tempfile::tempdir().expect("a dir for the server's files");
+        let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
+        ServerFiles {
+            _dir: dir,
+            cert,
+            key,
+        }
+    }
+
+    /// A server certificate for `ferry-south` from `pki`, put in place.
+    pub(crate) fn put(&self, pki: &crate::support::Pki) {
+        let issued = pki.server("ferry-south");
+        std::fs::copy(&issued.cert, &self.cert).expect("put the certificate");
+        std::fs::copy(&issued.key, &self.key).expect("put the key");
     }
 }
 
@@ -143,13 +172,9 @@ fn publishes_trusting(port: u16, ca: &std::path::Path, id: &str) -> bool {
 async fn a_reload_puts_a_rotated_certificate_in_use_and_connected_devices_stay() {
     use crate::support::Pki;
     let (old_ca, new_ca) = (Pki::new("reload-old"), Pki::new("reload-new"));
-    let dir = tempfile::tempdir().expect("a dir for the certificate");
-    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
-    let put = |pki: &Pki| {
-        let issued = pki.server("ferry-south");
-        std::fs::copy(&issued.cert, &cert).expect("put the certificate");
-        std::fs::copy(&issued.key, &key).expect("put the key");
-    };
+    let files = ServerFiles::new();
+    let (cert, put) = (files.cert.clone(), |pki: &Pki| files.put(pki));
+    let key = files.key.clone();
     put(&old_ca);
     let mq = Mosquitto::start();
     let ferry = Ferry::start(FerryOpts::new("gw-reload-tls", mq.port).with(|c| {

@@ -17,28 +17,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::reload::{logged, ServerFiles};
 use crate::support::certs::{client_config, Issued};
 use crate::support::traffic::env_or;
 use crate::support::{Backend, Device, Ferry, FerryOpts, Mosquitto, Pki, RawMqtt};
 
 const DEVICES: usize = 8;
-
-/// Waits until the log has `n` lines with `needle` (bounded).
-async fn logged(ferry: &Ferry, needle: &str, n: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let log = ferry.log();
-        if log.matches(needle).count() >= n {
-            return log;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {n} × {needle:?} in the log:\n{}",
-            ferry.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Whether a TLS handshake (and CONNECT) trusting `ca`, presenting `who`,
 /// gets a CONNACK.
@@ -72,13 +56,9 @@ async fn a_reload_under_load_swaps_certificates_limits_and_north_and_drops_and_l
     let secs: u64 = env_or("FERRY_RELOAD_SECS", 6);
     let site = Pki::new("rl-site");
     let (old_srv, new_srv) = (Pki::new("rl-srv-old"), Pki::new("rl-srv-new"));
-    let dir = tempfile::tempdir().expect("a dir for the server's files");
-    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
-    let put = |pki: &Pki| {
-        let issued = pki.server("ferry-south");
-        std::fs::copy(&issued.cert, &cert).expect("put the certificate");
-        std::fs::copy(&issued.key, &key).expect("put the key");
-    };
+    let files = ServerFiles::new();
+    let (cert, key) = (files.cert.clone(), files.key.clone());
+    let put = |pki: &Pki| files.put(pki);
     put(&old_srv);
     let revoked = site.client("rl-revoked");
     let probe = site.client("rl-probe");

@@ -30,7 +30,17 @@ async fn subscribed(
     opts.subscriptions = vec!["in/#".into()];
     let (session, mut events) = Session::<u32>::start(opts);
 
-    let mut broker = ByHand::accept(&listener, false).await;
+    let broker = serve(&listener).await;
+    let up = tokio::time::timeout(Duration::from_secs(5), events.recv()).await;
+    let Ok(Some(Event::Up { epoch, .. })) = up else {
+        panic!("not up: {up:?}");
+    };
+    (session, events, broker, epoch)
+}
+
+/// Accepts the session on `listener` and grants its SUBSCRIBE.
+async fn serve(listener: &tokio::net::TcpListener) -> ByHand {
+    let mut broker = ByHand::accept(listener, false).await;
     let Some(Packet::Subscribe(subscribe)) = broker.read().await else {
         panic!("no SUBSCRIBE");
     };
@@ -38,11 +48,7 @@ async fn subscribed(
     broker
         .write(|b| SubAck::new(subscribe.pkid, granted).write(b))
         .await;
-    let up = tokio::time::timeout(Duration::from_secs(5), events.recv()).await;
-    let Ok(Some(Event::Up { epoch, .. })) = up else {
-        panic!("not up: {up:?}");
-    };
-    (session, events, broker, epoch)
+    broker
 }
 
 /// Acks the owner releases while rumqttc's request queue is full (its own

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use rumqttc::{Packet, QoS, SubAck, SubscribeReasonCode};
+use rumqttc::Packet;
 
-use super::super::super::by_hand::ByHand;
 use super::super::super::{Endpoint, Event, Options, Reach, Reconnect, Session, Transport};
+use super::serve;
 
 /// A broker end on a free port.
 async fn listener() -> (tokio::net::TcpListener, Endpoint) {
@@ -24,19 +24,6 @@ fn reach(endpoints: Vec<Endpoint>) -> Reach {
         puback_timeout: None,
         transport: Transport::Tcp,
     }
-}
-
-/// Accepts the session on `listener` and grants its SUBSCRIBE.
-async fn serve(listener: &tokio::net::TcpListener) -> ByHand {
-    let mut broker = ByHand::accept(listener, false).await;
-    let Some(Packet::Subscribe(subscribe)) = broker.read().await else {
-        panic!("no SUBSCRIBE");
-    };
-    let granted = vec![SubscribeReasonCode::Success(QoS::AtLeastOnce)];
-    broker
-        .write(|b| SubAck::new(subscribe.pkid, granted).write(b))
-        .await;
-    broker
 }
 
 /// The next `Up`, within `within`: its node.
